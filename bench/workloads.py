@@ -1,0 +1,140 @@
+"""Synthetic, deterministic benchmark workloads.
+
+Each workload is a ``tf.data.Dataset.range(n).map(fn)`` pipeline whose ``fn`` derives every
+element from its index with stateless random ops, so the same ``n`` always yields the same
+elements (bit for bit on the same machine and TensorFlow build) without any input files.
+
+Elements are ``(features, label)`` tuples: float32 features plus an int64 scalar label. The
+label is ``index % label_modulus``, which lets every epoch be checked cheaply against
+:func:`expected_label_sum`.
+
+TensorFlow is imported lazily so the benchmark parent process can use the workload specs
+without paying for (or being measured with) a TensorFlow import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import tensorflow as tf
+
+    ElementFn = Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
+
+LABEL_BYTES = 8  # one int64 scalar
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Static description of one synthetic workload."""
+
+    name: str
+    feature_shape: tuple[int, ...]
+    label_modulus: int
+    sizes: tuple[int, ...]
+    quick_sizes: tuple[int, ...]
+    description: str
+
+    @property
+    def element_bytes(self) -> int:
+        """Payload bytes of one element: float32 features plus the int64 label."""
+        count = 1
+        for dim in self.feature_shape:
+            count *= dim
+        return 4 * count + LABEL_BYTES
+
+    def dataset_bytes(self, n: int) -> int:
+        """Payload bytes of a dataset of ``n`` elements."""
+        return n * self.element_bytes
+
+
+WORKLOADS: dict[str, Workload] = {
+    "image": Workload(
+        name="image",
+        feature_shape=(224, 224, 3),
+        label_modulus=1000,
+        sizes=(1000, 4000),
+        quick_sizes=(128, 512),
+        description=(
+            "224x224x3 float32 image (~602 KB) + int64 label; per element: 32x32 stateless noise, "
+            "bicubic upsample to 256x256, additive noise, 5x5 Gaussian blur, bilinear resize to "
+            "224x224, contrast, per-channel normalisation"
+        ),
+    ),
+    "small": Workload(
+        name="small",
+        feature_shape=(256,),
+        label_modulus=10,
+        sizes=(200_000, 800_000),
+        quick_sizes=(10_000, 40_000),
+        description=(
+            "256-d float32 feature vector (~1 KB) + int64 label; per element: stateless normal "
+            "draw, tanh + log1p transform"
+        ),
+    ),
+}
+
+
+def expected_label_sum(workload: Workload, n: int) -> int:
+    """Sum of all labels of an ``n``-element dataset (order independent checksum)."""
+    m = workload.label_modulus
+    full, rest = divmod(n, m)
+    return full * (m * (m - 1) // 2) + rest * (rest - 1) // 2
+
+
+def make_source(workload: Workload, n: int) -> tf.data.Dataset:
+    """Build the uncached source pipeline of ``n`` elements for ``workload``.
+
+    The map runs with ``num_parallel_calls=AUTOTUNE`` and deterministic ordering, as a typical
+    input pipeline would.
+    """
+    import tensorflow as tf
+
+    builders = {"image": _image_element_fn, "small": _small_element_fn}
+    fn = builders[workload.name](workload)
+    return tf.data.Dataset.range(n).map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _image_element_fn(workload: Workload) -> ElementFn:
+    """Return the per-index image "preprocessing" function (a few ms of CPU per element)."""
+    import tensorflow as tf
+
+    height, width, channels = workload.feature_shape
+    taps = tf.exp(-tf.square(tf.range(-2.0, 3.0)) / 2.0)
+    taps = taps / tf.reduce_sum(taps)
+    kernel = tf.tile((taps[:, None] * taps[None, :])[:, :, None, None], [1, 1, channels, 1])
+    mean = tf.constant([0.485, 0.456, 0.406])
+    std = tf.constant([0.229, 0.224, 0.225])
+    modulus = tf.constant(workload.label_modulus, tf.int64)
+
+    def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        seed_scene = tf.stack([i, tf.constant(1, tf.int64)])
+        seed_noise = tf.stack([i, tf.constant(2, tf.int64)])
+        scene = tf.random.stateless_uniform((1, 32, 32, channels), seed=seed_scene)
+        x = tf.image.resize(scene, (256, 256), method="bicubic")
+        x = x + 0.05 * tf.random.stateless_normal((1, 256, 256, channels), seed=seed_noise)
+        x = tf.nn.depthwise_conv2d(x, kernel, strides=[1, 1, 1, 1], padding="SAME")
+        x = tf.image.resize(x, (height, width), method="bilinear")[0]
+        x = tf.image.adjust_contrast(x, 1.2)
+        x = (x - mean) / std
+        return x, i % modulus
+
+    return fn
+
+
+def _small_element_fn(workload: Workload) -> ElementFn:
+    """Return the per-index feature-vector function (cheap; per-element overhead dominates)."""
+    import tensorflow as tf
+
+    modulus = tf.constant(workload.label_modulus, tf.int64)
+
+    def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        seed = tf.stack([i, tf.constant(11, tf.int64)])
+        x = tf.random.stateless_normal(workload.feature_shape, seed=seed)
+        x = tf.tanh(0.5 * x) + tf.math.log1p(tf.abs(x))
+        return x, i % modulus
+
+    return fn

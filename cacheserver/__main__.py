@@ -1,0 +1,3 @@
+from cacheserver.cli import main
+
+main(prog_name="cacheserver")

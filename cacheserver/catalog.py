@@ -1,0 +1,301 @@
+"""The catalog: which caches exist, their state, their shards and write leases.
+
+On disk, under ``<data-dir>/caches/<name>/``::
+
+    writing.json          present while the cache is WRITING (what is being written)
+    shard-00000/          one LMDB environment per shard
+    shard-00000.json      the shard's commit marker, written after the shard is fsynced
+    manifest.json         written last, atomically: the cache is READY
+
+A cache without manifest.json after a restart was interrupted mid-write; its
+writer is gone (the lease is the write stream), so startup discards it.
+Deleting renames the directory into ``<data-dir>/trash/`` first, so a
+half-finished delete never looks like a cache.
+
+Knows nothing of gRPC: the service layer translates its exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cacheserver.errors import (
+    CacheNotFound,
+    CacheWriting,
+    FingerprintMismatch,
+    InvalidArgument,
+)
+from cacheserver.store import ReaderPool, ShardWriter
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAME_LEN = 200
+DEFAULT_SHARD_BYTES = 1 << 30
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+def validate_name(name: str) -> str:
+    """Return name if it is a valid cache name, else raise InvalidArgument."""
+    if not name:
+        raise InvalidArgument("cache name is empty; pass a name such as 'imagenet-train'")
+    if len(name) > MAX_NAME_LEN:
+        raise InvalidArgument(f"cache name is {len(name)} characters; the limit is {MAX_NAME_LEN}")
+    if not NAME_RE.fullmatch(name):
+        raise InvalidArgument(
+            f"invalid cache name {name!r}: use letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit (no '/', no control characters)")
+    return name
+
+
+@dataclass
+class ShardInfo:
+    index: int
+    first_element: int
+    num_elements: int
+    stored_bytes: int
+    raw_bytes: int
+
+
+@dataclass
+class CacheRecord:
+    name: str
+    fingerprint: str
+    layout_json: str
+    element_spec: bytes
+    state: str  # "WRITING" | "READY"
+    create_time: float
+    commit_time: float = 0.0
+    shards: list[ShardInfo] = field(default_factory=list)
+    disk_bytes: int = 0
+
+    @property
+    def num_elements(self) -> int:
+        return sum(s.num_elements for s in self.shards)
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["element_spec"] = self.element_spec.hex()
+        return json.dumps(doc, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> CacheRecord:
+        doc = json.loads(text)
+        doc["element_spec"] = bytes.fromhex(doc["element_spec"])
+        doc["shards"] = [ShardInfo(**s) for s in doc["shards"]]
+        return cls(**doc)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+class WriteSession:
+    """One writer's lease on a WRITING cache: append, then finish or abort."""
+
+    def __init__(self, catalog: Catalog, record: CacheRecord, directory: Path,
+                 shard_bytes: int) -> None:
+        self._catalog = catalog
+        self.record = record
+        self._dir = directory
+        self._shard_bytes = shard_bytes
+        self._writer: ShardWriter | None = None
+        self._done = False
+
+    def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
+        if self._writer is None:
+            index = len(self.record.shards)
+            self._writer = ShardWriter(self._dir / f"shard-{index:05d}", self._shard_bytes)
+        self._writer.append(values, raw_bytes)
+        if self._writer.stored_bytes >= self._shard_bytes:
+            self._commit_shard()
+
+    def _commit_shard(self) -> None:
+        writer, self._writer = self._writer, None
+        assert writer is not None
+        writer.commit()
+        shard = ShardInfo(len(self.record.shards), self.record.num_elements,
+                          writer.num_records, writer.stored_bytes, writer.raw_bytes)
+        _write_atomic(self._dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
+        self.record.shards.append(shard)
+
+    @property
+    def num_elements(self) -> int:
+        pending = self._writer.num_records if self._writer else 0
+        return self.record.num_elements + pending
+
+    def finish(self, num_elements: int) -> CacheRecord:
+        """Commit the last shard and the manifest: the cache becomes READY."""
+        if num_elements != self.num_elements:
+            raise InvalidArgument(f"writer says {num_elements} elements, sent {self.num_elements}")
+        if self._writer is not None:
+            self._commit_shard()
+        self.record.state = "READY"
+        self.record.commit_time = time.time()
+        self.record.disk_bytes = _du(self._dir)
+        _write_atomic(self._dir / "manifest.json", self.record.to_json())
+        (self._dir / "writing.json").unlink(missing_ok=True)
+        self._done = True
+        self._catalog._release(self, committed=True)
+        return self.record
+
+    def abort(self) -> None:
+        """Discard everything this session wrote; no-op after finish()."""
+        if self._done:
+            return
+        self._done = True
+        if self._writer is not None:
+            self._writer.abort()
+        self._catalog._release(self, committed=False)
+
+
+class Catalog:
+    """Thread-safe registry of caches under one data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._caches_dir = data_dir / "caches"
+        self._trash = data_dir / "trash"
+        self._caches_dir.mkdir(parents=True, exist_ok=True)
+        self._trash.mkdir(exist_ok=True)
+        self._lock = threading.RLock()
+        self._caches: dict[str, CacheRecord] = {}
+        self.readers = ReaderPool()
+        self._recover()
+
+    def _recover(self) -> None:
+        shutil.rmtree(self._trash, ignore_errors=True)
+        self._trash.mkdir(exist_ok=True)
+        for d in sorted(self._caches_dir.iterdir()):
+            manifest = d / "manifest.json"
+            if manifest.exists():
+                self._caches[d.name] = CacheRecord.from_json(manifest.read_text())
+            else:
+                log.warning("discarding cache %r: its write was interrupted", d.name)
+                self._remove_dir(d)
+
+    def _remove_dir(self, d: Path) -> None:
+        target = self._trash / f"{d.name}.{uuid.uuid4().hex}"
+        os.rename(d, target)
+        shutil.rmtree(target, ignore_errors=True)
+
+    # ------------------------------------------------------------------ queries
+
+    def list(self) -> list[CacheRecord]:
+        with self._lock:
+            return sorted(self._caches.values(), key=lambda r: r.name)
+
+    def get(self, name: str) -> CacheRecord:
+        validate_name(name)
+        with self._lock:
+            record = self._caches.get(name)
+        if record is None:
+            raise CacheNotFound(f"cache {name!r} not found; list caches with 'cacheserver ls'")
+        return record
+
+    def get_ready(self, name: str, fingerprint: str = "") -> CacheRecord:
+        record = self.get(name)
+        if record.state != "READY":
+            raise CacheWriting(f"cache {name!r} is WRITING ({record.num_elements} elements so "
+                               "far); wait until its writer finishes")
+        if fingerprint and fingerprint != record.fingerprint:
+            raise FingerprintMismatch(f"cache {name!r} was replaced (fingerprint "
+                                      f"{record.fingerprint}, expected {fingerprint})")
+        return record
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            record = self.get(name)
+            if record.state != "READY":
+                raise CacheWriting(f"cache {name!r} is being written; wait until its "
+                                   "writer finishes or stops, then delete it")
+            del self._caches[name]
+            self._remove_dir(self._caches_dir / name)
+
+    # ------------------------------------------------------------------ writing
+
+    def begin_write(self, name: str, fingerprint: str, layout_json: str, element_spec: bytes,
+                    shard_bytes: int = 0) -> tuple[str, CacheRecord, WriteSession | None]:
+        """Take the write lease on name, or say why not.
+
+        Returns ("ACCEPTED", record, session), ("ALREADY_READY", record, None) or
+        ("BUSY", record, None). Raises FingerprintMismatch when a READY cache of
+        that name came from a different pipeline.
+        """
+        validate_name(name)
+        if not fingerprint:
+            raise InvalidArgument("fingerprint is empty")
+        with self._lock:
+            existing = self._caches.get(name)
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise FingerprintMismatch(
+                        f"cache {name!r} holds elements of a different pipeline (fingerprint "
+                        f"{existing.fingerprint}, yours {fingerprint}); delete it "
+                        f"(cacheserver rm {name}, or CacheClient.delete) to rebuild it, or "
+                        "use another name or version=")
+                decision = "ALREADY_READY" if existing.state == "READY" else "BUSY"
+                return decision, existing, None
+            directory = self._caches_dir / name
+            if directory.exists():  # left by an aborted delete or write; not a cache
+                self._remove_dir(directory)
+            directory.mkdir()
+            record = CacheRecord(name, fingerprint, layout_json, element_spec, "WRITING",
+                                 time.time())
+            _write_atomic(directory / "writing.json", record.to_json())
+            self._caches[name] = record
+        session = WriteSession(self, record, directory, shard_bytes or DEFAULT_SHARD_BYTES)
+        return "ACCEPTED", record, session
+
+    def _release(self, session: WriteSession, committed: bool) -> None:
+        name = session.record.name
+        if committed:
+            return
+        with self._lock:
+            if self._caches.get(name) is session.record:
+                del self._caches[name]
+            self._remove_dir(self._caches_dir / name)
+
+    # ------------------------------------------------------------------ reading
+
+    def shard_path(self, record: CacheRecord, shard: int) -> Path:
+        return self._caches_dir / record.name / f"shard-{shard:05d}"
+
+    def read_shard(self, name: str, shard: int, start: int, chunk_bytes: int,
+                   fingerprint: str = "") -> Iterator[tuple[int, bytes, bytes]]:
+        """Validate the request, then iterate the shard's chunks from start."""
+        record = self.get_ready(name, fingerprint)
+        if not 0 <= shard < len(record.shards):
+            raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
+                                  f"shard {shard} does not exist")
+        info = record.shards[shard]
+        if start > info.num_elements:
+            raise InvalidArgument(f"start {start} is past the end of shard {shard} "
+                                  f"({info.num_elements} elements)")
+        chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
+        return self.readers.read_chunks(self.shard_path(record, shard), start,
+                                        info.num_elements, chunk)

@@ -1,0 +1,61 @@
+"""The daemon's exceptions: one per failure a caller can act on.
+
+Each carries the gRPC status code and the machine-readable reason it is sent
+with (AIP-193 style); the service layer translates, nothing else does. The
+client maps the same reasons back to its own exception types
+(client/errors.py), so the two lists stay in step: tests/unit/test_errors.py
+checks that.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+#: Trailing-metadata key that carries the reason.
+REASON_KEY = "shardcache-reason"
+
+
+class CacheServerError(Exception):
+    """Base of every error the daemon reports to a caller."""
+
+    code = grpc.StatusCode.INTERNAL
+    reason = "INTERNAL"
+
+
+class InvalidArgument(CacheServerError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+
+class CacheNotFound(CacheServerError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "CACHE_NOT_FOUND"
+
+
+class CacheWriting(CacheServerError):
+    """The cache exists but is still being written."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "CACHE_WRITING"
+
+
+class FingerprintMismatch(CacheServerError):
+    """The cache was produced by a different pipeline (or version)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FINGERPRINT_MISMATCH"
+
+
+class DiskFull(CacheServerError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "DISK_FULL"
+
+
+class DataLoss(CacheServerError):
+    code = grpc.StatusCode.DATA_LOSS
+    reason = "DATA_CORRUPT"
+
+
+class ShuttingDown(CacheServerError):
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "SHUTTING_DOWN"

@@ -1,0 +1,161 @@
+"""The gRPC adapter: translates requests to catalog calls and errors to statuses.
+
+It decides nothing; the logic lives in :mod:`cacheserver.catalog`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from cacheserver.catalog import Catalog, CacheRecord, WriteSession
+from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
+from cacheserver.v1 import cache_service_pb2 as pb
+from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+_STATES = {"WRITING": pb.CACHE_STATE_WRITING, "READY": pb.CACHE_STATE_READY}
+_DECISIONS = {
+    "ACCEPTED": pb.WRITE_DECISION_ACCEPTED,
+    "ALREADY_READY": pb.WRITE_DECISION_ALREADY_READY,
+    "BUSY": pb.WRITE_DECISION_BUSY,
+}
+
+
+def to_proto(record: CacheRecord) -> pb.Cache:
+    raw = sum(s.raw_bytes for s in record.shards)
+    stored = sum(s.stored_bytes for s in record.shards)
+    return pb.Cache(
+        name=record.name, state=_STATES[record.state], fingerprint=record.fingerprint,
+        layout_json=record.layout_json, element_spec=record.element_spec,
+        num_elements=record.num_elements, disk_bytes=record.disk_bytes,
+        raw_bytes=raw, stored_bytes=stored, create_time=record.create_time,
+        commit_time=record.commit_time,
+        shards=[pb.Shard(index=s.index, first_element=s.first_element,
+                         num_elements=s.num_elements, stored_bytes=s.stored_bytes,
+                         raw_bytes=s.raw_bytes) for s in record.shards],
+    )
+
+
+def _abort(context: grpc.ServicerContext, exc: CacheServerError) -> None:
+    context.set_trailing_metadata(((REASON_KEY, exc.reason),))
+    context.abort(exc.code, str(exc))
+
+
+def _translating(method: F) -> F:
+    """Turn CacheServerError into a status; log and hide anything unexpected."""
+    @functools.wraps(method)
+    def unary(self: CacheService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except CacheServerError as exc:
+            _abort(context, exc)
+        except Exception:
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}; "
+                          "see the daemon's log")
+
+    @functools.wraps(method)
+    def streaming(self: CacheService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            yield from method(self, request, context)
+        except CacheServerError as exc:
+            _abort(context, exc)
+        except Exception:
+            if not context.is_active():
+                return  # the caller went away; nothing to report
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}; "
+                          "see the daemon's log")
+
+    import inspect
+    return streaming if inspect.isgeneratorfunction(method) else unary  # type: ignore[return-value]
+
+
+class CacheService(pb_grpc.CacheServiceServicer):
+    """Serves one catalog. Tracks open streams so shutdown can drain them."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._draining = threading.Event()
+
+    def drain(self) -> None:
+        """Refuse new write streams from now on (reads in flight continue)."""
+        self._draining.set()
+
+    @_translating
+    def ListCaches(self, request: pb.ListCachesRequest,
+                   context: grpc.ServicerContext) -> pb.ListCachesResponse:
+        return pb.ListCachesResponse(caches=[to_proto(r) for r in self.catalog.list()])
+
+    @_translating
+    def GetCache(self, request: pb.GetCacheRequest,
+                 context: grpc.ServicerContext) -> pb.GetCacheResponse:
+        return pb.GetCacheResponse(cache=to_proto(self.catalog.get(request.name)))
+
+    @_translating
+    def DeleteCache(self, request: pb.DeleteCacheRequest,
+                    context: grpc.ServicerContext) -> pb.DeleteCacheResponse:
+        self.catalog.delete(request.name)
+        log.info("deleted cache %r", request.name)
+        return pb.DeleteCacheResponse()
+
+    @_translating
+    def ReadShard(self, request: pb.ReadShardRequest,
+                  context: grpc.ServicerContext) -> Iterator[pb.ReadShardResponse]:
+        chunks = self.catalog.read_shard(request.name, request.shard, request.start,
+                                         request.chunk_bytes, request.fingerprint)
+        for start, lengths, data in chunks:
+            yield pb.ReadShardResponse(start=start, lengths=lengths, data=data)
+
+    @_translating
+    def WriteCache(self, request_iterator: Iterator[pb.WriteCacheRequest],
+                   context: grpc.ServicerContext) -> Iterator[pb.WriteCacheResponse]:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("request") != "begin":
+            raise InvalidArgument("a WriteCache stream must start with a WriteBegin")
+        if self._draining.is_set():
+            raise ShuttingDown("the daemon is shutting down; retry against its replacement")
+        begin = first.begin
+        decision, record, session = self.catalog.begin_write(
+            begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
+            begin.shard_bytes)
+        yield pb.WriteCacheResponse(begun=pb.WriteBegun(decision=_DECISIONS[decision],
+                                                        cache=to_proto(record)))
+        if session is None:
+            return
+        log.info("writing cache %r (fingerprint %s)", begin.name, begin.fingerprint)
+        try:
+            yield from self._write(session, request_iterator)
+        finally:
+            if not session.record.state == "READY":
+                log.warning("write of cache %r ended before it was committed; discarded "
+                            "%d elements", begin.name, session.num_elements)
+            session.abort()
+
+    def _write(self, session: WriteSession, requests: Iterator[pb.WriteCacheRequest]
+               ) -> Iterator[pb.WriteCacheResponse]:
+        from client.codec import split_chunk  # the framing is shared with the client
+
+        for req in requests:
+            kind = req.WhichOneof("request")
+            if kind == "chunk":
+                try:
+                    values = split_chunk(req.chunk.lengths, req.chunk.data)
+                except ValueError as exc:
+                    raise InvalidArgument(f"malformed WriteChunk: {exc}") from exc
+                session.append(values, req.chunk.raw_bytes)
+            elif kind == "finish":
+                record = session.finish(req.finish.num_elements)
+                log.info("committed cache %r: %d elements in %d shards", record.name,
+                         record.num_elements, len(record.shards))
+                yield pb.WriteCacheResponse(committed=to_proto(record))
+                return
+            else:
+                raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")

@@ -1,0 +1,162 @@
+"""Shard storage: one LMDB environment per shard. The only module importing lmdb.
+
+Keys are shard-local element indices as big-endian u64, so a cursor walks in
+order and any element can be fetched by index. Values are stored records
+(client/codec.py); the store never looks inside them. Environments are opened
+without ``writemap`` (a full disk must raise, not SIGBUS) and with syncing
+deferred to :meth:`ShardWriter.commit`, which fsyncs before the caller writes
+the commit marker: an uncommitted shard may be lost in a crash, a committed
+one may not.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import lmdb
+
+from cacheserver.errors import DataLoss, DiskFull
+
+_KEY = struct.Struct(">Q")
+_MIN_MAP_SIZE = 64 << 20
+
+
+def _translate(exc: lmdb.Error, path: Path) -> Exception:
+    text = str(exc)
+    if isinstance(exc, lmdb.DiskError) or "No space left" in text or f"{errno.ENOSPC}" in text:
+        return DiskFull(f"disk full writing {path}: free space or delete caches "
+                        f"(cacheserver rm NAME)")
+    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
+        return DataLoss(f"LMDB file under {path} is corrupt: {text}")
+    return exc
+
+
+class ShardWriter:
+    """Appends records to a new shard; commit() makes them durable."""
+
+    def __init__(self, path: Path, expected_bytes: int) -> None:
+        self.path = path
+        self.num_records = 0
+        self.stored_bytes = 0
+        self.raw_bytes = 0
+        path.mkdir(parents=True, exist_ok=False)
+        self._map_size = max(_MIN_MAP_SIZE, 2 * expected_bytes)
+        try:
+            self._env = lmdb.open(str(path), map_size=self._map_size, subdir=True,
+                                  sync=False, metasync=False, writemap=False,
+                                  readahead=False, max_dbs=0, lock=True)
+        except lmdb.Error as exc:
+            raise _translate(exc, path) from exc
+
+    def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
+        """Store values as the next records, in one transaction."""
+        items = [(_KEY.pack(self.num_records + i), v) for i, v in enumerate(values)]
+        size = sum(len(v) for v in values)
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    with txn.cursor() as cur:
+                        cur.putmulti(items, append=True)
+                break
+            except lmdb.MapFullError:
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+            except lmdb.Error as exc:
+                raise _translate(exc, self.path) from exc
+        self.num_records += len(values)
+        self.stored_bytes += size
+        self.raw_bytes += raw_bytes
+
+    def commit(self) -> None:
+        """Flush everything to disk and close; the caller then writes the marker."""
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise _translate(exc, self.path) from exc
+        finally:
+            self._env.close()
+
+    def abort(self) -> None:
+        """Close and delete the shard's files (space is released now)."""
+        try:
+            self._env.close()
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _Env:
+    def __init__(self, path: Path) -> None:
+        self.env = lmdb.open(str(path), readonly=True, lock=False, subdir=True,
+                             readahead=True, max_dbs=0)
+        self.refs = 0
+
+
+class ReaderPool:
+    """Shares one read-only environment per committed shard across streams.
+
+    LMDB allows one open of an environment per process; committed shards are
+    immutable, so readers need no lock file and no writer coordination.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._envs: dict[Path, _Env] = {}
+
+    def _acquire(self, path: Path) -> _Env:
+        with self._lock:
+            ent = self._envs.get(path)
+            if ent is None:
+                try:
+                    ent = self._envs[path] = _Env(path)
+                except lmdb.Error as exc:
+                    raise DataLoss(f"cannot open shard {path}: {exc}") from exc
+            ent.refs += 1
+            return ent
+
+    def _release(self, path: Path) -> None:
+        with self._lock:
+            ent = self._envs[path]
+            ent.refs -= 1
+            if ent.refs == 0:
+                del self._envs[path]
+                ent.env.close()
+
+    def read_chunks(self, path: Path, start: int, stop: int,
+                    chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:
+        """Yield (first index, u32 lengths, data) for records [start, stop).
+
+        Each chunk is read in its own short transaction, so a slow consumer never
+        pins an old snapshot.
+        """
+        ent = self._acquire(path)
+        try:
+            index = start
+            while index < stop:
+                try:
+                    first, lengths, data = index, [], []
+                    size = 0
+                    with ent.env.begin(buffers=True) as txn, txn.cursor() as cur:
+                        if not cur.set_key(_KEY.pack(index)):
+                            raise DataLoss(f"shard {path} is missing record {index}")
+                        for key, value in cur:
+                            if index >= stop:
+                                break
+                            if bytes(key) != _KEY.pack(index):
+                                raise DataLoss(f"shard {path}: record {index} is missing")
+                            lengths.append(len(value))
+                            data.append(value)
+                            size += len(value)
+                            index += 1
+                            if size >= chunk_bytes:
+                                break
+                        blob = b"".join(data)
+                except lmdb.Error as exc:
+                    raise _translate(exc, path) from exc
+                yield first, struct.pack(f"<{len(lengths)}I", *lengths), blob
+        finally:
+            self._release(path)

@@ -1,0 +1,182 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CacheState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_STATE_UNSPECIFIED: _ClassVar[CacheState]
+    CACHE_STATE_WRITING: _ClassVar[CacheState]
+    CACHE_STATE_READY: _ClassVar[CacheState]
+
+class WriteDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WRITE_DECISION_UNSPECIFIED: _ClassVar[WriteDecision]
+    WRITE_DECISION_ACCEPTED: _ClassVar[WriteDecision]
+    WRITE_DECISION_ALREADY_READY: _ClassVar[WriteDecision]
+    WRITE_DECISION_BUSY: _ClassVar[WriteDecision]
+CACHE_STATE_UNSPECIFIED: CacheState
+CACHE_STATE_WRITING: CacheState
+CACHE_STATE_READY: CacheState
+WRITE_DECISION_UNSPECIFIED: WriteDecision
+WRITE_DECISION_ACCEPTED: WriteDecision
+WRITE_DECISION_ALREADY_READY: WriteDecision
+WRITE_DECISION_BUSY: WriteDecision
+
+class Shard(_message.Message):
+    __slots__ = ("index", "first_element", "num_elements", "stored_bytes", "raw_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ELEMENT_FIELD_NUMBER: _ClassVar[int]
+    NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    first_element: int
+    num_elements: int
+    stored_bytes: int
+    raw_bytes: int
+    def __init__(self, index: _Optional[int] = ..., first_element: _Optional[int] = ..., num_elements: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
+
+class Cache(_message.Message):
+    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    ELEMENT_SPEC_FIELD_NUMBER: _ClassVar[int]
+    NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: CacheState
+    fingerprint: str
+    layout_json: str
+    element_spec: bytes
+    num_elements: int
+    shards: _containers.RepeatedCompositeFieldContainer[Shard]
+    disk_bytes: int
+    raw_bytes: int
+    stored_bytes: int
+    create_time: float
+    commit_time: float
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ...) -> None: ...
+
+class ListCachesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCachesResponse(_message.Message):
+    __slots__ = ("caches",)
+    CACHES_FIELD_NUMBER: _ClassVar[int]
+    caches: _containers.RepeatedCompositeFieldContainer[Cache]
+    def __init__(self, caches: _Optional[_Iterable[_Union[Cache, _Mapping]]] = ...) -> None: ...
+
+class GetCacheRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetCacheResponse(_message.Message):
+    __slots__ = ("cache",)
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    cache: Cache
+    def __init__(self, cache: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
+
+class DeleteCacheRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteCacheResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WriteBegin(_message.Message):
+    __slots__ = ("name", "fingerprint", "layout_json", "element_spec", "shard_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    ELEMENT_SPEC_FIELD_NUMBER: _ClassVar[int]
+    SHARD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fingerprint: str
+    layout_json: str
+    element_spec: bytes
+    shard_bytes: int
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., shard_bytes: _Optional[int] = ...) -> None: ...
+
+class WriteChunk(_message.Message):
+    __slots__ = ("lengths", "data", "raw_bytes")
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    lengths: bytes
+    data: bytes
+    raw_bytes: int
+    def __init__(self, lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
+
+class WriteFinish(_message.Message):
+    __slots__ = ("num_elements",)
+    NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    num_elements: int
+    def __init__(self, num_elements: _Optional[int] = ...) -> None: ...
+
+class WriteCacheRequest(_message.Message):
+    __slots__ = ("begin", "chunk", "finish")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    begin: WriteBegin
+    chunk: WriteChunk
+    finish: WriteFinish
+    def __init__(self, begin: _Optional[_Union[WriteBegin, _Mapping]] = ..., chunk: _Optional[_Union[WriteChunk, _Mapping]] = ..., finish: _Optional[_Union[WriteFinish, _Mapping]] = ...) -> None: ...
+
+class WriteBegun(_message.Message):
+    __slots__ = ("decision", "cache")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    decision: WriteDecision
+    cache: Cache
+    def __init__(self, decision: _Optional[_Union[WriteDecision, str]] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
+
+class WriteCacheResponse(_message.Message):
+    __slots__ = ("begun", "committed")
+    BEGUN_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    begun: WriteBegun
+    committed: Cache
+    def __init__(self, begun: _Optional[_Union[WriteBegun, _Mapping]] = ..., committed: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
+
+class ReadShardRequest(_message.Message):
+    __slots__ = ("name", "shard", "start", "chunk_bytes", "fingerprint")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shard: int
+    start: int
+    chunk_bytes: int
+    fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., shard: _Optional[int] = ..., start: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class ReadShardResponse(_message.Message):
+    __slots__ = ("start", "lengths", "data")
+    START_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    lengths: bytes
+    data: bytes
+    def __init__(self, start: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,239 @@
+"""CacheClient: the public entry point of the client library."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from client._reader import DEFAULT_PREFETCH_BYTES, read_batches
+from client._transport import Transport, pb, resolve_target
+from client._writer import CacheWriter
+from client.codec import Compressor, Layout, decode_batch, encode_body, encode_fixed_batch
+from client.errors import (
+    CacheNotFoundError,
+    CacheNotReadyError,
+    FingerprintMismatchError,
+    InvalidArgumentError,
+    ShardcacheError,
+)
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from client._tf import WireFormat
+
+log = logging.getLogger("client")
+_STATES = {pb.CACHE_STATE_WRITING: "WRITING", pb.CACHE_STATE_READY: "READY"}
+#: Elements per write-through batch, bounded to about this many bytes.
+_WRITE_BATCH_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What the daemon knows about one cache."""
+
+    name: str
+    state: str  # "WRITING" or "READY"
+    num_elements: int
+    num_shards: int
+    disk_bytes: int
+    raw_bytes: int
+    stored_bytes: int
+    fingerprint: str
+    create_time: float
+    commit_time: float
+
+    @property
+    def compression_ratio(self) -> float:
+        """Record bytes before compression / after (1.0 for an empty cache)."""
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+    @classmethod
+    def from_proto(cls, c: pb.Cache) -> CacheInfo:
+        return cls(c.name, _STATES.get(c.state, "UNSPECIFIED"), c.num_elements, len(c.shards),
+                   c.disk_bytes, c.raw_bytes, c.stored_bytes, c.fingerprint, c.create_time,
+                   c.commit_time)
+
+
+class CacheClient:
+    """A connection to one cacheserver daemon.
+
+    target is "host:port" or "unix:///path/to.sock"; when omitted, the
+    SHARDCACHE_TARGET environment variable, else 127.0.0.1:50051. Use as a
+    context manager, or call close().
+    """
+
+    def __init__(self, target: str | None = None, *, connect_timeout: float = 5.0) -> None:
+        self.target = resolve_target(target)
+        self._transport = Transport(self.target, connect_timeout)
+
+    def __enter__(self) -> CacheClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __repr__(self) -> str:
+        return f"CacheClient({self.target!r})"
+
+    # ------------------------------------------------------------------ catalog
+
+    def _get(self, name: str) -> pb.Cache:
+        stub = self._transport.stub
+        return self._transport.call(stub.GetCache, pb.GetCacheRequest(name=name)).cache
+
+    def list(self) -> list[CacheInfo]:
+        """Every cache on the daemon, READY and WRITING."""
+        stub = self._transport.stub
+        response = self._transport.call(stub.ListCaches, pb.ListCachesRequest())
+        return [CacheInfo.from_proto(c) for c in response.caches]
+
+    def info(self, name: str) -> CacheInfo:
+        """One cache; raises CacheNotFoundError when it does not exist."""
+        return CacheInfo.from_proto(self._get(name))
+
+    def delete(self, name: str) -> None:
+        """Delete a READY cache and its files."""
+        stub = self._transport.stub
+        self._transport.call(stub.DeleteCache, pb.DeleteCacheRequest(name=name))
+
+    # ------------------------------------------------------------------ datasets
+
+    def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+                ) -> tf.data.Dataset:
+        """A tf.data.Dataset over an existing READY cache; needs no source pipeline."""
+        from client import _tf
+
+        _check_prefetch(prefetch_bytes)
+        cache = self._get(name)
+        if cache.state != pb.CACHE_STATE_READY:
+            raise CacheNotReadyError(
+                f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
+                "wait until its writer finishes, then call dataset() again")
+        wire = _tf.WireFormat(_tf.decode_spec(cache.element_spec),
+                              Layout.from_json(cache.layout_json))
+        return wire.dataset(lambda: self._read(cache, wire, prefetch_bytes), cache.num_elements)
+
+    def cache(self, dataset: tf.data.Dataset, name: str, *, version: str | None = None,
+              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> tf.data.Dataset:
+        """The drop-in for ``dataset.cache()``, stored by the daemon under name.
+
+        The first full iteration runs dataset and writes its elements through to
+        the daemon while yielding them; once committed, iterations stream from
+        the daemon. An iteration stopped early writes nothing. The cache is keyed
+        by a fingerprint of the pipeline (or version, when given): a changed
+        pipeline raises FingerprintMismatchError instead of serving old elements.
+        """
+        from client import _tf
+
+        _check_prefetch(prefetch_bytes)
+        spec = dataset.element_spec
+        layout = _tf.layout_of(spec)
+        wire = _tf.WireFormat(spec, layout)
+        fingerprint = _tf.fingerprint_of(dataset, version)
+        cardinality = _tf.cardinality_of(dataset)
+        if cardinality == _tf.INFINITE:
+            raise InvalidArgumentError(
+                f"cannot cache {name!r}: the dataset is infinite; call cc.cache() before "
+                ".repeat()")
+        try:
+            existing = self._get(name)
+        except CacheNotFoundError:
+            existing = None
+        if existing is not None:
+            _check_same_source(existing, fingerprint, layout)
+            if existing.state == pb.CACHE_STATE_READY:
+                cardinality = existing.num_elements
+        begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
+                              element_spec=_tf.encode_spec(spec))
+        return wire.dataset(lambda: self._cache_epoch(dataset, wire, begin, prefetch_bytes),
+                            cardinality)
+
+    # ------------------------------------------------------------------ epochs
+
+    def _read(self, cache: pb.Cache, wire: WireFormat, prefetch_bytes: int) -> Iterator[Any]:
+        for n, batch in read_batches(self._transport, cache, wire.layout,
+                                     prefetch_bytes=prefetch_bytes):
+            yield wire.to_wire(batch, n)
+
+    def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat, begin: pb.WriteBegin,
+                     prefetch_bytes: int) -> Iterator[Any]:
+        """One iteration of a cc.cache() dataset: read, write through, or pass through."""
+        from client import _tf
+
+        writer: CacheWriter | None = CacheWriter(self._transport, begin)
+        assert writer is not None
+        begun = writer.begin()
+        if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
+            yield from self._read(begun.cache, wire, prefetch_bytes)
+            return
+        if begun.decision != pb.WRITE_DECISION_ACCEPTED:
+            log.info("cache %r is being written by another process; streaming the source "
+                     "pipeline without writing", begin.name)
+            writer = None
+        layout = wire.layout
+        record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
+        batch_elements = max(1, min(4096, _WRITE_BATCH_BYTES // record))
+        compressor = Compressor()
+        committed = False
+        try:
+            for batched, elements in _tf.source_batches(dataset, wire, batch_elements):
+                if batched is not None:
+                    n = len(batched[0])
+                    if writer is not None:
+                        if layout.fixed_numeric:
+                            rows = encode_fixed_batch(layout, batched)
+                            bodies: list[Any] = list(rows)
+                        else:
+                            bodies = [encode_body(layout, [leaf[i] for leaf in batched])
+                                      for i in range(n)]
+                        writer = self._write(writer, bodies, compressor)
+                    yield wire.to_wire(batched, n)
+                else:
+                    bodies = [encode_body(layout, leaves) for leaves in elements]
+                    if writer is not None:
+                        writer = self._write(writer, bodies, compressor)
+                    yield wire.to_wire(decode_batch(layout, bodies), len(bodies))
+            if writer is not None:
+                cache = writer.finish()
+                committed = True
+                log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
+        except ShardcacheError as exc:
+            log.warning("cache %r was not written: %s; training continues from the "
+                        "source pipeline", begin.name, exc)
+        finally:
+            if writer is not None and not committed:
+                writer.abort()
+
+    @staticmethod
+    def _write(writer: CacheWriter, bodies: list[Any], compressor: Compressor
+               ) -> CacheWriter | None:
+        """Send bodies; on a daemon-side failure, abort the write and keep going."""
+        raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
+        try:
+            writer.add([compressor.pack(b) for b in bodies], raw)
+            return writer
+        except ShardcacheError as exc:
+            writer.abort()
+            log.warning("stopped writing cache (%s); this epoch continues from the source "
+                        "pipeline and the next one will try again", exc)
+            return None
+
+
+def _check_prefetch(prefetch_bytes: int) -> None:
+    if not isinstance(prefetch_bytes, int) or prefetch_bytes < 1:
+        raise InvalidArgumentError(f"prefetch_bytes must be a positive int, got {prefetch_bytes!r}")
+
+
+def _check_same_source(cache: pb.Cache, fingerprint: str, layout: Layout) -> None:
+    if cache.fingerprint != fingerprint or cache.layout_json != layout.to_json():
+        raise FingerprintMismatchError(
+            f"cache {cache.name!r} holds elements of a different pipeline (fingerprint "
+            f"{cache.fingerprint}, this pipeline {fingerprint}); delete it with "
+            f"`cacheserver rm {cache.name}` or CacheClient.delete({cache.name!r}) to rebuild "
+            "it, or use another name or version=")

@@ -1,0 +1,110 @@
+"""The write side of write-through: one WriteCache stream holding the lease."""
+
+from __future__ import annotations
+
+import queue
+import struct
+from collections.abc import Iterator, Sequence
+
+import grpc
+
+from client._transport import Transport, pb
+from client.errors import ShardcacheError, from_rpc_error
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+_SEND_QUEUE = 4
+
+
+class CacheWriter:
+    """Sends records to the daemon in ~1 MiB chunks; finish() commits, abort() discards.
+
+    Use begin() first: it returns the daemon's decision; only ACCEPTED writers
+    may add records.
+    """
+
+    def __init__(self, transport: Transport, begin: pb.WriteBegin,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self._transport = transport
+        self._begin = begin
+        self._chunk_bytes = chunk_bytes
+        self._requests: queue.Queue[pb.WriteCacheRequest | None] = queue.Queue(_SEND_QUEUE)
+        self._lengths: list[int] = []
+        self._data: list[bytes] = []
+        self._pending_bytes = 0
+        self._raw_bytes = 0
+        self.num_elements = 0
+        self._call: grpc.Call | None = None
+        self._responses: Iterator[pb.WriteCacheResponse] | None = None
+
+    def _request_stream(self) -> Iterator[pb.WriteCacheRequest]:
+        yield pb.WriteCacheRequest(begin=self._begin)
+        while (req := self._requests.get()) is not None:
+            yield req
+
+    def _fail(self, err: grpc.RpcError) -> ShardcacheError:
+        return from_rpc_error(err, self._transport.target)
+
+    def begin(self) -> pb.WriteBegun:
+        self._transport.connect()
+        call = self._transport.stub.WriteCache(self._request_stream())
+        self._call = self._responses = call
+        try:
+            return next(call).begun
+        except grpc.RpcError as err:
+            raise self._fail(err) from err
+
+    def _send(self, request: pb.WriteCacheRequest) -> None:
+        assert self._call is not None
+        while True:
+            try:
+                self._requests.put(request, timeout=0.25)
+                return
+            except queue.Full:
+                if self._call.done():  # the daemon ended the stream: surface why
+                    try:
+                        next(self._responses)  # type: ignore[arg-type]
+                    except grpc.RpcError as err:
+                        raise self._fail(err) from err
+                    except StopIteration:
+                        pass
+                    raise ShardcacheError("the daemon closed the write stream early")
+
+    def add(self, values: Sequence[bytes], raw_bytes: int) -> None:
+        for v in values:
+            self._lengths.append(len(v))
+            self._pending_bytes += len(v)
+        self._data.extend(values)
+        self._raw_bytes += raw_bytes
+        self.num_elements += len(values)
+        if self._pending_bytes >= self._chunk_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._lengths:
+            return
+        chunk = pb.WriteChunk(lengths=struct.pack(f"<{len(self._lengths)}I", *self._lengths),
+                              data=b"".join(self._data), raw_bytes=self._raw_bytes)
+        self._lengths, self._data, self._pending_bytes, self._raw_bytes = [], [], 0, 0
+        self._send(pb.WriteCacheRequest(chunk=chunk))
+
+    def finish(self) -> pb.Cache:
+        """Commit: returns the READY cache."""
+        self._flush()
+        self._send(pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=self.num_elements)))
+        self._requests.put(None)
+        try:
+            for response in self._responses:  # type: ignore[union-attr]
+                if response.HasField("committed"):
+                    return response.committed
+        except grpc.RpcError as err:
+            raise self._fail(err) from err
+        raise ShardcacheError("the daemon ended the write stream without committing")
+
+    def abort(self) -> None:
+        """Cancel the stream: the daemon discards everything written so far."""
+        if self._call is not None and not self._call.done():
+            self._call.cancel()
+        try:  # wake gRPC's request thread if it waits for our next request
+            self._requests.put_nowait(None)
+        except queue.Full:
+            pass  # it is not waiting: a full queue means it has requests to see

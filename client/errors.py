@@ -1,0 +1,108 @@
+"""The client's exceptions, one per failure a caller can act on.
+
+Every error the daemon sends carries a gRPC status code and a reason
+(``shardcache-reason`` trailing metadata); :func:`from_rpc_error` maps the pair
+to one of these classes. Catch :class:`ShardcacheError` for all of them.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+REASON_KEY = "shardcache-reason"
+
+
+class ShardcacheError(Exception):
+    """Base of every exception the client raises."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    reason = "UNKNOWN"
+
+
+class ServerUnavailableError(ShardcacheError):
+    """The daemon cannot be reached (not running, wrong target, shutting down)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
+
+
+class InvalidArgumentError(ShardcacheError, ValueError):
+    """A request was malformed: bad cache name, bad option, unsupported element."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+
+class CacheNotFoundError(ShardcacheError, KeyError):
+    """No cache of that name exists on the daemon."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "CACHE_NOT_FOUND"
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CacheNotReadyError(ShardcacheError):
+    """The cache is still being written; wait until it is READY."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "CACHE_WRITING"
+
+
+class FingerprintMismatchError(ShardcacheError):
+    """The cache of that name was produced by a different pipeline or version."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FINGERPRINT_MISMATCH"
+
+
+class DiskFullError(ShardcacheError):
+    """The daemon's disk is full; free space or delete caches."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "DISK_FULL"
+
+
+class DataLossError(ShardcacheError):
+    """Stored data is corrupt (checksum mismatch, damaged LMDB file)."""
+
+    code = grpc.StatusCode.DATA_LOSS
+    reason = "DATA_CORRUPT"
+
+
+class InternalError(ShardcacheError):
+    """The daemon failed unexpectedly; its log says more."""
+
+    code = grpc.StatusCode.INTERNAL
+    reason = "INTERNAL"
+
+
+_BY_REASON = {cls.reason: cls for cls in (
+    ServerUnavailableError, InvalidArgumentError, CacheNotFoundError, CacheNotReadyError,
+    FingerprintMismatchError, DiskFullError, DataLossError, InternalError)}
+_BY_CODE = {
+    grpc.StatusCode.UNAVAILABLE: ServerUnavailableError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: CacheNotFoundError,
+    grpc.StatusCode.FAILED_PRECONDITION: CacheNotReadyError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: DiskFullError,
+    grpc.StatusCode.DATA_LOSS: DataLossError,
+}
+
+
+def from_rpc_error(err: grpc.RpcError, target: str) -> ShardcacheError:
+    """Translate a failed call into the matching ShardcacheError."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    reason = ""
+    if hasattr(err, "trailing_metadata"):
+        for key, value in err.trailing_metadata() or ():
+            if key == REASON_KEY:
+                reason = value
+    cls = _BY_REASON.get(reason) or _BY_CODE.get(code, ShardcacheError)
+    if code == grpc.StatusCode.UNAVAILABLE and not reason:
+        return ServerUnavailableError(
+            f"cannot reach cacheserver at {target}: {details}; is `cacheserver serve` "
+            "running and listening there?")
+    return cls(details)
