@@ -94,6 +94,14 @@ class _Env:
         self.env = lmdb.open(str(path), readonly=True, lock=False, subdir=True,
                              readahead=True, max_dbs=0)
         self.refs = 0
+        # Reading a page past the end of a truncated file through mmap is SIGBUS,
+        # which would kill the daemon: check the size LMDB expects up front.
+        expected = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        actual = (path / "data.mdb").stat().st_size
+        if actual < expected:
+            self.env.close()
+            raise lmdb.CorruptedError(f"data.mdb is {actual} bytes, LMDB expects {expected} "
+                                      "(truncated)")
 
 
 class ReaderPool:
@@ -113,8 +121,9 @@ class ReaderPool:
             if ent is None:
                 try:
                     ent = self._envs[path] = _Env(path)
-                except lmdb.Error as exc:
-                    raise DataLoss(f"cannot open shard {path}: {exc}") from exc
+                except (lmdb.Error, OSError) as exc:
+                    raise DataLoss(f"cannot open shard {path}: {exc}; delete the cache and "
+                                   "build it again") from exc
             ent.refs += 1
             return ent
 

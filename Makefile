@@ -1,0 +1,30 @@
+# Two entry points, each doing its own setup on a fresh machine:
+#   make demo   -> a local daemon + a Keras model trained through the cache
+#   make test   -> lint + the whole test suite (what .ci/run runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+EXTRAS ?= tf-cpu,dev
+
+.PHONY: demo test lint bench proto
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/cacheserver demo
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check cacheserver client tests bench protos
+
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(VENV)/.installed
+	$(BIN)/python bench/run.py
+
+proto: $(VENV)/.installed
+	$(BIN)/python protos/generate.py

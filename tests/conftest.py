@@ -1,0 +1,62 @@
+"""Shared fixtures: real daemon processes, clients, unique cache names."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from daemon import Daemon  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def daemon() -> Iterator[Daemon]:
+    """One daemon shared by tests that only add caches under unique names."""
+    d = Daemon().start()
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def fresh_daemon() -> Iterator[Daemon]:
+    """A daemon of the test's own, for tests that kill, restart or fill it."""
+    d = Daemon().start()
+    yield d
+    d.close()
+
+
+@pytest.fixture(params=["unix", "tcp"])
+def target(request: pytest.FixtureRequest, daemon: Daemon) -> str:
+    return daemon.unix_target if request.param == "unix" else daemon.tcp_target
+
+
+@pytest.fixture
+def cc(daemon: Daemon) -> Iterator[object]:
+    from client import CacheClient
+
+    with CacheClient(daemon.unix_target) as client:
+        yield client
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """A cache name unique to this test."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name[:40]).strip("-_.")
+    return f"{stem}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def no_thread_leak() -> Iterator[None]:
+    """Fail if the test leaves shardcache threads running."""
+    yield
+    left = [t.name for t in threading.enumerate() if t.name.startswith("shardcache")]
+    assert not left, f"threads left behind: {left}"
