@@ -17,6 +17,7 @@ Knows nothing of gRPC: the service layer translates its exceptions.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from cacheserver.errors import (
     FingerprintMismatch,
     InvalidArgument,
 )
-from cacheserver.store import ReaderPool, ShardWriter
+from cacheserver.store import ReaderPool, ShardWriter, disk_full
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,16 @@ class CacheRecord:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise disk_full(path) from exc
+        raise
     os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:

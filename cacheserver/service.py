@@ -43,7 +43,13 @@ def to_proto(record: CacheRecord) -> pb.Cache:
     )
 
 
+#: Failures on the daemon's side, worth an operator's attention; the rest are the caller's.
+_OPERATOR_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DATA_LOSS)
+
+
 def _abort(context: grpc.ServicerContext, exc: CacheServerError) -> None:
+    log.log(logging.WARNING if exc.code in _OPERATOR_CODES else logging.DEBUG,
+            "%s: %s", exc.reason, exc)
     context.set_trailing_metadata(((REASON_KEY, exc.reason),))
     context.abort(exc.code, str(exc))
 

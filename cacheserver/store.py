@@ -26,11 +26,21 @@ _KEY = struct.Struct(">Q")
 _MIN_MAP_SIZE = 64 << 20
 
 
-def _translate(exc: lmdb.Error, path: Path) -> Exception:
+def disk_full(path: Path) -> DiskFull:
+    return DiskFull(f"disk full under {path.parent}: free space or delete caches "
+                    "(cacheserver rm NAME), then run again")
+
+
+def _translate(exc: lmdb.Error, path: Path, write_bytes: int = 0) -> Exception:
+    """Map an lmdb error to the daemon's errors.
+
+    LMDB reports a short write on a full disk as EIO ("Input/output error"), so
+    a failed write is DiskFull when the filesystem lacks room for it.
+    """
     text = str(exc)
-    if isinstance(exc, lmdb.DiskError) or "No space left" in text or f"{errno.ENOSPC}" in text:
-        return DiskFull(f"disk full writing {path}: free space or delete caches "
-                        f"(cacheserver rm NAME)")
+    if "No space left" in text or (write_bytes and shutil.disk_usage(path).free
+                                   < write_bytes + (1 << 20)):
+        return disk_full(path)
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
         return DataLoss(f"LMDB file under {path} is corrupt: {text}")
     return exc
@@ -44,7 +54,12 @@ class ShardWriter:
         self.num_records = 0
         self.stored_bytes = 0
         self.raw_bytes = 0
-        path.mkdir(parents=True, exist_ok=False)
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise disk_full(path) from exc
+            raise
         self._map_size = max(_MIN_MAP_SIZE, 2 * expected_bytes)
         try:
             self._env = lmdb.open(str(path), map_size=self._map_size, subdir=True,
@@ -67,7 +82,7 @@ class ShardWriter:
                 self._map_size *= 2
                 self._env.set_mapsize(self._map_size)
             except lmdb.Error as exc:
-                raise _translate(exc, self.path) from exc
+                raise _translate(exc, self.path, size) from exc
         self.num_records += len(values)
         self.stored_bytes += size
         self.raw_bytes += raw_bytes
@@ -77,7 +92,7 @@ class ShardWriter:
         try:
             self._env.sync(True)
         except lmdb.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise _translate(exc, self.path, 1) from exc
         finally:
             self._env.close()
 
