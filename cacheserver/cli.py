@@ -74,13 +74,13 @@ def serve(data_dir: Path, listen: tuple[str, ...], grace: float, log_level: str,
     server.run_until_signal()
 
 
-def _client(target: str | None):  # noqa: ANN202 - lazy import keeps --help fast
+def _client(target: str | None):
     from client import CacheClient
 
     return CacheClient(target)
 
 
-def _run(fn):  # noqa: ANN001, ANN202
+def _run(fn):
     from client import ShardcacheError
 
     try:

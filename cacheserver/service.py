@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cacheserver.catalog import Catalog, CacheRecord, WriteSession
+from cacheserver.catalog import CacheRecord, Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
@@ -140,7 +140,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
         try:
             yield from self._write(session, request_iterator)
         finally:
-            if not session.record.state == "READY":
+            if session.record.state != "READY":
                 log.warning("write of cache %r ended before it was committed; discarded "
                             "%d elements", begin.name, session.num_elements)
             session.abort()

@@ -74,9 +74,8 @@ class ShardWriter:
         size = sum(len(v) for v in values)
         while True:
             try:
-                with self._env.begin(write=True) as txn:
-                    with txn.cursor() as cur:
-                        cur.putmulti(items, append=True)
+                with self._env.begin(write=True) as txn, txn.cursor() as cur:
+                    cur.putmulti(items, append=True)
                 break
             except lmdb.MapFullError:
                 self._map_size *= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -188,7 +189,7 @@ class CacheClient:
                     if writer is not None:
                         if layout.fixed_numeric:
                             rows = encode_fixed_batch(layout, batched)
-                            bodies: list[Any] = list(rows)
+                            bodies: builtins.list[Any] = builtins.list(rows)
                         else:
                             bodies = [encode_body(layout, [leaf[i] for leaf in batched])
                                       for i in range(n)]
@@ -211,7 +212,7 @@ class CacheClient:
                 writer.abort()
 
     @staticmethod
-    def _write(writer: CacheWriter, bodies: list[Any], compressor: Compressor
+    def _write(writer: CacheWriter, bodies: builtins.list[Any], compressor: Compressor
                ) -> CacheWriter | None:
         """Send bodies; on a daemon-side failure, abort the write and keep going."""
         raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)

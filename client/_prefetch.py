@@ -8,6 +8,7 @@ pattern of google/grain's prefetch).
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -113,11 +114,9 @@ class Prefetcher(Generic[T]):
             self._queue.put_end()
         except Closed:
             pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            try:
+        except BaseException as exc:
+            with contextlib.suppress(Closed):
                 self._queue.put_error(exc)
-            except Closed:
-                pass
 
     def __iter__(self) -> Iterator[T]:
         while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import struct
 from collections.abc import Iterator, Sequence
@@ -67,7 +68,7 @@ class CacheWriter:
                         raise self._fail(err) from err
                     except StopIteration:
                         pass
-                    raise ShardcacheError("the daemon closed the write stream early")
+                    raise ShardcacheError("the daemon closed the write stream early") from None
 
     def add(self, values: Sequence[bytes], raw_bytes: int) -> None:
         for v in values:
@@ -104,7 +105,7 @@ class CacheWriter:
         """Cancel the stream: the daemon discards everything written so far."""
         if self._call is not None and not self._call.done():
             self._call.cancel()
-        try:  # wake gRPC's request thread if it waits for our next request
+        # Wake gRPC's request thread if it waits for our next request; a full
+        # queue means it is not waiting.
+        with contextlib.suppress(queue.Full):
             self._requests.put_nowait(None)
-        except queue.Full:
-            pass  # it is not waiting: a full queue means it has requests to see

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from daemon import Daemon  # noqa: E402
+from daemon import Daemon
 
 
 @pytest.fixture(scope="session")

@@ -60,9 +60,8 @@ class Daemon:
                 "--listen", self.unix_target, "--listen", self.tcp_target, *self.extra_args]
 
     def start(self) -> Daemon:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(self.unix_target)
         except TimeoutError:

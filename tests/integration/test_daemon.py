@@ -10,12 +10,12 @@ import threading
 
 import grpc
 import pytest
+from daemon import Daemon, wait_healthy
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
-from daemon import Daemon, wait_healthy
 
 
 def test_health_and_reflection_answer_on_tcp_and_unix(daemon: Daemon) -> None:

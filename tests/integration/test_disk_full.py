@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from daemon import Daemon
 
 tf = pytest.importorskip("tensorflow")

@@ -6,6 +6,7 @@ import time
 
 import grpc
 import pytest
+from daemon import free_port
 
 from client import (
     CacheClient,
@@ -14,7 +15,6 @@ from client import (
     ServerUnavailableError,
     ShardcacheError,
 )
-from daemon import free_port
 
 
 def test_an_unknown_cache_is_not_found_and_named(cc, name) -> None:
@@ -45,7 +45,7 @@ def test_an_unreachable_daemon_is_named_within_seconds() -> None:
 def test_an_unreachable_daemon_fails_cache_before_any_tensorflow_iteration() -> None:
     tf = pytest.importorskip("tensorflow")
     with CacheClient("unix:///tmp/shardcache-nowhere.sock", connect_timeout=1) as cc, \
-            pytest.raises(ServerUnavailableError, match="shardcache-nowhere.sock"):
+            pytest.raises(ServerUnavailableError, match=r"shardcache-nowhere\.sock"):
         cc.cache(tf.data.Dataset.range(3), name="x")
 
 
