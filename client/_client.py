@@ -170,13 +170,15 @@ class CacheClient:
         writer: CacheWriter | None = CacheWriter(self._transport, begin)
         assert writer is not None
         begun = writer.begin()
+        if begun.decision != pb.WRITE_DECISION_ACCEPTED:
+            writer.abort()  # ends the stream's request thread
+            writer = None
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             yield from self._read(begun.cache, wire, prefetch_bytes)
             return
-        if begun.decision != pb.WRITE_DECISION_ACCEPTED:
+        if writer is None:
             log.info("cache %r is being written by another process; streaming the source "
                      "pipeline without writing", begin.name)
-            writer = None
         layout = wire.layout
         record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
         batch_elements = max(1, min(4096, _WRITE_BATCH_BYTES // record))

@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +57,14 @@ def name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def no_thread_leak() -> Iterator[None]:
-    """Fail if the test leaves shardcache threads running."""
+    """Fail if the test leaves Python threads running (TensorFlow's own are "Dummy-N")."""
+    before = set(threading.enumerate())
     yield
-    left = [t.name for t in threading.enumerate() if t.name.startswith("shardcache")]
-    assert not left, f"threads left behind: {left}"
+    deadline = time.monotonic() + 5
+    while True:
+        left = [t for t in threading.enumerate()
+                if t not in before and t.is_alive() and not t.name.startswith("Dummy-")]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"threads left behind: {[t.name for t in left]}"
