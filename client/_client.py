@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from client import _malloc
 from client._reader import DEFAULT_PREFETCH_BYTES, read_batches
 from client._transport import Transport, pb, resolve_target
 from client._writer import CacheWriter
@@ -64,11 +65,18 @@ class CacheClient:
     target is "host:port" or "unix:///path/to.sock"; when omitted, the
     SHARDCACHE_TARGET environment variable, else 127.0.0.1:50051. Use as a
     context manager, or call close().
+
+    tune_malloc (default True) raises glibc's mmap/trim thresholds when an
+    epoch starts, undoing the 128 KiB trim threshold TensorFlow's
+    from_generator sets, which makes every large buffer page-fault afresh and
+    halves read throughput (client/_malloc.py has the numbers).
     """
 
-    def __init__(self, target: str | None = None, *, connect_timeout: float = 5.0) -> None:
+    def __init__(self, target: str | None = None, *, connect_timeout: float = 5.0,
+                 tune_malloc: bool = True) -> None:
         self.target = resolve_target(target)
         self._transport = Transport(self.target, connect_timeout)
+        self._tune_malloc = _malloc.enabled(tune_malloc)
 
     def __enter__(self) -> CacheClient:
         return self
@@ -158,6 +166,8 @@ class CacheClient:
     # ------------------------------------------------------------------ epochs
 
     def _read(self, cache: pb.Cache, wire: WireFormat, prefetch_bytes: int) -> Iterator[Any]:
+        if self._tune_malloc:  # from_generator has applied its own setting by now
+            _malloc.tune()
         for n, batch in read_batches(self._transport, cache, wire.layout,
                                      prefetch_bytes=prefetch_bytes):
             yield wire.to_wire(batch, n)
@@ -167,6 +177,8 @@ class CacheClient:
         """One iteration of a cc.cache() dataset: read, write through, or pass through."""
         from client import _tf
 
+        if self._tune_malloc:
+            _malloc.tune()
         writer: CacheWriter | None = CacheWriter(self._transport, begin)
         assert writer is not None
         begun = writer.begin()
