@@ -36,15 +36,16 @@ class _Decoder:
         dec = getattr(self._local, "dec", None)
         if dec is None:
             dec = self._local.dec = Decompressor()
-        index = chunk.start
+        where = f"chunk at record {chunk.start}"
         try:
+            values = split_chunk(chunk.lengths, chunk.data)
             bodies = []
-            for value in split_chunk(chunk.lengths, chunk.data):
+            for i, value in enumerate(values):
+                where = f"record {chunk.start + i}"
                 bodies.append(dec.unpack(value))
-                index += 1
+            where = f"records {chunk.start}-{chunk.start + len(bodies) - 1}"
             return len(bodies), decode_batch(self._layout, bodies)
         except RecordError as exc:
-            where = f"record {index}" if index < chunk.start + len(bodies) + 1 else "chunk"
             raise DataLossError(f"cache {self._name!r} shard {shard} {where} is corrupt: "
                                 f"{exc}; delete the cache and build it again") from exc
 

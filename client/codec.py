@@ -23,10 +23,13 @@ element on the fixed-shape path.
 from __future__ import annotations
 
 import json
+import math
+import operator
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -38,6 +41,16 @@ TAG_ZSTD = 0x01
 MIN_COMPRESSION_RATIO = 1.2
 _U64 = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
+#: The rank of a variable leaf is one byte in the record.
+MAX_RANK = 255
+#: A zstd block of at most 128 KiB takes at least 4 bytes (header + RLE byte): no
+#: genuine frame decompresses to more than this many times its own size.
+_MAX_ZSTD_EXPANSION = 32768
+#: Frame header descriptor bits that must be clear in our frames: unused, reserved,
+#: dictionary id; and the content-checksum bit, which must be set.
+_FHD_MUST_BE_CLEAR = 0x10 | 0x08 | 0x03
+_FHD_CHECKSUM = 0x04
+_MAX_DIM = (1 << 63) - 1
 
 
 class RecordError(ValueError):
@@ -70,6 +83,17 @@ class Leaf:
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {', '.join(_DTYPES)}")
+        if self.shape is None:
+            return
+        try:
+            if isinstance(self.shape, (str, bytes)):
+                raise TypeError("a shape is a sequence of dimensions")
+            shape = tuple(None if d is None else _dimension(d) for d in self.shape)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"invalid shape {self.shape!r}: {exc}") from exc
+        if len(shape) > MAX_RANK:
+            raise ValueError(f"rank {len(shape)} exceeds the record format's {MAX_RANK}")
+        object.__setattr__(self, "shape", shape)
 
     @property
     def fixed(self) -> bool:
@@ -84,14 +108,30 @@ class Leaf:
         return _numpy_dtype(self.dtype)
 
     @property
+    def fixed_shape(self) -> tuple[int, ...]:
+        """The shape of a fixed leaf."""
+        if self.shape is None or any(d is None for d in self.shape):
+            raise ValueError(f"a leaf of shape {self.shape} has no fixed shape")
+        return self.shape  # type: ignore[return-value]
+
+    @property
     def size(self) -> int:
         """Number of items of a fixed leaf."""
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.fixed_shape)
 
     @property
     def nbytes(self) -> int:
         """Payload bytes of a fixed numeric leaf."""
         return self.size * self.np_dtype.itemsize
+
+
+def _dimension(d: Any) -> int:
+    if isinstance(d, (bool, np.bool_)):
+        raise TypeError(f"dimension {d!r} is not an integer")
+    value = operator.index(d)
+    if not 0 <= value <= _MAX_DIM:
+        raise ValueError(f"dimension {value} is out of range")
+    return value
 
 
 @dataclass(frozen=True)
@@ -120,12 +160,22 @@ class Layout:
     def from_json(cls, text: str) -> Layout:
         try:
             doc = json.loads(text)
+            if not isinstance(doc, dict):
+                raise TypeError(f"expected an object, got {type(doc).__name__}")
             if doc.get("format") != FORMAT_VERSION:
                 raise ValueError(f"record format {doc.get('format')!r}, expected {FORMAT_VERSION}")
-            return cls(tuple(
-                Leaf(d["dtype"], None if d["shape"] is None else tuple(d["shape"]))
-                for d in doc["leaves"]
-            ))
+            leaves = doc["leaves"]
+            if not isinstance(leaves, list):
+                raise TypeError("leaves must be a list")
+            out = []
+            for d in leaves:
+                shape = d["shape"]
+                if shape is not None and not isinstance(shape, list):
+                    raise TypeError(f"shape {shape!r} is neither a list nor null")
+                if shape is not None and not all(x is None or type(x) is int for x in shape):
+                    raise TypeError(f"shape {shape!r} holds a non-integer dimension")
+                out.append(Leaf(d["dtype"], None if shape is None else tuple(shape)))
+            return cls(tuple(out))
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"invalid layout description: {exc}") from exc
 
@@ -143,8 +193,19 @@ class VarLeaf:
 # --------------------------------------------------------------------------- encode
 
 
+def _as_bytes(x: Any) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, str):  # as tf.constant encodes a Python str
+        return x.encode("utf-8")
+    try:
+        return bytes(memoryview(x))
+    except TypeError as exc:
+        raise RecordError(f"a string component holds {type(x).__name__}, not bytes") from exc
+
+
 def _encode_strings(arr: np.ndarray, out: list[bytes]) -> None:
-    items = [x if isinstance(x, bytes) else bytes(x) for x in arr.reshape(-1).tolist()]
+    items = [_as_bytes(x) for x in arr.reshape(-1).tolist()]
     out.append(np.fromiter((len(x) for x in items), "<u8", len(items)).tobytes())
     out.extend(items)
 
@@ -156,11 +217,13 @@ def encode_body(layout: Layout, leaves: Sequence[Any]) -> bytes:
     out: list[bytes] = []
     for leaf, value in zip(layout.leaves, leaves):
         arr = np.asarray(value, dtype=leaf.np_dtype)
+        if not _shape_matches(arr.shape, leaf.shape):
+            raise RecordError(f"component shape {arr.shape} does not match layout {leaf.shape}")
         if not leaf.fixed:
+            if arr.ndim > MAX_RANK:
+                raise RecordError(f"component rank {arr.ndim} exceeds {MAX_RANK}")
             out.append(bytes([arr.ndim]))
             out.append(np.asarray(arr.shape, "<u8").tobytes())
-        elif arr.shape != leaf.shape:
-            raise RecordError(f"component shape {arr.shape} does not match layout {leaf.shape}")
         if leaf.is_string:
             _encode_strings(arr, out)
         else:
@@ -168,13 +231,30 @@ def encode_body(layout: Layout, leaves: Sequence[Any]) -> bytes:
     return b"".join(out)
 
 
+def _shape_matches(shape: tuple[int, ...], layout_shape: tuple[int | None, ...] | None) -> bool:
+    if layout_shape is None:
+        return True
+    return len(shape) == len(layout_shape) and all(
+        want is None or want == got for got, want in zip(shape, layout_shape))
+
+
 def encode_fixed_batch(layout: Layout, leaves: Sequence[np.ndarray]) -> np.ndarray:
-    """Encode n elements of a fixed-numeric layout at once: a (n, record_size) uint8 array."""
-    n = len(leaves[0]) if leaves else 0
-    cols = [
-        np.ascontiguousarray(np.asarray(a, dtype=leaf.np_dtype)).reshape(n, -1).view(np.uint8)
-        for leaf, a in zip(layout.leaves, leaves)
-    ]
+    """Encode n elements of a fixed-numeric layout at once: a (n, record_size) uint8 array.
+
+    leaves holds one stacked array of shape (n, *leaf.shape) per layout leaf.
+    """
+    if not layout.fixed_numeric:
+        raise RecordError("encode_fixed_batch needs a layout of fixed-shape numeric leaves")
+    if len(leaves) != len(layout.leaves):
+        raise RecordError(f"batch has {len(leaves)} components, layout has {len(layout.leaves)}")
+    arrays = [np.asarray(a, dtype=leaf.np_dtype) for leaf, a in zip(layout.leaves, leaves)]
+    n = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
+    cols = []
+    for leaf, arr in zip(layout.leaves, arrays):
+        if arr.shape != (n, *leaf.fixed_shape):
+            raise RecordError(f"batch component shape {arr.shape} does not match "
+                              f"{n} elements of layout shape {leaf.shape}")
+        cols.append(np.ascontiguousarray(arr).reshape(n, leaf.size).view(np.uint8))
     if len(cols) == 1:
         return cols[0]
     return np.concatenate(cols, axis=1) if cols else np.empty((n, 0), np.uint8)
@@ -199,10 +279,14 @@ class Compressor:
 
 def split_chunk(lengths: bytes, data: bytes) -> list[memoryview]:
     """Split a chunk framed as (little-endian u32 lengths, concatenated data)."""
+    if len(lengths) % 4:
+        raise RecordError(f"chunk framing: {len(lengths)} bytes of lengths is not a whole "
+                          "number of u32")
     sizes = np.frombuffer(lengths, "<u4")
     ends = np.cumsum(sizes, dtype=np.int64)
-    if len(sizes) and int(ends[-1]) != len(data):
-        raise RecordError(f"chunk framing: lengths sum to {int(ends[-1])}, data has {len(data)}")
+    total = int(ends[-1]) if len(sizes) else 0
+    if total != len(data):
+        raise RecordError(f"chunk framing: lengths sum to {total}, data has {len(data)}")
     view = memoryview(data)
     starts = (ends - sizes).tolist()
     return [view[s:e] for s, e in zip(starts, ends.tolist())]
@@ -219,10 +303,7 @@ class Decompressor:
             raise RecordError("empty record")
         tag = value[0]
         if tag == TAG_ZSTD:
-            try:
-                return self._zstd.decompress(value[1:])
-            except zstandard.ZstdError as exc:
-                raise RecordError(f"zstd frame is corrupt: {exc}") from exc
+            return self._unzstd(memoryview(value)[1:])
         if tag == TAG_RAW:
             if len(value) < 5:
                 raise RecordError("raw record shorter than its header")
@@ -232,6 +313,39 @@ class Decompressor:
                 raise RecordError("raw record fails its CRC-32 check")
             return body
         raise RecordError(f"unknown record tag 0x{tag:02x}")
+
+    def _unzstd(self, frame: memoryview) -> bytes:
+        """Decompress one frame as Compressor writes it, or raise RecordError.
+
+        Beyond zstd's own checks (content checksum, content size), the frame
+        header must declare both, and no bit zstd would ignore may be set; a
+        content size no frame of this length can hold is refused before any
+        allocation; bytes after the frame are an error.
+        """
+        try:
+            params = zstandard.get_frame_parameters(frame)
+        except zstandard.ZstdError as exc:
+            raise RecordError(f"zstd frame header is corrupt: {exc}") from exc
+        descriptor = frame[4]
+        if descriptor & _FHD_MUST_BE_CLEAR or not descriptor & _FHD_CHECKSUM:
+            raise RecordError(f"zstd frame header is corrupt: descriptor 0x{descriptor:02x}")
+        size = params.content_size
+        if size == zstandard.CONTENTSIZE_UNKNOWN or size > _MAX_ZSTD_EXPANSION * len(frame):
+            raise RecordError(f"zstd frame header is corrupt: content size {size} for a "
+                              f"{len(frame)}-byte frame")
+        try:
+            if size == 0:  # decompress() would return b"" unchecked: run the decoder
+                dobj = self._zstd.decompressobj()
+                body = dobj.decompress(frame)
+                if not dobj.eof or dobj.unused_data:
+                    raise zstandard.ZstdError("frame is truncated or has trailing data")
+            else:
+                body = self._zstd.decompress(frame, allow_extra_data=False)
+        except (zstandard.ZstdError, MemoryError) as exc:
+            raise RecordError(f"zstd frame is corrupt: {exc}") from exc
+        if len(body) != size:
+            raise RecordError(f"zstd frame is corrupt: {len(body)} bytes, header says {size}")
+        return body
 
 
 def decode_batch(layout: Layout, bodies: Sequence[memoryview | bytes]) -> list[Any]:
@@ -243,17 +357,18 @@ def decode_batch(layout: Layout, bodies: Sequence[memoryview | bytes]) -> list[A
     n = len(bodies)
     if layout.fixed_numeric:
         size = layout.record_size
+        lengths = list(map(len, bodies))
+        if lengths.count(size) != n:
+            bad = next(i for i, ln in enumerate(lengths) if ln != size)
+            raise RecordError(f"record {bad} has {lengths[bad]} bytes, layout says {size}")
         joined = b"".join(bodies)
-        if len(joined) != n * size:
-            bad = next(i for i, b in enumerate(bodies) if len(b) != size)
-            raise RecordError(f"record {bad} has {len(bodies[bad])} bytes, layout says {size}")
         rows = np.frombuffer(joined, np.uint8).reshape(n, size)
         out, off = [], 0
         for leaf in layout.leaves:
             col = rows[:, off:off + leaf.nbytes]
             if len(layout.leaves) > 1:
                 col = np.ascontiguousarray(col)
-            out.append(col.view(leaf.np_dtype).reshape((n, *leaf.shape)))  # type: ignore[misc]
+            out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
             off += leaf.nbytes
         return out
     return _decode_general(layout, bodies)
@@ -263,41 +378,52 @@ def _decode_general(layout: Layout, bodies: Sequence[memoryview | bytes]) -> lis
     per_leaf: list[list[Any]] = [[] for _ in layout.leaves]
     shapes: list[list[tuple[int, ...]]] = [[] for _ in layout.leaves]
     for body in bodies:
-        buf = memoryview(body)
+        buf = memoryview(body).cast("B")
+        end = len(buf)
         pos = 0
         try:
             for i, leaf in enumerate(layout.leaves):
+                shape: tuple[int, ...]
                 if leaf.fixed:
-                    shape = leaf.shape
+                    shape = leaf.fixed_shape
                 else:
                     rank = buf[pos]
+                    _need(pos + 1 + 8 * rank, end, "dimensions")
                     shape = tuple(np.frombuffer(buf, "<u8", rank, pos + 1).tolist())
                     pos += 1 + 8 * rank
-                count = int(np.prod(shape, dtype=np.int64))
+                    if not _shape_matches(shape, leaf.shape) or any(d > _MAX_DIM for d in shape):
+                        raise RecordError(f"component {i} has shape {shape}, layout says "
+                                          f"{leaf.shape}")
+                count = math.prod(shape)
                 if leaf.is_string:
-                    lens = np.frombuffer(buf, "<u8", count, pos)
+                    _need(pos + 8 * count, end, "string lengths")
+                    lens = np.frombuffer(buf, "<u8", count, pos).tolist()
                     pos += 8 * count
+                    _need(pos + sum(lens), end, "strings")
                     items = []
-                    for ln in lens.tolist():
+                    for ln in lens:
                         items.append(bytes(buf[pos:pos + ln]))
                         pos += ln
                     arr = np.empty(count, object)
                     arr[:] = items
                 else:
                     nbytes = count * leaf.np_dtype.itemsize
+                    _need(pos + nbytes, end, "values")
                     arr = np.frombuffer(buf, leaf.np_dtype, count, pos)
                     pos += nbytes
                 per_leaf[i].append(arr)
-                shapes[i].append(shape)  # type: ignore[arg-type]
+                shapes[i].append(shape)
         except (ValueError, IndexError) as exc:
+            if isinstance(exc, RecordError):
+                raise
             raise RecordError(f"record body does not match the layout: {exc}") from exc
-        if pos != len(buf):
-            raise RecordError(f"record body has {len(buf) - pos} trailing bytes")
+        if pos != end:
+            raise RecordError(f"record body has {end - pos} trailing bytes")
     out: list[Any] = []
     for leaf, arrs, shp in zip(layout.leaves, per_leaf, shapes):
         if leaf.fixed:
             stacked = np.concatenate(arrs) if arrs else np.empty(0, leaf.np_dtype)
-            out.append(stacked.reshape((len(bodies), *leaf.shape)))  # type: ignore[misc]
+            out.append(stacked.reshape((len(bodies), *leaf.fixed_shape)))
         else:
             values = np.concatenate(arrs) if arrs else np.empty(0, leaf.np_dtype)
             ranks = np.fromiter((len(s) for s in shp), np.int64, len(shp))
@@ -305,3 +431,8 @@ def _decode_general(layout: Layout, bodies: Sequence[memoryview | bytes]) -> lis
             sizes = np.fromiter((len(a) for a in arrs), np.int64, len(arrs))
             out.append(VarLeaf(values, sizes, dims, ranks))
     return out
+
+
+def _need(stop: int, end: int, what: str) -> None:
+    if stop > end:
+        raise RecordError(f"record body ends {stop - end} bytes short of its {what}")
