@@ -17,15 +17,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import threading
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from strategies import EpochResult
 
 RESULT_PREFIX = "RESULT "
 MB = 1_000_000
+WARMUP_BATCHES = 2
 
 
 def read_rss_kib(pid: int | str = "self") -> tuple[int, int]:
@@ -103,8 +110,29 @@ def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
 
 
+def _run_epoch(
+    epoch: Callable[[], EpochResult], sampler: RssSampler, expected_label_sum: int, n: int
+) -> dict[str, Any]:
+    """Run one epoch and describe it: time, checks, peak RssAnon, CPU time, page faults."""
+    os.sync()  # flush the previous epoch's writes so that this epoch does not pay for them
+    sampler.reset_window()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    epoch_result = epoch()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    sampler.sample()
+    record = asdict(epoch_result)
+    record["label_sum_ok"] = (
+        None if epoch_result.label_sum is None else epoch_result.label_sum == expected_label_sum
+    )
+    record["elements_ok"] = epoch_result.elements == n
+    record["peak_rss_anon_mb"] = kib_to_mb(sampler.window_anon_kib)
+    record["cpu_seconds"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    record["minor_faults"] = after.ru_minflt - before.ru_minflt
+    return record
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Run both epochs of one strategy and return the result record."""
+    """Warm up, run both epochs of one strategy and return the result record."""
     sampler = RssSampler().start()
     result: dict[str, Any] = {
         "workload": args.workload,
@@ -117,13 +145,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     try:
         import tensorflow as tf
-        from strategies import PLANNERS, StrategyContext, StrategyUnavailableError
-        from workloads import WORKLOADS, expected_label_sum, make_source
+        from strategies import PLANNERS, StrategyContext, StrategyUnavailableError, timed_iteration
+        from workloads import WORKLOADS, expected_label_sum, make_source, make_warmup
 
         result["tf_version"] = tf.__version__
         result["baseline_rss_anon_mb"] = kib_to_mb(sampler.sample())
         workload = WORKLOADS[args.workload]
-        expected = expected_label_sum(workload, args.n)
+        warmup_elements = min(args.warmup_batches * args.batch_size, args.n)
+        if warmup_elements > 0:
+            warmup = make_warmup(workload, warmup_elements).batch(args.batch_size)
+            result["warmup_seconds"] = timed_iteration(warmup).seconds
+        result["warm_rss_anon_mb"] = kib_to_mb(sampler.sample())
         ctx = StrategyContext(
             workload=workload,
             n=args.n,
@@ -132,19 +164,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             socket_path=args.socket,
             cache_name=args.cache_name or f"{args.workload}-{args.n}",
         )
+        expected = expected_label_sum(workload, args.n)
         try:
             plan = PLANNERS[args.strategy](make_source(workload, args.n), ctx)
             for epoch in plan.epochs:
-                sampler.reset_window()
-                epoch_result = epoch()
-                sampler.sample()
-                record = asdict(epoch_result)
-                record["label_sum_ok"] = (
-                    None if epoch_result.label_sum is None else epoch_result.label_sum == expected
-                )
-                record["elements_ok"] = epoch_result.elements == args.n
-                record["peak_rss_anon_mb"] = kib_to_mb(sampler.window_anon_kib)
-                result["epochs"].append(record)
+                result["epochs"].append(_run_epoch(epoch, sampler, expected, args.n))
             for obj in plan.keep_alive:
                 close = getattr(obj, "close", None)
                 if callable(close):
@@ -174,6 +198,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--socket", default=None, help="cacheserver unix socket path")
     parser.add_argument("--cache-name", default=None, help="shardcache cache name")
+    parser.add_argument(
+        "--warmup-batches",
+        type=int,
+        default=WARMUP_BATCHES,
+        help="batches of zero elements (at most --n elements) iterated untimed before epoch 1",
+    )
     return parser.parse_args(argv)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 GB = 1_000_000_000
 MB = 1_000_000
@@ -42,6 +45,22 @@ def epoch2_rate(record: dict[str, Any] | None) -> float | None:
     return record["epochs"][1].get("elements_per_s")
 
 
+def representative(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pick the run a table row shows: the first failed run, else the median epoch-2 time.
+
+    The epoch times of all runs are attached as ``repeat_epoch_seconds`` (one list per epoch).
+    """
+    failed = [run for run in runs if run.get("status") != "ok"]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda run: run["epochs"][-1]["seconds"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["repeat_epoch_seconds"] = [
+        [run["epochs"][i]["seconds"] for run in runs] for i in range(len(chosen["epochs"]))
+    ]
+    return chosen
+
+
 def add_ratios(records: list[dict[str, Any]]) -> None:
     """Add epoch-2 throughput ratios vs ``save_load`` and vs ``memory`` of the same size."""
     by_key = {(r["workload"], r["n"], r["strategy"]): r for r in records}
@@ -58,10 +77,16 @@ def _num(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _seconds(value: float | None) -> str:
+def _seconds(value: float | None, spread: list[float] | None = None) -> str:
     if value is None:
         return MISSING
-    return f"{value:.3f}" if value < 1 else f"{value:.2f}"
+
+    def fmt(x: float) -> str:
+        return f"{x:.3f}" if x < 1 else f"{x:.2f}"
+
+    if spread is None or len(spread) < 2:
+        return fmt(value)
+    return f"{fmt(value)} ({fmt(min(spread))}-{fmt(max(spread))})"
 
 
 def _ratio(value: float | None) -> str:
@@ -77,12 +102,13 @@ def _row(record: dict[str, Any], footnote: int | None) -> list[str]:
     e1 = epochs[0] if len(epochs) > 0 else {}
     e2 = epochs[1] if len(epochs) > 1 else {}
     peak = record.get("peak_rss_anon_mb") if record.get("status") == "ok" else None
+    spreads = record.get("repeat_epoch_seconds") or []
     return [
         workload.name,
         size,
         strategy,
-        _seconds(e1.get("seconds")),
-        _seconds(e2.get("seconds")),
+        _seconds(e1.get("seconds"), spreads[0] if len(spreads) > 0 else None),
+        _seconds(e2.get("seconds"), spreads[1] if len(spreads) > 1 else None),
         _num(e2.get("elements_per_s")),
         _num(e2.get("mb_per_s"), 1),
         _num(peak),
@@ -121,16 +147,25 @@ def render_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _range(values: Iterable[float]) -> str:
+    """Format the range of ``values`` as ``lo to hi`` (or one number if they round equal)."""
+    items = sorted(values)
+    lo, hi = f"{items[0]:,.0f}", f"{items[-1]:,.0f}"
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 def render_notes(records: list[dict[str, Any]], daemons: list[dict[str, Any]]) -> str:
     """Render secondary facts: baseline RSS, on-disk sizes, shardcache daemon memory."""
     lines = ["Notes:", ""]
-    baselines = [r["baseline_rss_anon_mb"] for r in records if "baseline_rss_anon_mb" in r]
-    if baselines:
-        lines.append(
-            f"- Baseline RssAnon of a measurement process after `import tensorflow`, before "
-            f"building the pipeline: {min(baselines):,.0f} to {max(baselines):,.0f} MB "
-            "(included in the peaks above)."
-        )
+    for name in sorted({r["workload"] for r in records}):
+        mine = [r for r in records if r["workload"] == name and "warm_rss_anon_mb" in r]
+        if mine:
+            lines.append(
+                f"- `{name}`: RssAnon of a measurement process after `import tensorflow`: "
+                f"{_range(r['baseline_rss_anon_mb'] for r in mine)} MB; after the warm-up, "
+                f"before building the pipeline: {_range(r['warm_rss_anon_mb'] for r in mine)} MB "
+                "(both included in the peaks above)."
+            )
     for key in sorted({(r["workload"], r["n"]) for r in records}, key=lambda k: (k[0], k[1])):
         workload = WORKLOADS[key[0]]
         payload = workload.dataset_bytes(key[1])
@@ -151,7 +186,7 @@ def render_notes(records: list[dict[str, Any]], daemons: list[dict[str, Any]]) -
             )
     for daemon in daemons:
         if daemon.get("status") != "ok":
-            lines.append(f"- cacheserver daemon for `{daemon['workload']}`: {daemon.get('error')}")
+            lines.append(f"- `{daemon['workload']}`: no daemon, {daemon.get('error')}")
             continue
         peaks = ", ".join(
             f"{r['n']:,} elements {r['daemon_peak_rss_anon_mb']:,.0f} MB"

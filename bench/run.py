@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from measure import RESULT_PREFIX, RssSampler, directory_bytes, kib_to_mb
-from report import GB, add_derived, add_ratios, render_notes, render_table
+from measure import RESULT_PREFIX, WARMUP_BATCHES, RssSampler, directory_bytes, kib_to_mb
+from report import GB, add_derived, add_ratios, render_notes, render_table, representative
 from strategies import STRATEGIES
 from workloads import WORKLOADS
 
@@ -148,11 +148,13 @@ class Benchmark:
     socket_root: Path
     records: list[dict[str, Any]] = field(default_factory=list)
     daemons: list[dict[str, Any]] = field(default_factory=list)
+    done: int = 0
 
     @property
     def total(self) -> int:
-        """Number of measurements planned."""
-        return sum(len(ns) for ns in self.args.size_plan.values()) * len(self.args.strategies)
+        """Number of measurement processes planned."""
+        sizes = sum(len(ns) for ns in self.args.size_plan.values())
+        return sizes * len(self.args.strategies) * self.args.repeat
 
     def run_workload(self, name: str, sizes: tuple[int, ...]) -> None:
         """Measure every size and strategy of one workload.
@@ -165,12 +167,6 @@ class Benchmark:
         try:
             for n in sizes:
                 for strategy in self.args.strategies:
-                    print(
-                        f"[{len(self.records) + 1}/{self.total}] {name} n={n:,} {strategy} ...",
-                        end=" ",
-                        file=sys.stderr,
-                        flush=True,
-                    )
                     if strategy == "shardcache" and daemon_info is None:
                         daemon = Daemon(
                             data_dir=self.scratch_root / f"cacheserver-{name}",
@@ -179,30 +175,45 @@ class Benchmark:
                         )
                         daemon_info = start_daemon(daemon, self.args.daemon_timeout, name)
                         self.daemons.append(daemon_info)
-                    if strategy != "shardcache":
-                        record = self.measure(name, n, strategy, None)
-                    elif daemon is not None and daemon.alive():
-                        record = self.measure(name, n, strategy, daemon)
-                    else:
-                        reason = (daemon_info or {}).get("error") or "cacheserver is not running"
-                        record = {
-                            "workload": name,
-                            "n": n,
-                            "strategy": strategy,
-                            "status": "unavailable",
-                            "error": reason,
-                            "epochs": [],
-                        }
-                    add_derived(record)
-                    self.records.append(record)
-                    print(progress_summary(record), file=sys.stderr, flush=True)
+                    runs: list[dict[str, Any]] = []
+                    for repeat in range(self.args.repeat):
+                        self.done += 1
+                        print(
+                            f"[{self.done}/{self.total}] {name} n={n:,} {strategy} "
+                            f"(run {repeat + 1}/{self.args.repeat}) ...",
+                            end=" ",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        if strategy != "shardcache":
+                            run = self.measure(name, n, strategy, None, repeat)
+                        elif daemon is not None and daemon.alive():
+                            run = self.measure(name, n, strategy, daemon, repeat)
+                        else:
+                            reason = (daemon_info or {}).get(
+                                "error"
+                            ) or "cacheserver is not running"
+                            run = {
+                                "workload": name,
+                                "n": n,
+                                "strategy": strategy,
+                                "status": "unavailable",
+                                "error": reason,
+                                "epochs": [],
+                            }
+                        add_derived(run)
+                        runs.append(run)
+                        print(progress_summary(run), file=sys.stderr, flush=True)
+                        if run.get("status") != "ok":
+                            break
+                    self.records.append(representative(runs))
         finally:
             if daemon is not None and daemon_info is not None:
                 daemon_info["exit_code"] = daemon.stop()
                 shutil.rmtree(daemon.data_dir, ignore_errors=True)
 
     def measure(
-        self, workload: str, n: int, strategy: str, daemon: Daemon | None
+        self, workload: str, n: int, strategy: str, daemon: Daemon | None, repeat: int
     ) -> dict[str, Any]:
         """Run one measurement subprocess and return its result record.
 
@@ -224,10 +235,23 @@ class Benchmark:
             str(tmp_dir),
             "--batch-size",
             str(self.args.batch_size),
+            "--warmup-batches",
+            str(self.args.warmup_batches),
         ]
         if daemon is not None:
-            cmd += ["--socket", str(daemon.socket_path), "--cache-name", f"{workload}-{n}"]
-        base: dict[str, Any] = {"workload": workload, "n": n, "strategy": strategy, "epochs": []}
+            cmd += [
+                "--socket",
+                str(daemon.socket_path),
+                "--cache-name",
+                f"{workload}-{n}-r{repeat}",
+            ]
+        base: dict[str, Any] = {
+            "workload": workload,
+            "n": n,
+            "strategy": strategy,
+            "repeat": repeat,
+            "epochs": [],
+        }
         daemon_sampler = RssSampler(daemon.proc.pid).start() if daemon and daemon.proc else None
         daemon_disk_before = directory_bytes(daemon.data_dir) if daemon else 0
         start = time.monotonic()
@@ -295,6 +319,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--batch-size", type=int, default=256, help="batch size for every strategy")
+    parser.add_argument(
+        "--warmup-batches",
+        type=int,
+        default=WARMUP_BATCHES,
+        help="batches of zero elements each measurement process iterates before epoch 1",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measurement processes per row; the table shows the run with the median epoch-2 "
+        "time and the min-max range of the epoch times",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write all raw results as JSON")
     parser.add_argument(
         "--tmp-dir", type=Path, default=None, help="where cache files go (default: system temp)"
@@ -373,7 +410,8 @@ def machine_facts() -> dict[str, Any]:
         "numpy": _dist_version("numpy"),
         "platform": platform.platform(),
         "git_revision": _git_revision(),
-        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
@@ -405,18 +443,35 @@ def render_header(facts: dict[str, Any], args: argparse.Namespace) -> str:
         f"- Revision: {facts['git_revision'] or 'unknown'}; run at {facts['date_utc']}",
         f"- Sizes (elements): {sizes}; batch size {args.batch_size} after the cache op for "
         "every strategy",
+        f"- Each measurement process first iterates {args.warmup_batches} untimed batches of "
+        "zeros (at most as many elements as the dataset; heap and thread-pool warm-up) and "
+        "runs `sync` (untimed) before each epoch",
+        f"- Load average (1/5/15 min) at start: {facts['loadavg']}",
+        (
+            f"- Each row: the median (by epoch-2 time) of {args.repeat} measurement processes; "
+            "ranges in parentheses are min-max over them"
+            if args.repeat > 1
+            else "- Each row: one measurement process (use `--repeat N` for medians)"
+        ),
         "- MB = 10^6 bytes of element payload (features + label); RssAnon in MB = 10^6 bytes",
         "",
     ]
     for name in args.size_plan:
         workload = WORKLOADS[name]
         lines.append(f"- `{name}`: {workload.description}")
+    lines.append("")
     return "\n".join(lines)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """Turn SIGTERM into SystemExit, so that ``finally`` blocks stop the daemon and clean up."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every measurement, print the markdown report and optionally write JSON."""
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the cleanup below still runs
     facts = machine_facts()
     print(render_header(facts, args), flush=True)
 
@@ -447,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(records))
     print()
     print(render_notes(records, daemons))
+    facts["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"- Load average (1/5/15 min) at the end: {facts['loadavg_end']}.")
     print(f"\nTotal benchmark wall time: {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.out is not None:
         payload = {
@@ -456,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                 "sizes": args.size_plan,
                 "strategies": args.strategies,
                 "batch_size": args.batch_size,
+                "warmup_batches": args.warmup_batches,
+                "repeat": args.repeat,
             },
             "records": records,
             "daemons": daemons,

@@ -98,6 +98,20 @@ def make_source(workload: Workload, n: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(n).map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def make_warmup(workload: Workload, n: int) -> tf.data.Dataset:
+    """Build ``n`` zero-valued elements with the workload's structure, for process warm-up.
+
+    Iterating a few batches of these before epoch 1 lets every measurement process grow its
+    heap and start TensorFlow's thread pools the same way, independently of the strategy.
+    """
+    import tensorflow as tf
+
+    def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return tf.zeros(workload.feature_shape), i
+
+    return tf.data.Dataset.range(n).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+
 def _image_element_fn(workload: Workload) -> ElementFn:
     """Return the per-index image "preprocessing" function (a few ms of CPU per element)."""
     import tensorflow as tf
