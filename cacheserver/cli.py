@@ -140,8 +140,8 @@ def rm(names: tuple[str, ...], target: str | None) -> None:
 
 @main.command()
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the demo daemon keeps its caches "
-                   "[default: ~/.cache/shardcache/demo].")
+              help="Where the demo keeps its source images and its daemon's caches "
+                   "[default: $XDG_CACHE_HOME/shardcache/demo, else ~/.cache/shardcache/demo].")
 @click.option("--elements", type=click.IntRange(min=64), default=3000, show_default=True,
               help="Images the demo pipeline generates and preprocesses.")
 @click.option("--epochs", type=click.IntRange(min=2), default=3, show_default=True)
@@ -153,7 +153,7 @@ def demo(data_dir: Path | None, elements: int, epochs: int, image_size: int) -> 
     Starts a daemon on a unix socket with a data directory under your cache
     directory, builds an image pipeline (decode, resize, normalize), trains
     for a few epochs and prints per-epoch time, elements/s and peak memory
-    for both.
+    for both. Needs TensorFlow: pip install 'shardcache[tf-cpu]' (or `make demo`).
     """
     from cacheserver.demo import run_demo
 
