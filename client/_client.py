@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import builtins
+import functools
+import gc
 import logging
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,8 +32,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("client")
 _STATES = {pb.CACHE_STATE_WRITING: "WRITING", pb.CACHE_STATE_READY: "READY"}
-#: Elements per write-through batch, bounded to about this many bytes.
+#: Elements per write-through batch, bounded to about this many bytes. The count
+#: bound keeps latency low: nothing is yielded (and Ctrl-C is not seen) until the
+#: source has produced a whole batch.
 _WRITE_BATCH_BYTES = 4 << 20
+_WRITE_BATCH_ELEMENTS = 256
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,23 @@ class CacheInfo:
                    c.commit_time)
 
 
+def _free_dangling_iterators() -> None:
+    """At exit, free tf.data iterators an uncaught exception's traceback still holds.
+
+    A Ctrl-C in the middle of an epoch leaves the iterator alive in
+    sys.last_traceback; destroyed during interpreter finalization, when no
+    thread can run Python, it waits on its from_generator call to finish and
+    the process hangs. atexit handlers still run with threads alive.
+    """
+    sys.last_type = sys.last_value = sys.last_traceback = None  # type: ignore[assignment]
+    if hasattr(sys, "last_exc"):
+        sys.last_exc = None  # type: ignore[attr-defined]
+    gc.collect()
+
+
+_exit_hook = functools.cache(lambda: atexit.register(_free_dangling_iterators))
+
+
 class CacheClient:
     """A connection to one cacheserver daemon.
 
@@ -77,6 +101,7 @@ class CacheClient:
         self.target = resolve_target(target)
         self._transport = Transport(self.target, connect_timeout)
         self._tune_malloc = _malloc.enabled(tune_malloc)
+        _exit_hook()
 
     def __enter__(self) -> CacheClient:
         return self
@@ -193,7 +218,7 @@ class CacheClient:
                      "pipeline without writing", begin.name)
         layout = wire.layout
         record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
-        batch_elements = max(1, min(4096, _WRITE_BATCH_BYTES // record))
+        batch_elements = max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
         compressor = Compressor()
         committed = False
         try:
