@@ -193,29 +193,16 @@ class DemoDaemon:
         self._wait_healthy(deadline_s)
 
     def _wait_healthy(self, deadline_s: float) -> None:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from cacheserver.probe import NotHealthy, wait_healthy
 
-        assert self.proc is not None
-        deadline = time.monotonic() + deadline_s
-        with grpc.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.proc.poll() is not None:
-                    raise DemoError(f"the daemon exited with status {self.proc.returncode} "
-                                    f"while starting; its log ({self.log_path}):\n"
-                                    f"{self.log_tail()}")
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0,
-                                       wait_for_ready=True)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise DemoError(f"the daemon did not become healthy within {deadline_s:g}s; "
-                                    f"its log ({self.log_path}):\n{self.log_tail()}")
-                time.sleep(0.05)
+        proc = self.proc
+        assert proc is not None
+        try:
+            wait_healthy(self.target, deadline_s, still_starting=lambda: proc.poll() is None)
+        except NotHealthy as exc:
+            status = "" if proc.poll() is None else f" (exit status {proc.returncode})"
+            raise DemoError(f"{exc}{status}; its log ({self.log_path}):\n"
+                            f"{self.log_tail()}") from exc
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -9,35 +9,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from cacheserver.probe import NotHealthy, wait_healthy
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_healthy(target: str, deadline_s: float = 30.0) -> None:
-    """Block until the daemon at target answers SERVING to a gRPC health check."""
-    deadline = time.monotonic() + deadline_s
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0,
-                                   wait_for_ready=True)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"daemon at {target} not healthy within {deadline_s}s")
-            time.sleep(0.05)
 
 
 class Daemon:
@@ -62,9 +42,10 @@ class Daemon:
     def start(self) -> Daemon:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        proc = self.proc
         try:
-            wait_healthy(self.unix_target)
-        except TimeoutError:
+            wait_healthy(self.unix_target, still_starting=lambda: proc.poll() is None)
+        except NotHealthy:
             self.kill()
             raise RuntimeError(f"daemon did not start:\n{self.log()}") from None
         return self

@@ -10,10 +10,11 @@ import threading
 
 import grpc
 import pytest
-from daemon import Daemon, wait_healthy
+from daemon import Daemon
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from cacheserver.probe import NotHealthy, wait_healthy
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
 
@@ -125,5 +126,5 @@ def test_a_chunk_with_inconsistent_framing_is_rejected_and_nothing_is_kept(daemo
 
 
 def test_wait_healthy_gives_up_on_a_dead_target() -> None:
-    with pytest.raises(TimeoutError):
+    with pytest.raises(NotHealthy):
         wait_healthy("unix:///tmp/no-such-shardcache.sock", deadline_s=0.5)
