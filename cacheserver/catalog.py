@@ -206,9 +206,21 @@ class Catalog:
                 self._remove_dir(d)
 
     def _remove_dir(self, d: Path) -> None:
+        """Move d to the trash at once (atomic), then delete it.
+
+        Callers hold the catalog lock only for the rename: removing a large
+        cache's files must not stall every other call.
+        """
+        self._remove_later(self._to_trash(d))
+
+    def _to_trash(self, d: Path) -> Path:
         target = self._trash / f"{d.name}.{uuid.uuid4().hex}"
         os.rename(d, target)
-        shutil.rmtree(target, ignore_errors=True)
+        return target
+
+    @staticmethod
+    def _remove_later(trashed: Path) -> None:
+        shutil.rmtree(trashed, ignore_errors=True)
 
     # ------------------------------------------------------------------ queries
 
@@ -241,7 +253,8 @@ class Catalog:
                 raise CacheWriting(f"cache {name!r} is being written; wait until its "
                                    "writer finishes or stops, then delete it")
             del self._caches[name]
-            self._remove_dir(self._caches_dir / name)
+            trashed = self._to_trash(self._caches_dir / name)
+        self._remove_later(trashed)
 
     # ------------------------------------------------------------------ writing
 
@@ -285,7 +298,8 @@ class Catalog:
         with self._lock:
             if self._caches.get(name) is session.record:
                 del self._caches[name]
-            self._remove_dir(self._caches_dir / name)
+            trashed = self._to_trash(self._caches_dir / name)
+        self._remove_later(trashed)
 
     # ------------------------------------------------------------------ reading
 

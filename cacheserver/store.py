@@ -105,6 +105,7 @@ class ShardWriter:
 
 class _Env:
     def __init__(self, path: Path) -> None:
+        self.inode = (path / "data.mdb").stat().st_ino
         self.env = lmdb.open(str(path), readonly=True, lock=False, subdir=True,
                              readahead=True, max_dbs=0)
         self.refs = 0
@@ -130,23 +131,24 @@ class ReaderPool:
         self._envs: dict[Path, _Env] = {}
 
     def _acquire(self, path: Path) -> _Env:
+        """The open environment of the shard now at path (a rebuilt cache gets a new one)."""
         with self._lock:
-            ent = self._envs.get(path)
-            if ent is None:
-                try:
+            try:
+                ent = self._envs.get(path)
+                if ent is None or ent.inode != (path / "data.mdb").stat().st_ino:
                     ent = self._envs[path] = _Env(path)
-                except (lmdb.Error, OSError) as exc:
-                    raise DataLoss(f"cannot open shard {path}: {exc}; delete the cache and "
-                                   "build it again") from exc
+            except (lmdb.Error, OSError) as exc:
+                raise DataLoss(f"cannot open shard {path}: {exc}; delete the cache and "
+                               "build it again") from exc
             ent.refs += 1
             return ent
 
-    def _release(self, path: Path) -> None:
+    def _release(self, path: Path, ent: _Env) -> None:
         with self._lock:
-            ent = self._envs[path]
             ent.refs -= 1
             if ent.refs == 0:
-                del self._envs[path]
+                if self._envs.get(path) is ent:
+                    del self._envs[path]
                 ent.env.close()
 
     def read_chunks(self, path: Path, start: int, stop: int,
@@ -182,4 +184,4 @@ class ReaderPool:
                     raise _translate(exc, path) from exc
                 yield first, struct.pack(f"<{len(lengths)}I", *lengths), blob
         finally:
-            self._release(path)
+            self._release(path, ent)

@@ -136,3 +136,18 @@ def test_a_truncated_lmdb_file_is_reported_as_data_loss(tmp_path: Path) -> None:
         f.truncate(8192)
     with pytest.raises(DataLoss):
         _read_all(Catalog(tmp_path), "c")
+
+
+def test_a_cache_rebuilt_while_an_old_reader_streams_serves_the_new_records(
+        tmp_path: Path) -> None:
+    cat = Catalog(tmp_path)
+    _write(cat, "c", 2000)  # several 4 KiB chunks
+    old = cat.read_shard("c", 0, 0, 4096)
+    next(old)  # an old stream holds the shard open
+    cat.delete("c")
+    _, _, session = cat.begin_write("c", "fp2", "{}", b"")
+    assert session is not None
+    session.append([b"new-record"], 10)
+    session.finish(1)
+    assert _read_all(cat, "c") == [b"new-record"]
+    assert sum(len(d) for _, _, d in old) > 0, "the old stream keeps reading its own files"
