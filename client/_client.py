@@ -200,22 +200,26 @@ class CacheClient:
     def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat, begin: pb.WriteBegin,
                      prefetch_bytes: int) -> Iterator[Any]:
         """One iteration of a cc.cache() dataset: read, write through, or pass through."""
-        from client import _tf
-
         if self._tune_malloc:
             _malloc.tune()
-        writer: CacheWriter | None = CacheWriter(self._transport, begin)
-        assert writer is not None
+        writer = CacheWriter(self._transport, begin)
         begun = writer.begin()
-        if begun.decision != pb.WRITE_DECISION_ACCEPTED:
-            writer.abort()  # ends the stream's request thread
-            writer = None
+        if begun.decision == pb.WRITE_DECISION_ACCEPTED:
+            yield from self._write_through(dataset, wire, writer)
+            return
+        writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             yield from self._read(begun.cache, wire, prefetch_bytes)
-            return
-        if writer is None:
+        else:
             log.info("cache %r is being written by another process; streaming the source "
                      "pipeline without writing", begin.name)
+            yield from self._write_through(dataset, wire, None)
+
+    def _write_through(self, dataset: tf.data.Dataset, wire: WireFormat,
+                       writer: CacheWriter | None) -> Iterator[Any]:
+        """Yield the source's batches, sending them to writer (None: just yield)."""
+        from client import _tf
+
         layout = wire.layout
         record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
         batch_elements = max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
@@ -244,8 +248,8 @@ class CacheClient:
                 committed = True
                 log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
         except ShardcacheError as exc:
-            log.warning("cache %r was not written: %s; training continues from the "
-                        "source pipeline", begin.name, exc)
+            log.warning("cache was not committed: %s; training continues from the source "
+                        "pipeline", exc)
         finally:
             if writer is not None and not committed:
                 writer.abort()
