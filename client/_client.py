@@ -16,7 +16,7 @@ from client import _malloc
 from client._reader import DEFAULT_PREFETCH_BYTES, read_batches
 from client._transport import Transport, pb, resolve_target
 from client._writer import CacheWriter
-from client.codec import Compressor, Layout, decode_batch, encode_body, encode_fixed_batch
+from client.codec import Compressor, Layout, encode_batch
 from client.errors import (
     CacheNotFoundError,
     CacheNotReadyError,
@@ -226,23 +226,10 @@ class CacheClient:
         compressor = Compressor()
         committed = False
         try:
-            for batched, elements in _tf.source_batches(dataset, wire, batch_elements):
-                if batched is not None:
-                    n = len(batched[0])
-                    if writer is not None:
-                        if layout.fixed_numeric:
-                            rows = encode_fixed_batch(layout, batched)
-                            bodies: builtins.list[Any] = builtins.list(rows)
-                        else:
-                            bodies = [encode_body(layout, [leaf[i] for leaf in batched])
-                                      for i in range(n)]
-                        writer = self._write(writer, bodies, compressor)
-                    yield wire.to_wire(batched, n)
-                else:
-                    bodies = [encode_body(layout, leaves) for leaves in elements]
-                    if writer is not None:
-                        writer = self._write(writer, bodies, compressor)
-                    yield wire.to_wire(decode_batch(layout, bodies), len(bodies))
+            for n, batch in _tf.source_batches(dataset, wire, batch_elements):
+                if writer is not None:
+                    writer = self._write(writer, encode_batch(layout, batch, n), compressor)
+                yield wire.to_wire(batch, n)
             if writer is not None:
                 cache = writer.finish()
                 committed = True

@@ -212,6 +212,11 @@ class WireFormat:
         self.signature = tuple(sig)
 
     @property
+    def kinds(self) -> list[str]:
+        """Per leaf: "fixed", "var" or "empty" (fixed shape holding zero items)."""
+        return self._kinds
+
+    @property
     def batchable_source(self) -> bool:
         """True when the source can be read with .batch() (fixed dense leaves only)."""
         return self.direct
@@ -279,24 +284,59 @@ def _with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
 
 
 def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
-                   batch_elements: int) -> Iterator[tuple[list[np.ndarray] | None, list[Any]]]:
-    """Iterate a source pipeline for write-through.
+                   batch_elements: int) -> Iterator[tuple[int, list[Any]]]:
+    """Iterate a source pipeline for write-through, batched in TF.
 
-    Yields (batched leaves, None) when the source can be batched in TF, else
-    (None, per-element leaf lists) for up to batch_elements elements.
+    Yields (n, batch) with batch in codec.decode_batch's form: a stacked array
+    per fixed-shape leaf, a VarLeaf per variable-shape one. Variable-shape
+    leaves (and the components of composites) are flattened to 1-D plus their
+    shape inside TF, then ragged_batch'ed: one TF call per batch, never one
+    per element.
     """
     if wire.batchable_source:
         for batch in dataset.batch(batch_elements):
-            yield [t.numpy() for t in tf.nest.flatten(batch)], []
+            arrays = [t.numpy() for t in tf.nest.flatten(batch)]
+            yield len(arrays[0]), arrays
         return
-    pending: list[Any] = []
-    for element in dataset:
-        pending.append([t.numpy() for t in tf.nest.flatten(element, expand_composites=True)])
-        if len(pending) >= batch_elements:
-            yield None, pending
-            pending = []
-    if pending:
-        yield None, pending
+    kinds = wire.kinds
+
+    def flatten(*args: Any) -> tuple[Any, ...]:
+        element = args[0] if len(args) == 1 else args  # map unpacks plain tuples only
+        out: list[Any] = []
+        for tensor, kind in zip(tf.nest.flatten(element, expand_composites=True), kinds):
+            if kind == _VAR:
+                out += [tf.reshape(tensor, [-1]), tf.shape(tensor, out_type=tf.int64)]
+            else:
+                out.append(tensor)
+        if not out:  # nothing but zero-size leaves: count elements with a dummy
+            out.append(tf.zeros((), tf.uint8))
+        return tuple(out)
+
+    for batch in dataset.map(flatten).ragged_batch(batch_elements):
+        n = int(batch[0].nrows() if isinstance(batch[0], tf.RaggedTensor)
+                else batch[0].shape[0])
+        parts = iter(batch)
+        leaves: list[Any] = []
+        for kind in kinds:
+            if kind == _VAR:
+                values, sizes = _rows(next(parts), n)
+                dims, ranks = _rows(next(parts), n)
+                leaves.append(VarLeaf(values, sizes, dims, ranks))
+            else:
+                leaves.append(next(parts).numpy())
+        yield n, leaves
+
+
+def _rows(batch: tf.Tensor | tf.RaggedTensor, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A ragged_batch'ed 1-D component as (concatenated values, length of each row).
+
+    ragged_batch keeps a component dense when every row has the same static
+    length (a shape vector of known rank, a flattened (0, None) tensor).
+    """
+    if isinstance(batch, tf.RaggedTensor):
+        return batch.flat_values.numpy(), batch.row_lengths().numpy()
+    dense = batch.numpy()
+    return dense.reshape(-1), np.full(n, dense.shape[1], np.int64)
 
 
 def cardinality_of(dataset: tf.data.Dataset) -> int:

@@ -189,6 +189,17 @@ class VarLeaf:
     dims: np.ndarray  # int64, all elements' dimensions back to back
     ranks: np.ndarray  # int64 (n,)
 
+    def split(self) -> list[np.ndarray]:
+        """The n elements' arrays (views into values)."""
+        ends = np.cumsum(self.sizes).tolist()
+        dim_ends = np.cumsum(self.ranks).tolist()
+        dims = self.dims.tolist()
+        out, start, dim_start = [], 0, 0
+        for end, dim_end in zip(ends, dim_ends):
+            out.append(self.values[start:end].reshape(dims[dim_start:dim_end]))
+            start, dim_start = end, dim_end
+        return out
+
 
 # --------------------------------------------------------------------------- encode
 
@@ -258,6 +269,18 @@ def encode_fixed_batch(layout: Layout, leaves: Sequence[np.ndarray]) -> np.ndarr
     if len(cols) == 1:
         return cols[0]
     return np.concatenate(cols, axis=1) if cols else np.empty((n, 0), np.uint8)
+
+
+def encode_batch(layout: Layout, batch: Sequence[Any], n: int) -> list[Any]:
+    """Encode n elements given as one batch per leaf (decode_batch's output form).
+
+    Returns one body per element: rows of a uint8 array for fixed-numeric
+    layouts (no copy per element), bytes otherwise.
+    """
+    if layout.fixed_numeric:
+        return list(encode_fixed_batch(layout, batch))
+    columns = [col.split() if isinstance(col, VarLeaf) else col for col in batch]
+    return [encode_body(layout, [col[i] for col in columns]) for i in range(n)]
 
 
 class Compressor:

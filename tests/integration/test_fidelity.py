@@ -238,6 +238,14 @@ def test_a_single_zero_size_component_round_trips(cc, name) -> None:
     assert_faithful(cc, name, src)
 
 
+def test_a_variable_shape_with_a_static_zero_dimension_round_trips(cc, name) -> None:
+    # flattened inside TF, a (0, None) tensor has the static shape (0,): batches stay dense
+    src = tf.data.Dataset.range(4).map(
+        lambda i: (tf.zeros((0, tf.cast(i, tf.int32)), tf.bool), tf.range(i)))
+    src = src.map(lambda a, b: (tf.ensure_shape(a, (0, None)), b))
+    assert_faithful(cc, name, src)
+
+
 def test_dimensions_that_vary_per_element_round_trip(cc, name) -> None:
     def element(i: tf.Tensor) -> Any:
         n = tf.cast(i, tf.int32)
