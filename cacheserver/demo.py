@@ -578,6 +578,9 @@ def _print_table(runs: list[Run], dataset_bytes: int) -> None:
     click.echo(f"  (each run in a fresh process; the preprocessed dataset is "
                f"{_size(dataset_bytes)}; RssAnon leaves out file-backed pages such as "
                "LMDB's memory map)")
+    click.echo("  cc.cache's memory is bounded by prefetch_bytes (256 MiB by default) and the "
+               "batches in flight, whatever the dataset size;\n  ds.cache() holds the whole "
+               "dataset, so its peak grows with it (docs/benchmarks.md: 1x vs 4x the data)")
 
 
 def _print_cache(info: Any, data_dir: Path) -> None:
