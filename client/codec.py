@@ -284,16 +284,39 @@ def encode_batch(layout: Layout, batch: Sequence[Any], n: int) -> list[Any]:
 
 
 class Compressor:
-    """Turns bodies into stored values (not thread-safe: one per thread)."""
+    """Turns bodies into stored values (not thread-safe: one per thread).
+
+    Once GIVE_UP records in a row have not compressed well enough, only one in
+    PROBE_EVERY is tried until one does: trying costs as much as compressing
+    (random float images: ~1 ms per 600 KB record) and is thrown away.
+    """
+
+    GIVE_UP = 16
+    PROBE_EVERY = 64
 
     def __init__(self, level: int = 1) -> None:
         self._zstd = zstandard.ZstdCompressor(level=level, write_checksum=True,
                                               write_content_size=True)
+        self._misses = 0
+        self._since_probe = 0
+        self.attempts = 0  # compressions tried, for tests and stats
 
     def pack(self, body: bytes | memoryview) -> bytes:
+        if self._misses >= self.GIVE_UP:
+            self._since_probe += 1
+            if self._since_probe < self.PROBE_EVERY:
+                return self._raw(body)
+            self._since_probe = 0
+        self.attempts += 1
         frame = self._zstd.compress(body)
         if len(frame) * MIN_COMPRESSION_RATIO <= len(body):
+            self._misses = 0
             return b"\x01" + frame
+        self._misses += 1
+        return self._raw(body)
+
+    @staticmethod
+    def _raw(body: bytes | memoryview) -> bytes:
         return b"\x00" + _CRC.pack(zlib.crc32(body)) + bytes(body)
 
 

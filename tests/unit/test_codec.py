@@ -505,3 +505,29 @@ def test_the_codec_works_without_importing_tensorflow() -> None:
             "c.decode_batch(lay, [c.Decompressor().unpack(c.Compressor().pack(body))]); "
             "assert 'tensorflow' not in sys.modules, 'the codec imported TensorFlow'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def _random_body(rng: np.random.Generator, size: int = 4096) -> bytes:
+    return rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def test_compression_is_probed_rarely_once_records_stop_compressing() -> None:
+    rng = np.random.default_rng(0)
+    comp, dec = codec.Compressor(), codec.Decompressor()
+    bodies = [_random_body(rng) for _ in range(16 + 640)]
+    values = [comp.pack(b) for b in bodies]
+    assert comp.attempts == codec.Compressor.GIVE_UP + 640 // codec.Compressor.PROBE_EVERY
+    assert all(v[0] == codec.TAG_RAW for v in values)
+    assert [bytes(dec.unpack(v)) for v in values] == bodies
+
+
+def test_a_compressible_record_found_by_a_probe_resumes_compressing_every_record() -> None:
+    rng = np.random.default_rng(1)
+    comp = codec.Compressor()
+    for _ in range(codec.Compressor.GIVE_UP):
+        comp.pack(_random_body(rng))
+    zeros = bytes(4096)
+    tags = [comp.pack(zeros)[0] for _ in range(codec.Compressor.PROBE_EVERY + 10)]
+    first = tags.index(codec.TAG_ZSTD)
+    assert first == codec.Compressor.PROBE_EVERY - 1, "the probe found the compressible record"
+    assert set(tags[first:]) == {codec.TAG_ZSTD}, "every record is compressed again"
