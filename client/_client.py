@@ -22,6 +22,7 @@ from client.errors import (
     CacheNotReadyError,
     FingerprintMismatchError,
     InvalidArgumentError,
+    ServerUnavailableError,
     ShardcacheError,
 )
 
@@ -203,7 +204,13 @@ class CacheClient:
         if self._tune_malloc:
             _malloc.tune()
         writer = CacheWriter(self._transport, begin)
-        begun = writer.begin()
+        try:
+            begun = writer.begin()
+        except ServerUnavailableError as exc:
+            writer.abort()
+            log.warning("%s; this epoch runs the source pipeline without the cache", exc)
+            yield from self._write_through(dataset, wire, None)
+            return
         if begun.decision == pb.WRITE_DECISION_ACCEPTED:
             yield from self._write_through(dataset, wire, writer)
             return

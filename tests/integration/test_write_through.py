@@ -249,3 +249,16 @@ def test_a_flipped_byte_in_a_stored_record_is_reported_as_data_loss(daemon, cc, 
     _flip_byte_in_record(daemon.data_dir, name, needle)
     with pytest.raises(tf.errors.OpError, match=rf"DataLossError: cache '{name}' shard 0"):
         list(cc.dataset(name))
+
+
+def test_an_epoch_that_starts_while_the_daemon_is_down_runs_the_source(
+        fresh_daemon, caplog) -> None:
+    import logging
+
+    with CacheClient(fresh_daemon.unix_target, connect_timeout=2) as cc:
+        ds = cc.cache(tf.data.Dataset.range(50), name="down")
+        assert labels_of_range(ds) == list(range(50))
+        assert fresh_daemon.terminate() == 0
+        with caplog.at_level(logging.WARNING, logger="client"):
+            assert labels_of_range(ds) == list(range(50))
+        assert "runs the source pipeline" in caplog.text
