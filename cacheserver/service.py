@@ -6,6 +6,7 @@ It decides nothing; the logic lives in :mod:`cacheserver.catalog`.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -80,7 +81,6 @@ def _translating(method: F) -> F:
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}; "
                           "see the daemon's log")
 
-    import inspect
     return streaming if inspect.isgeneratorfunction(method) else unary  # type: ignore[return-value]
 
 
