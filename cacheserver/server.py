@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -25,6 +26,27 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
 DEFAULT_LISTEN = "127.0.0.1:50051"
 #: Messages carry chunks of ~1 MiB, but one record may be larger than that.
 MAX_MESSAGE_BYTES = 256 << 20
+
+
+def sd_notify(state: str) -> bool:
+    """Tell systemd (Type=notify) about a state change, e.g. "READY=1".
+
+    A no-op returning False unless $NOTIFY_SOCKET is set; a leading '@' names
+    a socket in the abstract namespace. Errors are logged, never raised.
+    """
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        log.warning("sd_notify(%r) to %s failed: %s", state, address.lstrip("\0"), exc)
+        return False
+    return True
 
 
 class ListenError(ValueError):
@@ -101,12 +123,14 @@ class CacheServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %d caches from %s on %s", len(self.catalog.list()),
                  self.config.data_dir, ", ".join(self.addresses))
+        sd_notify("READY=1")
 
     def stop(self, grace: float | None = None) -> None:
         """Stop taking new calls, let in-flight streams finish (up to grace), exit."""
         if self._stopped.is_set():
             return
         grace = self.config.grace_seconds if grace is None else grace
+        sd_notify("STOPPING=1")
         log.info("draining in-flight streams (up to %.0fs)", grace)
         self.health.enter_graceful_shutdown()
         self.service.drain()
