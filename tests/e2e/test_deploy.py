@@ -231,9 +231,10 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
             # one directory per emptyDir of the pod, or per hostPath of the node
             paths.add(mount["mountPath"], _volume_key(volumes[mount["name"]]))
     command = [*server["command"], *server["args"]]
-    # the image's `cacheserver` is the console script this venv installed
-    command[0] = str(Path(sys.executable).parent / command[0])
     argv = [paths(a) for a in command]
+    # the image's `cacheserver` is the console script this venv installed; not mapped,
+    # since the checkout itself may live under a path the pod mounts (/tmp, say)
+    argv[0] = str(Path(sys.executable).parent / command[0])
     probe_port = _probe_port(server)
     if not _port_is_free(probe_port):  # only if it would clash with something on this machine
         new = _free_port()
