@@ -12,11 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from daemon import Daemon
+
+# CI gets the same examples on every run (a red run must mean a regression, not a
+# newly drawn example); locally hypothesis keeps exploring. Tests' own settings
+# (example counts, deadlines) still apply on top of the profile.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
