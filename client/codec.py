@@ -141,6 +141,11 @@ class Layout:
     leaves: tuple[Leaf, ...]
 
     @property
+    def numeric_known_ranks(self) -> bool:
+        """True when every leaf is numeric with a known rank: decodable chunk-wide."""
+        return all(not leaf.is_string and leaf.shape is not None for leaf in self.leaves)
+
+    @property
     def fixed_numeric(self) -> bool:
         """True when every record has the same size and no per-record header."""
         return all(leaf.fixed and not leaf.is_string for leaf in self.leaves)
@@ -417,7 +422,7 @@ def decode_batch(layout: Layout, bodies: Sequence[memoryview | bytes]) -> list[A
             out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
             off += leaf.nbytes
         return out
-    if n and all(not leaf.is_string and leaf.shape is not None for leaf in layout.leaves):
+    if n and layout.numeric_known_ranks:
         fast = _decode_known_ranks(layout, bodies)
         if fast is not None:
             return fast
