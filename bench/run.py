@@ -67,7 +67,6 @@ class Daemon:
 
     def start(self, timeout_s: float) -> None:
         """Start the daemon and wait until a client can connect, else raise DaemonError."""
-        import grpc
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -84,26 +83,16 @@ class Daemon:
             self.proc = subprocess.Popen(
                 cmd, cwd=REPO_ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + timeout_s
-        while not self.socket_path.exists():
-            if self.proc.poll() is not None:
-                raise DaemonError(
-                    f"daemon exited with code {self.proc.returncode}: {self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise DaemonError(
-                    f"socket did not appear within {timeout_s:.0f} s: {self.log_tail()}"
-                )
-            time.sleep(0.05)
-        channel = grpc.insecure_channel(self.address)
+        from cacheserver.probe import NotHealthy, wait_healthy
+
+        proc = self.proc
         try:
-            grpc.channel_ready_future(channel).result(timeout=max(deadline - time.monotonic(), 1.0))
-        except grpc.FutureTimeoutError as exc:
+            wait_healthy(self.address, timeout_s, still_starting=lambda: proc.poll() is None)
+        except NotHealthy as exc:
+            code = proc.poll()
             self.stop()
-            raise DaemonError(f"could not connect to {self.address}: {self.log_tail()}") from exc
-        finally:
-            channel.close()
+            status = f" (exit code {code})" if code is not None else ""
+            raise DaemonError(f"{exc}{status}: {self.log_tail()}") from exc
 
     def alive(self) -> bool:
         """Whether the daemon process is still running."""
