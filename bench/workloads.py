@@ -14,7 +14,11 @@ without paying for (or being measured with) a TensorFlow import.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -64,6 +68,19 @@ WORKLOADS: dict[str, Workload] = {
             "224x224, contrast, per-channel normalisation"
         ),
     ),
+    "jpeg": Workload(
+        name="jpeg",
+        feature_shape=(224, 224, 3),
+        label_modulus=1000,
+        sizes=(600,),
+        quick_sizes=(96,),
+        description=(
+            "224x224x3 float32 (~602 KB) + int64 label from a realistically expensive pipeline: "
+            "read and decode a 1600x1200 JPEG (one of 32 generated once under .cache/), "
+            "stateless random crop of 30-100% of its area, bilinear resize to 224x224, "
+            "random flip, scale to [0, 1]"
+        ),
+    ),
     "small": Workload(
         name="small",
         feature_shape=(256,),
@@ -93,7 +110,8 @@ def make_source(workload: Workload, n: int) -> tf.data.Dataset:
     """
     import tensorflow as tf
 
-    builders = {"image": _image_element_fn, "small": _small_element_fn}
+    builders = {"image": _image_element_fn, "small": _small_element_fn,
+                "jpeg": _jpeg_element_fn}
     fn = builders[workload.name](workload)
     return tf.data.Dataset.range(n).map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -149,6 +167,60 @@ def _small_element_fn(workload: Workload) -> ElementFn:
         seed = tf.stack([i, tf.constant(11, tf.int64)])
         x = tf.random.stateless_normal(workload.feature_shape, seed=seed)
         x = tf.tanh(0.5 * x) + tf.math.log1p(tf.abs(x))
+        return x, i % modulus
+
+    return fn
+
+
+JPEG_FILES = 32
+JPEG_SIZE = (1200, 1600)  # height, width: a typical camera image, downscaled
+JPEG_DIR = Path(__file__).resolve().parent.parent / ".cache" / "bench-jpeg-v1"
+
+
+def ensure_jpegs(directory: Path = JPEG_DIR) -> list[str]:
+    """Write the JPEG source files once (smooth scenes plus grain, quality 90); return paths."""
+    import tensorflow as tf
+
+    paths = [str(directory / f"{i:03d}.jpg") for i in range(JPEG_FILES)]
+    if all(os.path.exists(p) for p in paths):
+        return paths
+    staging = Path(tempfile.mkdtemp(prefix="bench-jpeg-", dir=directory.parent.as_posix()
+                                    if directory.parent.exists() else None))
+    height, width = JPEG_SIZE
+    for i in range(JPEG_FILES):
+        scene = tf.random.stateless_uniform((1, 12, 16, 3), seed=(i, 3))
+        x = tf.image.resize(scene, (height, width), method="bicubic")[0]
+        x += 0.04 * tf.random.stateless_normal((height, width, 3), seed=(i, 4))
+        pixels = tf.cast(tf.clip_by_value(x, 0.0, 1.0) * 255.0, tf.uint8)
+        tf.io.write_file(str(staging / f"{i:03d}.jpg"), tf.io.encode_jpeg(pixels, quality=90))
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        staging.rename(directory)
+    except OSError:  # another process won the race: its files are as good as ours
+        shutil.rmtree(staging, ignore_errors=True)
+    return paths
+
+
+def _jpeg_element_fn(workload: Workload) -> ElementFn:
+    """Return the per-index decode + random crop + resize function (~10+ ms of CPU)."""
+    import tensorflow as tf
+
+    height, width, _ = workload.feature_shape
+    files = tf.constant(ensure_jpegs())
+    modulus = tf.constant(workload.label_modulus, tf.int64)
+    src_h, src_w = JPEG_SIZE
+
+    def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        image = tf.io.decode_jpeg(tf.io.read_file(files[i % JPEG_FILES]), channels=3)
+        u = tf.random.stateless_uniform((4,), seed=tf.stack([i, tf.constant(5, tf.int64)]))
+        scale = tf.sqrt(0.3 + 0.7 * u[0])
+        crop_h = tf.cast(scale * src_h, tf.int32)
+        crop_w = tf.cast(scale * src_w, tf.int32)
+        top = tf.cast(u[1] * tf.cast(src_h - crop_h, tf.float32), tf.int32)
+        left = tf.cast(u[2] * tf.cast(src_w - crop_w, tf.float32), tf.int32)
+        crop = tf.image.crop_to_bounding_box(image, top, left, crop_h, crop_w)
+        x = tf.image.resize(crop, (height, width), method="bilinear") / 255.0
+        x = tf.cond(u[3] < 0.5, lambda: tf.image.flip_left_right(x), lambda: x)
         return x, i % modulus
 
     return fn
