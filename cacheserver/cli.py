@@ -10,8 +10,7 @@ from pathlib import Path
 
 import click
 
-from cacheserver import __version__
-from cacheserver.server import DEFAULT_LISTEN
+from cacheserver import __version__, config
 
 TARGET_HELP = ("daemon address: HOST:PORT or unix:///path.sock "
                "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]")
@@ -21,6 +20,7 @@ class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {"time": round(record.created, 3), "level": record.levelname,
                "logger": record.name, "message": record.getMessage()}
+        doc.update(getattr(record, "fields", {}))
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc)
@@ -44,32 +44,32 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Directory holding the caches (LMDB shards and manifests).")
-@click.option("--listen", "listen", multiple=True, default=[DEFAULT_LISTEN],
-              show_default=True,
-              help="Address to serve on; repeat for several. HOST:PORT (port 0 picks a free "
-                   "one) or unix:///path/to.sock (created with mode 0660).")
-@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Seconds SIGTERM waits for in-flight streams before cancelling them.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json writes one JSON object per log line.")
-def serve(data_dir: Path, listen: tuple[str, ...], grace: float, log_level: str,
-          log_format: str) -> None:
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, envvar="CACHESERVER_CONFIG",
+              help="TOML file of settings (keys as in docs/operations.md); flags and "
+                   "CACHESERVER_* variables override it. [env: CACHESERVER_CONFIG]")
+@config.click_options
+def serve(config_file: Path | None, **flags: object) -> None:
     """Run the daemon until SIGTERM/SIGINT, then drain streams and exit 0.
 
     Binds 127.0.0.1:50051 unless --listen says otherwise. Serves gRPC health
-    checking (grpc.health.v1) and server reflection on every address.
+    checking (grpc.health.v1) and server reflection on every address. Every
+    setting also comes from a CACHESERVER_<NAME> variable or the --config file
+    (precedence: flag > environment > file > default; docs/operations.md).
     """
+    from cacheserver.metrics import MetricsListenError
+    from cacheserver.recovery import DataDirError
+    from cacheserver.security import SecurityConfigError
     from cacheserver.server import CacheServer, ListenError, ServerConfig
 
-    _setup_logging(log_level, log_format)
+    values, _ = config.resolve(flags, config_file)
+    _setup_logging(values.pop("log_level"), values.pop("log_format"))
+    values["listen"] = list(values["listen"])
+    values["grace_seconds"] = values.pop("grace")
     try:
-        server = CacheServer(ServerConfig(data_dir=data_dir, listen=list(listen),
-                                          grace_seconds=grace))
-    except (ListenError, OSError) as exc:
+        server = CacheServer(ServerConfig(**values))
+    except (ListenError, DataDirError, SecurityConfigError, MetricsListenError,
+            OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     server.run_until_signal()
 
