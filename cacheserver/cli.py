@@ -1,4 +1,4 @@
-"""The ``cacheserver`` command line: serve, ls, info, rm, demo."""
+"""The ``cacheserver`` command line: serve, ls, info, rm, pin, unpin, ttl, demo."""
 
 from __future__ import annotations
 
@@ -103,10 +103,12 @@ def ls_(target: str | None) -> None:
     """List the daemon's caches."""
     with _client(target) as cc:
         caches = _run(cc.list)
-    click.echo(f"{'NAME':<32} {'STATE':<8} {'ELEMENTS':>12} {'SHARDS':>6} {'ON DISK':>11} RATIO")
+    click.echo(f"{'NAME':<32} {'STATE':<8} {'ELEMENTS':>12} {'SHARDS':>6} {'ON DISK':>11} "
+               f"RATIO  {'LAST READ':<19} {'HITS':>6} RETENTION")
     for c in caches:
         click.echo(f"{c.name:<32} {c.state:<8} {c.num_elements:>12,} {c.num_shards:>6} "
-                   f"{_size(c.disk_bytes):>11} {c.compression_ratio:.2f}x")
+                   f"{_size(c.disk_bytes):>11} {c.compression_ratio:.2f}x "
+                   f"{_when(c.last_read_time):<19} {c.hits:>6} {_retention(c)}")
 
 
 @main.command()
@@ -122,6 +124,7 @@ def info(name: str, target: str | None) -> None:
         ("records", f"{_size(c.raw_bytes)} raw, {_size(c.stored_bytes)} stored"),
         ("compression", f"{c.compression_ratio:.2f}x"), ("fingerprint", c.fingerprint),
         ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.create_time))),
+        ("last read", _when(c.last_read_time)), ("hits", c.hits), ("retention", _retention(c)),
     ]
     for key, value in rows:
         click.echo(f"{key:<12} {value}")
@@ -158,3 +161,47 @@ def demo(data_dir: Path | None, elements: int, epochs: int, image_size: int) -> 
     from cacheserver.demo import run_demo
 
     run_demo(data_dir=data_dir, elements=elements, epochs=epochs, image_size=image_size)
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "never"
+
+
+def _retention(c) -> str:
+    parts = ["pinned" if c.pinned else "evictable"]
+    if c.ttl_seconds:
+        parts.append(f"ttl {c.ttl_seconds:g}s")
+    return ", ".join(parts)
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--target", default=None, help=TARGET_HELP)
+def pin(names: tuple[str, ...], target: str | None) -> None:
+    """Keep caches: never evicted for room or by their TTL."""
+    with _client(target) as cc:
+        for name in names:
+            _run(lambda: cc.pin(name))  # noqa: B023 - called at once
+            click.echo(f"pinned {name}")
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--target", default=None, help=TARGET_HELP)
+def unpin(names: tuple[str, ...], target: str | None) -> None:
+    """Let the daemon evict caches again (least recently read first)."""
+    with _client(target) as cc:
+        for name in names:
+            _run(lambda: cc.unpin(name))  # noqa: B023 - called at once
+            click.echo(f"unpinned {name}")
+
+
+@main.command()
+@click.argument("name")
+@click.argument("seconds", type=click.FloatRange(min=0))
+@click.option("--target", default=None, help=TARGET_HELP)
+def ttl(name: str, seconds: float, target: str | None) -> None:
+    """Delete cache NAME once unread for SECONDS (0 clears the TTL); pinned caches stay."""
+    with _client(target) as cc:
+        _run(lambda: cc.set_ttl(name, seconds or None))
+    click.echo(f"{name}: ttl {seconds:g}s" if seconds else f"{name}: no ttl")

@@ -24,6 +24,8 @@ import click
 import tomllib
 
 ENV_PREFIX = "CACHESERVER_"
+#: CACHESERVER_* variables that are not daemon settings (the config file, the client's token).
+CLIENT_ENV = frozenset({"CACHESERVER_CONFIG", "CACHESERVER_TOKEN"})
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
 
@@ -191,7 +193,7 @@ def resolve(flags: Mapping[str, Any], config_file: Path | None,
     file_values = load_toml(config_file) if config_file is not None else {}
     for key in environ:
         if key.startswith(ENV_PREFIX) and key.removeprefix(ENV_PREFIX).lower() not in BY_NAME \
-                and key != ENV_PREFIX + "CONFIG":
+                and key not in CLIENT_ENV:
             raise ConfigError(f"unknown environment variable {key}"
                               f"{_closest(key.removeprefix(ENV_PREFIX).lower())}")
     values: dict[str, Any] = {}
