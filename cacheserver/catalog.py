@@ -386,6 +386,8 @@ class Catalog:
         with self._lock:
             self.get_ready(name)
             self.retention.begin_read(name, time.time(), hit)
+        if hit:
+            metrics.CACHE_HITS.inc()
         try:
             yield
         finally:
