@@ -154,8 +154,6 @@ def _closest(key: str) -> str:
 
 
 def _accepted(s: Setting) -> str:
-    if isinstance(s.type, click.Choice):
-        return "one of " + ", ".join(map(str, s.type.choices))
     return s.type.name if not s.multiple else f"a list of {s.type.name}"
 
 
@@ -167,8 +165,8 @@ def _convert(s: Setting, value: Any, source: str) -> Any:
             return tuple(s.type.convert(v, None, None) for v in items)
         return s.type.convert(value, None, None)
     except click.BadParameter as exc:
-        raise ConfigError(f"{s.name} from {source}: {exc.message} (accepted: {_accepted(s)})"
-                          ) from None
+        accepted = "" if isinstance(s.type, click.Choice) else f" (accepted: {_accepted(s)})"
+        raise ConfigError(f"{s.name} from {source}: {exc.message}{accepted}") from None
 
 
 def load_toml(path: Path) -> dict[str, Any]:
