@@ -126,7 +126,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket_mode", OctalMode(), 0o660, "Mode of unix sockets, octal."),
     Setting("max_message_bytes", ByteSize(), 256 << 20,
             "Largest gRPC message received or sent (one write chunk or record)."),
-    Setting("max_streams_per_client", click.IntRange(min=1), 32,
+    Setting("max_streams_per_client", click.IntRange(min=1), 64,
             "Concurrent read/write streams one client host may hold (all unix-socket clients "
             "count as one)."),
     Setting("max_workers", click.IntRange(min=4), 64,

@@ -77,7 +77,7 @@ class ServerConfig:
     auth_token_file: Path | None = None
     socket_mode: int = 0o660
     max_message_bytes: int = MAX_MESSAGE_BYTES
-    max_streams_per_client: int = 32
+    max_streams_per_client: int = 64
 
 
 def normalize_listen(address: str) -> str:

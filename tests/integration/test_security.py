@@ -69,9 +69,8 @@ def test_tls_serves_a_client_that_trusts_the_ca_and_refuses_plaintext(
             pytest.raises(ServerUnavailableError):
         plain.list()
     with CacheClient(tls_daemon.tcp_target, tls_ca=pki.ca.cert_pem.bytes(),
-                     connect_timeout=2) as cc:
-        with pytest.raises(CacheNotFoundError):
-            cc.info("nothing")
+                     connect_timeout=2) as cc, pytest.raises(CacheNotFoundError):
+        cc.info("nothing")
 
 
 def test_mutual_tls_refuses_the_handshake_without_a_client_certificate(

@@ -46,7 +46,7 @@ def test_an_unknown_file_key_names_the_closest_valid_one(tmp_path: Path) -> None
 
 def test_an_unknown_environment_variable_is_an_error_but_the_client_token_is_not(
         tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="CACHESERVER_MAX_BYTE.*did you mean 'max_bytes'"):
+    with pytest.raises(ConfigError, match=r"CACHESERVER_MAX_BYTE.*did you mean 'max_bytes'"):
         resolve({"data_dir": tmp_path}, None, {"CACHESERVER_MAX_BYTE": "1"})
     resolve({"data_dir": tmp_path}, None, {"CACHESERVER_TOKEN": "t"})
 
@@ -94,3 +94,18 @@ def test_the_operations_doc_carries_the_settings_table_exactly() -> None:
     assert markdown_table() in doc, ("docs/operations.md is out of date: paste "
                                      "cacheserver.config.markdown_table() into it")
     assert len(SETTINGS) == markdown_table().count("\n| `")
+
+
+def test_server_config_defaults_are_the_table_defaults() -> None:
+    import dataclasses
+
+    from cacheserver.server import ServerConfig
+
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(ServerConfig) if f.name != "data_dir"}
+    defaults["grace"] = defaults.pop("grace_seconds")
+    for s in SETTINGS:
+        if s.name in ("data_dir", "log_level", "log_format"):
+            continue
+        expected = list(s.default) if s.multiple else s.default
+        assert defaults[s.name] == expected, s.name
