@@ -199,7 +199,6 @@ class Catalog:
         self.capacity = capacity or Capacity(data_dir)
         self.capacity.attach(self)
         self.retention = RetentionBook(data_dir / "caches", _write_atomic)
-        self.recovery = RecoveryReport()
         self._caches_dir = data_dir / "caches"
         self._trash = data_dir / "trash"
         self._caches_dir.mkdir(parents=True, exist_ok=True)
@@ -207,23 +206,26 @@ class Catalog:
         self._lock = threading.RLock()
         self._caches: dict[str, CacheRecord] = {}
         self.readers = ReaderPool()
-        self._recover()
+        self._recover_and_report()
 
     def _recover(self) -> None:
-        self.recovery.trash(self._trash)
         shutil.rmtree(self._trash, ignore_errors=True)
         self._trash.mkdir(exist_ok=True)
         for d in sorted(self._caches_dir.iterdir()):
             manifest = d / "manifest.json"
             if manifest.exists():
                 self._caches[d.name] = CacheRecord.from_json(manifest.read_text())
-                self.retention.load(d.name)
-                self.recovery.kept(self._caches[d.name].disk_bytes)
             else:
                 log.warning("discarding cache %r: its write was interrupted", d.name)
-                self.recovery.discarded(d)
                 self._remove_dir(d)
-        self.recovery.log(self.data_dir)
+
+    def _recover_and_report(self) -> None:
+        """Run _recover, then load retention of what it kept and log one summary line."""
+        found = RecoveryReport.survey(self._caches_dir, self._trash)
+        self._recover()
+        for name in self._caches:
+            self.retention.load(name)
+        found.log(self.data_dir, kept={n: r.disk_bytes for n, r in self._caches.items()})
 
     def _remove_dir(self, d: Path) -> None:
         """Move d to the trash at once (atomic), then delete it.

@@ -70,27 +70,20 @@ def _du(path: Path) -> int:
 
 @dataclass
 class RecoveryReport:
-    """What the catalog found in the data dir at start, logged as one line."""
+    """What the data dir held at start, and the one line saying what recovery made of it."""
 
-    kept_caches: int = 0
-    kept_bytes: int = 0
-    discarded_caches: int = 0
-    discarded_bytes: int = 0
-    trash_bytes: int = 0
+    dirs: dict[str, int]  # cache directory name -> bytes on disk
+    trash_bytes: int
 
-    def kept(self, nbytes: int) -> None:
-        self.kept_caches += 1
-        self.kept_bytes += nbytes
+    @classmethod
+    def survey(cls, caches_dir: Path, trash: Path) -> RecoveryReport:
+        return cls({d.name: _du(d) for d in sorted(caches_dir.iterdir()) if d.is_dir()},
+                   _du(trash))
 
-    def discarded(self, directory: Path) -> None:
-        self.discarded_caches += 1
-        self.discarded_bytes += _du(directory)
-
-    def trash(self, directory: Path) -> None:
-        self.trash_bytes += _du(directory)
-
-    def log(self, data_dir: Path) -> None:
+    def log(self, data_dir: Path, kept: dict[str, int]) -> None:
+        """Log what was kept (name -> bytes) and what the scan discarded."""
+        discarded = {n: b for n, b in self.dirs.items() if n not in kept}
         log.info("recovered %s: kept %d caches (%d bytes), discarded %d interrupted writes "
-                 "(%d bytes), emptied trash (%d bytes)", data_dir, self.kept_caches,
-                 self.kept_bytes, self.discarded_caches, self.discarded_bytes,
+                 "(%d bytes), emptied trash (%d bytes)", data_dir, len(kept),
+                 sum(kept.values()), len(discarded), sum(discarded.values()),
                  self.trash_bytes)
