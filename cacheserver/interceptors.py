@@ -7,7 +7,8 @@ One gRPC server interceptor wraps every method handler:
   compared in constant time; otherwise UNAUTHENTICATED.
 - streams per client: at most ``max_streams_per_client`` streaming calls per
   client host at once (every unix-socket client is the same peer "unix:").
-- one log line per call outcome on the ``cacheserver.requests`` logger, with
+- one log line per call outcome on the ``cacheserver.requests`` logger (health
+  checks at DEBUG, the rest at INFO), with
   the fields method, cache, code, duration_seconds, bytes and peer (each a
   JSON key under ``--log-format json``), plus duration/error/stream metrics.
 """
@@ -85,8 +86,9 @@ class _Call:
         fields = {"method": short, "cache": self.cache, "code": code.name,
                   "duration_seconds": round(duration, 6), "bytes": self.bytes,
                   "peer": self.context.peer()}
-        log.info("%s cache=%s code=%s %.3fs %d bytes", short, self.cache or "-", code.name,
-                 duration, self.bytes, extra={"fields": fields})
+        level = logging.DEBUG if self.method.startswith(HEALTH_PREFIX) else logging.INFO
+        log.log(level, "%s cache=%s code=%s %.3fs %d bytes", short, self.cache or "-",
+                code.name, duration, self.bytes, extra={"fields": fields})
 
 
 class ServerInterceptor(grpc.ServerInterceptor):
