@@ -97,6 +97,23 @@ class ServerInterceptor(grpc.ServerInterceptor):
         self._max_streams = max_streams_per_client
         self._lock = threading.Lock()
         self._streams: Counter[str] = Counter()
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every call's handler has returned and logged; False on timeout.
+
+        grpc's server.stop() returns once calls are done or cancelled on the wire,
+        while cancelled handlers may still be unwinding in their threads.
+        """
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def _track(self, delta: int) -> None:
+        with self._idle:
+            self._in_flight += delta
+            if not self._in_flight:
+                self._idle.notify_all()
 
     def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
         if self._token is None or details.method.startswith(HEALTH_PREFIX):
@@ -150,6 +167,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
 
         def stream(inner: Callable[..., Iterator[Any]], request: Any,
                    context: grpc.ServicerContext, streaming_request: bool) -> Iterator[Any]:
+            interceptor._track(+1)
             call = _Call(method, context)
             failed: BaseException | None = None
             peer = None
@@ -175,9 +193,11 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 if kind:
                     metrics.ACTIVE_STREAMS.labels(kind).dec()
                 call.end(failed)
+                interceptor._track(-1)
 
         def unary(inner: Callable[..., Any], request: Any, context: grpc.ServicerContext,
                   streaming_request: bool) -> Any:
+            interceptor._track(+1)
             call = _Call(method, context)
             failed: BaseException | None = None
             try:
@@ -192,6 +212,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 raise
             finally:
                 call.end(failed)
+                interceptor._track(-1)
 
         return _rebuild(handler, stream, unary)
 

@@ -122,9 +122,9 @@ class CacheServer:
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        interceptor = ServerInterceptor(token, config.max_streams_per_client)
+        self._calls = ServerInterceptor(token, config.max_streams_per_client)
         self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
-                                   options=options, interceptors=[interceptor])
+                                   options=options, interceptors=[self._calls])
         pb_grpc.add_CacheServiceServicer_to_server(self.service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
@@ -184,6 +184,8 @@ class CacheServer:
         log.info("draining in-flight streams (up to %.0fs)", grace)
         self.service.drain()
         self._server.stop(grace).wait()
+        if not self._calls.wait_idle(5.0):
+            log.warning("some cancelled calls were still unwinding 5s after the drain")
         self._sweeper.stop()
         self._stop_metrics()
         self._lock.release()
