@@ -6,6 +6,7 @@ On disk, under ``<data-dir>/caches/<name>/``::
     shard-00000/          one LMDB environment per shard
     shard-00000.json      the shard's commit marker, written after the shard is fsynced
     manifest.json         written last, atomically: the cache is READY
+    retention.json        pin, TTL, last read, hits: what changes later (retention.py)
 
 A cache without manifest.json after a restart was interrupted mid-write; its
 writer is gone (the lease is the write stream), so startup discards it.
@@ -17,6 +18,7 @@ Knows nothing of gRPC: the service layer translates its exceptions.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import logging
@@ -27,15 +29,20 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cacheserver import metrics
+from cacheserver.capacity import Capacity, expired_names, pick_victim, retained_summary
 from cacheserver.errors import (
     CacheNotFound,
     CacheWriting,
     FingerprintMismatch,
     InvalidArgument,
 )
+from cacheserver.recovery import RecoveryReport
+from cacheserver.retention import Retention, RetentionBook
 from cacheserver.store import ReaderPool, ShardWriter, disk_full
 
 log = logging.getLogger(__name__)
@@ -97,19 +104,22 @@ class CacheRecord:
         return cls(**doc)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str, durable: bool = True) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "w") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if exc.errno == errno.ENOSPC:
             raise disk_full(path) from exc
         raise
     os.replace(tmp, path)
+    if not durable:
+        return
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -137,6 +147,7 @@ class WriteSession:
         if self._writer is None:
             index = len(self.record.shards)
             self._writer = ShardWriter(self._dir / f"shard-{index:05d}", self._shard_bytes)
+        self._catalog.capacity.reserve(self.record.name, sum(len(v) for v in values))
         self._writer.append(values, raw_bytes)
         if self._writer.stored_bytes >= self._shard_bytes:
             self._commit_shard()
@@ -183,8 +194,11 @@ class WriteSession:
 class Catalog:
     """Thread-safe registry of caches under one data directory."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, capacity: Capacity | None = None) -> None:
         self.data_dir = data_dir
+        self.capacity = capacity or Capacity(data_dir)
+        self.capacity.attach(self)
+        self.retention = RetentionBook(data_dir / "caches", _write_atomic)
         self._caches_dir = data_dir / "caches"
         self._trash = data_dir / "trash"
         self._caches_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +206,7 @@ class Catalog:
         self._lock = threading.RLock()
         self._caches: dict[str, CacheRecord] = {}
         self.readers = ReaderPool()
-        self._recover()
+        self._recover_and_report()
 
     def _recover(self) -> None:
         shutil.rmtree(self._trash, ignore_errors=True)
@@ -204,6 +218,14 @@ class Catalog:
             else:
                 log.warning("discarding cache %r: its write was interrupted", d.name)
                 self._remove_dir(d)
+
+    def _recover_and_report(self) -> None:
+        """Run _recover, then load retention of what it kept and log one summary line."""
+        found = RecoveryReport.survey(self._caches_dir, self._trash)
+        self._recover()
+        for name in self._caches:
+            self.retention.load(name)
+        found.log(self.data_dir, kept={n: r.disk_bytes for n, r in self._caches.items()})
 
     def _remove_dir(self, d: Path) -> None:
         """Move d to the trash at once (atomic), then delete it.
@@ -253,8 +275,59 @@ class Catalog:
                 raise CacheWriting(f"cache {name!r} is being written; wait until its "
                                    "writer finishes or stops, then delete it")
             del self._caches[name]
+            self.retention.forget(name)
             trashed = self._to_trash(self._caches_dir / name)
         self._remove_later(trashed)
+
+    # ------------------------------------------------------------------ retention
+
+    def retention_of(self, name: str) -> Retention:
+        return self.retention.get(name)
+
+    def set_retention(self, name: str, pinned: bool | None, ttl_seconds: float | None
+                      ) -> CacheRecord:
+        if ttl_seconds is not None and not ttl_seconds >= 0:
+            raise InvalidArgument(f"ttl_seconds must be >= 0 (0 clears it), got {ttl_seconds}")
+        with self._lock:
+            record = self.get_ready(name)
+            self.retention.update(name, pinned, ttl_seconds)
+        return record
+
+    def committed_bytes(self) -> int:
+        with self._lock:
+            return sum(r.disk_bytes for r in self._caches.values() if r.state == "READY")
+
+    def eviction_candidate(self, exclude: str) -> str | None:
+        """The least recently read READY cache that is unpinned and unread, if any."""
+        with self._lock:
+            return pick_victim(self._caches.values(), self.retention, exclude)
+
+    def expired(self, now: float) -> builtins.list[str]:
+        with self._lock:
+            return expired_names(self._caches.values(), self.retention, now)
+
+    def retained_summary(self) -> str:
+        with self._lock:
+            return retained_summary(self._caches.values(), self.retention)
+
+    def evict(self, name: str, reason: str) -> bool:
+        """Delete a cache the daemon chose; False if it became pinned or read meanwhile."""
+        with self._lock:
+            record = self._caches.get(name)
+            value = self.retention.get(name)
+            if (record is None or record.state != "READY" or value.pinned
+                    or self.retention.readers(name)):
+                return False
+            del self._caches[name]
+            self.retention.forget(name)
+            trashed = self._to_trash(self._caches_dir / name)
+        self._remove_later(trashed)  # before returning: the caller counts on the space
+        metrics.EVICTIONS.labels(reason).inc()
+        log.info("evicted cache %r (%s): %d bytes, last read %s", name, reason,
+                 record.disk_bytes, time.strftime("%Y-%m-%dT%H:%M:%S",
+                                                  time.localtime(value.last_read_time))
+                 if value.last_read_time else "never")
+        return True
 
     # ------------------------------------------------------------------ writing
 
@@ -288,11 +361,13 @@ class Catalog:
                                  time.time())
             _write_atomic(directory / "writing.json", record.to_json())
             self._caches[name] = record
+            self.retention.forget(name)
         session = WriteSession(self, record, directory, shard_bytes or DEFAULT_SHARD_BYTES)
         return "ACCEPTED", record, session
 
     def _release(self, session: WriteSession, committed: bool) -> None:
         name = session.record.name
+        self.capacity.release(name)
         if committed:
             return
         with self._lock:
@@ -302,6 +377,23 @@ class Catalog:
         self._remove_later(trashed)
 
     # ------------------------------------------------------------------ reading
+
+    @contextmanager
+    def reading(self, name: str, hit: bool = True) -> Iterator[None]:
+        """Mark cache name as being read for the block: eviction and TTL skip it.
+
+        Every read RPC streams inside one. hit counts a hit (a read from a
+        shard's first record) and the block's end records the last read time.
+        """
+        with self._lock:
+            self.get_ready(name)
+            self.retention.begin_read(name, time.time(), hit)
+        if hit:
+            metrics.CACHE_HITS.inc()
+        try:
+            yield
+        finally:
+            self.retention.end_read(name, time.time())
 
     def shard_path(self, record: CacheRecord, shard: int) -> Path:
         return self._caches_dir / record.name / f"shard-{shard:05d}"

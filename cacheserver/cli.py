@@ -1,4 +1,4 @@
-"""The ``cacheserver`` command line: serve, ls, info, rm, demo."""
+"""The ``cacheserver`` command line: serve, ls, info, rm, pin, unpin, ttl, demo."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 
 import click
 
-from cacheserver import __version__
-from cacheserver.server import DEFAULT_LISTEN
+from cacheserver import __version__, config
 
 TARGET_HELP = ("daemon address: HOST:PORT or unix:///path.sock "
                "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]")
@@ -21,6 +20,7 @@ class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {"time": round(record.created, 3), "level": record.levelname,
                "logger": record.name, "message": record.getMessage()}
+        doc.update(getattr(record, "fields", {}))
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc)
@@ -44,32 +44,32 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Directory holding the caches (LMDB shards and manifests).")
-@click.option("--listen", "listen", multiple=True, default=[DEFAULT_LISTEN],
-              show_default=True,
-              help="Address to serve on; repeat for several. HOST:PORT (port 0 picks a free "
-                   "one) or unix:///path/to.sock (created with mode 0660).")
-@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Seconds SIGTERM waits for in-flight streams before cancelling them.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json writes one JSON object per log line.")
-def serve(data_dir: Path, listen: tuple[str, ...], grace: float, log_level: str,
-          log_format: str) -> None:
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, envvar="CACHESERVER_CONFIG",
+              help="TOML file of settings (keys as in docs/operations.md); flags and "
+                   "CACHESERVER_* variables override it. [env: CACHESERVER_CONFIG]")
+@config.click_options
+def serve(config_file: Path | None, **flags: object) -> None:
     """Run the daemon until SIGTERM/SIGINT, then drain streams and exit 0.
 
     Binds 127.0.0.1:50051 unless --listen says otherwise. Serves gRPC health
-    checking (grpc.health.v1) and server reflection on every address.
+    checking (grpc.health.v1) and server reflection on every address. Every
+    setting also comes from a CACHESERVER_<NAME> variable or the --config file
+    (precedence: flag > environment > file > default; docs/operations.md).
     """
+    from cacheserver.metrics import MetricsListenError
+    from cacheserver.recovery import DataDirError
+    from cacheserver.security import SecurityConfigError
     from cacheserver.server import CacheServer, ListenError, ServerConfig
 
-    _setup_logging(log_level, log_format)
+    values, _ = config.resolve(flags, config_file)
+    _setup_logging(values.pop("log_level"), values.pop("log_format"))
+    values["listen"] = list(values["listen"])
+    values["grace_seconds"] = values.pop("grace")
     try:
-        server = CacheServer(ServerConfig(data_dir=data_dir, listen=list(listen),
-                                          grace_seconds=grace))
-    except (ListenError, OSError) as exc:
+        server = CacheServer(ServerConfig(**values))
+    except (ListenError, DataDirError, SecurityConfigError, MetricsListenError,
+            OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     server.run_until_signal()
 
@@ -103,10 +103,12 @@ def ls_(target: str | None) -> None:
     """List the daemon's caches."""
     with _client(target) as cc:
         caches = _run(cc.list)
-    click.echo(f"{'NAME':<32} {'STATE':<8} {'ELEMENTS':>12} {'SHARDS':>6} {'ON DISK':>11} RATIO")
+    click.echo(f"{'NAME':<32} {'STATE':<8} {'ELEMENTS':>12} {'SHARDS':>6} {'ON DISK':>11} "
+               f"RATIO  {'LAST READ':<19} {'HITS':>6} RETENTION")
     for c in caches:
         click.echo(f"{c.name:<32} {c.state:<8} {c.num_elements:>12,} {c.num_shards:>6} "
-                   f"{_size(c.disk_bytes):>11} {c.compression_ratio:.2f}x")
+                   f"{_size(c.disk_bytes):>11} {c.compression_ratio:.2f}x "
+                   f"{_when(c.last_read_time):<19} {c.hits:>6} {_retention(c)}")
 
 
 @main.command()
@@ -122,6 +124,7 @@ def info(name: str, target: str | None) -> None:
         ("records", f"{_size(c.raw_bytes)} raw, {_size(c.stored_bytes)} stored"),
         ("compression", f"{c.compression_ratio:.2f}x"), ("fingerprint", c.fingerprint),
         ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.create_time))),
+        ("last read", _when(c.last_read_time)), ("hits", c.hits), ("retention", _retention(c)),
     ]
     for key, value in rows:
         click.echo(f"{key:<12} {value}")
@@ -158,3 +161,47 @@ def demo(data_dir: Path | None, elements: int, epochs: int, image_size: int) -> 
     from cacheserver.demo import run_demo
 
     run_demo(data_dir=data_dir, elements=elements, epochs=epochs, image_size=image_size)
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "never"
+
+
+def _retention(c) -> str:
+    parts = ["pinned" if c.pinned else "evictable"]
+    if c.ttl_seconds:
+        parts.append(f"ttl {c.ttl_seconds:g}s")
+    return ", ".join(parts)
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--target", default=None, help=TARGET_HELP)
+def pin(names: tuple[str, ...], target: str | None) -> None:
+    """Keep caches: never evicted for room or by their TTL."""
+    with _client(target) as cc:
+        for name in names:
+            _run(lambda: cc.pin(name))  # noqa: B023 - called at once
+            click.echo(f"pinned {name}")
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--target", default=None, help=TARGET_HELP)
+def unpin(names: tuple[str, ...], target: str | None) -> None:
+    """Let the daemon evict caches again (least recently read first)."""
+    with _client(target) as cc:
+        for name in names:
+            _run(lambda: cc.unpin(name))  # noqa: B023 - called at once
+            click.echo(f"unpinned {name}")
+
+
+@main.command()
+@click.argument("name")
+@click.argument("seconds", type=click.FloatRange(min=0))
+@click.option("--target", default=None, help=TARGET_HELP)
+def ttl(name: str, seconds: float, target: str | None) -> None:
+    """Delete cache NAME once unread for SECONDS (0 clears the TTL); pinned caches stay."""
+    with _client(target) as cc:
+        _run(lambda: cc.set_ttl(name, seconds or None))
+    click.echo(f"{name}: ttl {seconds:g}s" if seconds else f"{name}: no ttl")

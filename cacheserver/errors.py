@@ -59,3 +59,24 @@ class DataLoss(CacheServerError):
 class ShuttingDown(CacheServerError):
     code = grpc.StatusCode.UNAVAILABLE
     reason = "SHUTTING_DOWN"
+
+
+class CapacityExceeded(CacheServerError):
+    """A write needs more room than --max-bytes / --min-free-bytes allow, even after eviction."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "CAPACITY_EXCEEDED"
+
+
+class TooManyStreams(CacheServerError):
+    """The client host already holds --max-streams-per-client streams."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_STREAMS"
+
+
+class Unauthenticated(CacheServerError):
+    """The call carries no bearer token, or the wrong one."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"

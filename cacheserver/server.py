@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cacheserver import metrics
+from cacheserver.capacity import Capacity, TtlSweeper
 from cacheserver.catalog import Catalog
+from cacheserver.config import DEFAULT_LISTEN
+from cacheserver.interceptors import ServerInterceptor
+from cacheserver.recovery import DataDirLock
+from cacheserver.security import load_tls, load_token, warn_if_exposed
 from cacheserver.service import CacheService
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
@@ -23,7 +30,6 @@ from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
-DEFAULT_LISTEN = "127.0.0.1:50051"
 #: Messages carry chunks of ~1 MiB, but one record may be larger than that.
 MAX_MESSAGE_BYTES = 256 << 20
 
@@ -59,6 +65,19 @@ class ServerConfig:
     listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
     grace_seconds: float = 30.0
     max_workers: int = 64
+    # operations (docs/operations.md; cacheserver/config.py has the one table)
+    shutdown_delay: float = 0.0
+    max_bytes: int = 0
+    min_free_bytes: int = 0
+    ttl_sweep_interval: float = 60.0
+    metrics_listen: str = ""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    auth_token_file: Path | None = None
+    socket_mode: int = 0o660
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_streams_per_client: int = 64
 
 
 def normalize_listen(address: str) -> str:
@@ -82,17 +101,30 @@ class CacheServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.catalog = Catalog(config.data_dir)
+        self._tls = load_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
+        token = load_token(config.auth_token_file)
+        self._lock = DataDirLock(config.data_dir)  # before anything reads or changes the data
+        try:
+            self._setup(config, token)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _setup(self, config: ServerConfig, token: bytes | None) -> None:
+        capacity = Capacity(config.data_dir, config.max_bytes, config.min_free_bytes)
+        self.catalog = Catalog(config.data_dir, capacity)
+        metrics.watch_disk(capacity.in_use, config.max_bytes)
+        self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
         self.service = CacheService(self.catalog)
         self.health = health.HealthServicer()
         options = [
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
+        self._calls = ServerInterceptor(token, config.max_streams_per_client)
         self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
-                                   options=options)
+                                   options=options, interceptors=[self._calls])
         pb_grpc.add_CacheServiceServicer_to_server(self.service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
@@ -100,6 +132,10 @@ class CacheServer:
         self.addresses: list[str] = []
         for address in config.listen:
             self.addresses.append(self._bind(normalize_listen(address)))
+        self.metrics_address = ""
+        self._stop_metrics = lambda: None
+        if config.metrics_listen:
+            self.metrics_address, self._stop_metrics = metrics.serve_http(config.metrics_listen)
         self._stopped = threading.Event()
 
     def _bind(self, address: str) -> str:
@@ -108,21 +144,30 @@ class CacheServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.is_socket():
                 path.unlink()  # a stale socket from a previous run
+        tls = self._tls is not None and not address.startswith("unix://")
+        warn_if_exposed(address, tls)
         try:
-            port = self._server.add_insecure_port(address)
+            if tls:
+                assert self._tls is not None
+                port = self._server.add_secure_port(address, self._tls.server_credentials())
+            else:
+                port = self._server.add_insecure_port(address)
         except RuntimeError as exc:
             raise ListenError(f"cannot listen on {address}: {exc}") from exc
         if address.startswith("unix://"):
-            os.chmod(address.removeprefix("unix://"), 0o660)
+            os.chmod(address.removeprefix("unix://"), self.config.socket_mode)
             return address
         return f"{address.rpartition(':')[0]}:{port}"
 
     def start(self) -> None:
         self._server.start()
+        self._sweeper.start()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %d caches from %s on %s", len(self.catalog.list()),
-                 self.config.data_dir, ", ".join(self.addresses))
+        log.info("serving %d caches from %s on %s%s", len(self.catalog.list()),
+                 self.config.data_dir, ", ".join(self.addresses),
+                 f"; metrics on http://{self.metrics_address}/metrics"
+                 if self.metrics_address else "")
         sd_notify("READY=1")
 
     def stop(self, grace: float | None = None) -> None:
@@ -131,10 +176,19 @@ class CacheServer:
             return
         grace = self.config.grace_seconds if grace is None else grace
         sd_notify("STOPPING=1")
+        self.health.enter_graceful_shutdown()  # NOT_SERVING: probes steer traffic away
+        if self.config.shutdown_delay:
+            log.info("health is NOT_SERVING; still serving for %.1fs before draining",
+                     self.config.shutdown_delay)
+            time.sleep(self.config.shutdown_delay)
         log.info("draining in-flight streams (up to %.0fs)", grace)
-        self.health.enter_graceful_shutdown()
         self.service.drain()
         self._server.stop(grace).wait()
+        if not self._calls.wait_idle(5.0):
+            log.warning("some cancelled calls were still unwinding 5s after the drain")
+        self._sweeper.stop()
+        self._stop_metrics()
+        self._lock.release()
         self._stopped.set()
         log.info("stopped")
 

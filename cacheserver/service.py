@@ -14,8 +14,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from cacheserver import metrics
 from cacheserver.catalog import CacheRecord, Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
+from cacheserver.retention import Retention
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
 
@@ -29,7 +31,8 @@ _DECISIONS = {
 }
 
 
-def to_proto(record: CacheRecord) -> pb.Cache:
+def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cache:
+    retention = retention or Retention()
     raw = sum(s.raw_bytes for s in record.shards)
     stored = sum(s.stored_bytes for s in record.shards)
     return pb.Cache(
@@ -41,6 +44,8 @@ def to_proto(record: CacheRecord) -> pb.Cache:
         shards=[pb.Shard(index=s.index, first_element=s.first_element,
                          num_elements=s.num_elements, stored_bytes=s.stored_bytes,
                          raw_bytes=s.raw_bytes) for s in record.shards],
+        pinned=retention.pinned, ttl_seconds=retention.ttl_seconds,
+        last_read_time=retention.last_read_time, hits=retention.hits,
     )
 
 
@@ -98,12 +103,12 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def ListCaches(self, request: pb.ListCachesRequest,
                    context: grpc.ServicerContext) -> pb.ListCachesResponse:
-        return pb.ListCachesResponse(caches=[to_proto(r) for r in self.catalog.list()])
+        return pb.ListCachesResponse(caches=[self._proto(r) for r in self.catalog.list()])
 
     @_translating
     def GetCache(self, request: pb.GetCacheRequest,
                  context: grpc.ServicerContext) -> pb.GetCacheResponse:
-        return pb.GetCacheResponse(cache=to_proto(self.catalog.get(request.name)))
+        return pb.GetCacheResponse(cache=self._proto(self.catalog.get(request.name)))
 
     @_translating
     def DeleteCache(self, request: pb.DeleteCacheRequest,
@@ -115,10 +120,13 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def ReadShard(self, request: pb.ReadShardRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.ReadShardResponse]:
-        chunks = self.catalog.read_shard(request.name, request.shard, request.start,
-                                         request.chunk_bytes, request.fingerprint)
-        for start, lengths, data in chunks:
-            yield pb.ReadShardResponse(start=start, lengths=lengths, data=data)
+        with self.catalog.reading(request.name, hit=request.start == 0):
+            chunks = self.catalog.read_shard(request.name, request.shard, request.start,
+                                             request.chunk_bytes, request.fingerprint)
+            for start, lengths, data in chunks:
+                metrics.READ_BYTES.inc(len(data))
+                metrics.READ_ELEMENTS.inc(len(lengths) // 4)
+                yield pb.ReadShardResponse(start=start, lengths=lengths, data=data)
 
     @_translating
     def WriteCache(self, request_iterator: Iterator[pb.WriteCacheRequest],
@@ -133,9 +141,10 @@ class CacheService(pb_grpc.CacheServiceServicer):
             begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
             begin.shard_bytes)
         yield pb.WriteCacheResponse(begun=pb.WriteBegun(decision=_DECISIONS[decision],
-                                                        cache=to_proto(record)))
+                                                        cache=self._proto(record)))
         if session is None:
             return
+        metrics.CACHE_MISSES.inc()
         log.info("writing cache %r (fingerprint %s)", begin.name, begin.fingerprint)
         try:
             yield from self._write(session, request_iterator)
@@ -157,6 +166,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
                 except ValueError as exc:
                     raise InvalidArgument(f"malformed WriteChunk: {exc}") from exc
                 session.append(values, req.chunk.raw_bytes)
+                metrics.WRITTEN_BYTES.inc(len(req.chunk.data))
+                metrics.WRITTEN_ELEMENTS.inc(len(values))
             elif kind == "finish":
                 record = session.finish(req.finish.num_elements)
                 log.info("committed cache %r: %d elements in %d shards", record.name,
@@ -165,3 +176,15 @@ class CacheService(pb_grpc.CacheServiceServicer):
                 return
             else:
                 raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")
+
+    def _proto(self, record: CacheRecord) -> pb.Cache:
+        return to_proto(record, self.catalog.retention_of(record.name))
+
+    @_translating
+    def SetCacheRetention(self, request: pb.SetCacheRetentionRequest,
+                          context: grpc.ServicerContext) -> pb.SetCacheRetentionResponse:
+        pinned = request.pinned if request.HasField("pinned") else None
+        ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
+        record = self.catalog.set_retention(request.name, pinned, ttl)
+        log.info("cache %r: pinned=%s ttl_seconds=%s", request.name, pinned, ttl)
+        return pb.SetCacheRetentionResponse(cache=self._proto(record))

@@ -67,6 +67,9 @@ class ShardWriter:
                                   readahead=False, max_dbs=0, lock=True)
         except lmdb.Error as exc:
             raise _translate(exc, path) from exc
+        # Clear reader slots a dead process left in the lock table (none expected: readers
+        # open committed shards with lock=False, so they take no slots at all).
+        self._env.reader_check()
 
     def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
         """Store values as the next records, in one transaction."""

@@ -11,6 +11,7 @@ from client._client import CacheClient, CacheInfo
 from client.errors import (
     CacheNotFoundError,
     CacheNotReadyError,
+    CapacityExceededError,
     DataLossError,
     DiskFullError,
     FingerprintMismatchError,
@@ -18,6 +19,8 @@ from client.errors import (
     InvalidArgumentError,
     ServerUnavailableError,
     ShardcacheError,
+    TooManyStreamsError,
+    UnauthenticatedError,
 )
 
 __all__ = [
@@ -25,6 +28,7 @@ __all__ = [
     "CacheInfo",
     "CacheNotFoundError",
     "CacheNotReadyError",
+    "CapacityExceededError",
     "DataLossError",
     "DiskFullError",
     "FingerprintMismatchError",
@@ -32,4 +36,6 @@ __all__ = [
     "InvalidArgumentError",
     "ServerUnavailableError",
     "ShardcacheError",
+    "TooManyStreamsError",
+    "UnauthenticatedError",
 ]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from client import _malloc
 from client._reader import DEFAULT_PREFETCH_BYTES, read_batches
-from client._transport import Transport, pb, resolve_target
+from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._writer import CacheWriter
 from client.codec import Compressor, Layout, encode_batch
 from client.errors import (
@@ -54,6 +54,10 @@ class CacheInfo:
     fingerprint: str
     create_time: float
     commit_time: float
+    pinned: bool = False
+    ttl_seconds: float = 0.0  # 0: no TTL
+    last_read_time: float = 0.0  # 0: never read
+    hits: int = 0  # shard streams opened at a shard's first record
 
     @property
     def compression_ratio(self) -> float:
@@ -64,7 +68,7 @@ class CacheInfo:
     def from_proto(cls, c: pb.Cache) -> CacheInfo:
         return cls(c.name, _STATES.get(c.state, "UNSPECIFIED"), c.num_elements, len(c.shards),
                    c.disk_bytes, c.raw_bytes, c.stored_bytes, c.fingerprint, c.create_time,
-                   c.commit_time)
+                   c.commit_time, c.pinned, c.ttl_seconds, c.last_read_time, c.hits)
 
 
 def _free_dangling_iterators() -> None:
@@ -95,12 +99,18 @@ class CacheClient:
     epoch starts, undoing the 128 KiB trim threshold TensorFlow's
     from_generator sets, which makes every large buffer page-fault afresh and
     halves read throughput (client/_malloc.py has the numbers).
+
+    token is the daemon's bearer token (default: $CACHESERVER_TOKEN). tls_ca
+    (a CA to trust), tls_cert and tls_key (a client certificate, for mutual
+    TLS) are PEM file paths or PEM bytes; any of them turns TLS on.
     """
 
     def __init__(self, target: str | None = None, *, connect_timeout: float = 5.0,
-                 tune_malloc: bool = True) -> None:
+                 tune_malloc: bool = True, token: str | None = None, tls_ca: Pem | None = None,
+                 tls_cert: Pem | None = None, tls_key: Pem | None = None) -> None:
         self.target = resolve_target(target)
-        self._transport = Transport(self.target, connect_timeout)
+        credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
+        self._transport = Transport(self.target, connect_timeout, credentials=credentials)
         self._tune_malloc = _malloc.enabled(tune_malloc)
         _exit_hook()
 
@@ -136,6 +146,26 @@ class CacheClient:
         """Delete a READY cache and its files."""
         stub = self._transport.stub
         self._transport.call(stub.DeleteCache, pb.DeleteCacheRequest(name=name))
+
+    def pin(self, name: str) -> CacheInfo:
+        """Keep a READY cache however full the disk gets and whatever its TTL."""
+        return self._retention(name, pinned=True)
+
+    def unpin(self, name: str) -> CacheInfo:
+        """Let the daemon evict the cache again (least recently read first)."""
+        return self._retention(name, pinned=False)
+
+    def set_ttl(self, name: str, seconds: float | None) -> CacheInfo:
+        """Delete the cache once unread for this many seconds; None clears the TTL."""
+        if seconds is not None and not seconds > 0:
+            raise InvalidArgumentError(f"ttl must be a positive number of seconds or None, "
+                                       f"got {seconds!r}")
+        return self._retention(name, ttl_seconds=seconds or 0.0)
+
+    def _retention(self, name: str, **fields: Any) -> CacheInfo:
+        stub = self._transport.stub
+        request = pb.SetCacheRetentionRequest(name=name, **fields)
+        return CacheInfo.from_proto(self._transport.call(stub.SetCacheRetention, request).cache)
 
     # ------------------------------------------------------------------ datasets
 

@@ -1,22 +1,26 @@
-"""The gRPC channel to one daemon: connecting, unary calls, error translation."""
+"""The gRPC channel to one daemon: connecting, credentials, unary calls, error translation."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
-from client.errors import ServerUnavailableError, from_rpc_error
+from client.errors import InvalidArgumentError, ServerUnavailableError, from_rpc_error
 
 T = TypeVar("T")
 #: The daemon's address when none is given: the sidecar/DaemonSet manifests set it.
 TARGET_ENV = "SHARDCACHE_TARGET"
 DEFAULT_TARGET = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 256 << 20
+#: The bearer token when CacheClient(token=...) is not given.
+TOKEN_ENV = "CACHESERVER_TOKEN"
+Pem = str | Path | bytes
 
 
 def resolve_target(target: str | None) -> str:
@@ -26,13 +30,22 @@ def resolve_target(target: str | None) -> str:
 class Transport:
     """Owns the channel and the stub; every call goes through :meth:`call`."""
 
-    def __init__(self, target: str, connect_timeout: float = 5.0) -> None:
+    def __init__(self, target: str, connect_timeout: float = 5.0, *,
+                 credentials: Credentials | None = None) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
-        self._channel = grpc.insecure_channel(target, options=[
+        credentials = credentials or Credentials()
+        self._tls = credentials.tls is not None
+        options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ])
+        ]
+        if credentials.tls is not None:
+            self._channel = grpc.secure_channel(target, credentials.tls, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        if credentials.token:
+            self._channel = grpc.intercept_channel(self._channel, _BearerToken(credentials.token))
         self.stub = pb_grpc.CacheServiceStub(self._channel)
         self._connected = False
 
@@ -45,7 +58,9 @@ class Transport:
         except grpc.FutureTimeoutError:
             raise ServerUnavailableError(
                 f"cannot reach cacheserver at {self.target} within {self.connect_timeout:g}s: "
-                "start it with `cacheserver serve --listen ...` or check the target") from None
+                "start it with `cacheserver serve --listen ...` or check the target"
+                + ("; over TLS, also check that tls_ca trusts the daemon's certificate and "
+                   "that mutual TLS gets tls_cert/tls_key" if self._tls else "")) from None
         self._connected = True
 
     def call(self, method: Callable[..., T], request: Any, timeout: float | None = 60) -> T:
@@ -60,4 +75,74 @@ class Transport:
         self._channel.close()
 
 
-__all__ = ["Transport", "pb", "resolve_target"]
+def _pem(what: str, value: Pem | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    try:
+        return Path(value).read_bytes()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read {what} {value}: {exc.strerror}") from None
+
+
+class Credentials(NamedTuple):
+    token: str | None = None
+    tls: grpc.ChannelCredentials | None = None
+
+    @classmethod
+    def make(cls, token: str | None, tls_ca: Pem | None, tls_cert: Pem | None,
+             tls_key: Pem | None) -> Credentials:
+        """Token from the argument, else $CACHESERVER_TOKEN; TLS when any PEM is given.
+
+        PEMs are file paths or the PEM bytes themselves; tls_cert/tls_key are the
+        client's certificate for mutual TLS.
+        """
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        if token is not None and (not token.strip() or any(c.isspace() for c in token.strip())):
+            raise InvalidArgumentError("token must be non-empty printable text without spaces")
+        if (tls_cert is None) != (tls_key is None):
+            raise InvalidArgumentError("mutual TLS needs both tls_cert and tls_key")
+        tls = None
+        if tls_ca is not None or tls_cert is not None:
+            tls = grpc.ssl_channel_credentials(
+                root_certificates=_pem("tls_ca", tls_ca),
+                private_key=_pem("tls_key", tls_key),
+                certificate_chain=_pem("tls_cert", tls_cert))
+        return cls(token.strip() if token else None, tls)
+
+
+class _CallDetails(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: Any
+    compression: Any
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: Any) -> _CallDetails:
+        metadata = [*(details.metadata or ()), self._header]
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), requests)
+
+
+__all__ = ["Credentials", "Transport", "pb", "resolve_target"]

@@ -78,7 +78,7 @@ class InternalError(ShardcacheError):
     reason = "INTERNAL"
 
 
-_BY_REASON = {cls.reason: cls for cls in (
+_BY_REASON: dict[str, type[ShardcacheError]] = {cls.reason: cls for cls in (
     ServerUnavailableError, InvalidArgumentError, CacheNotFoundError, CacheNotReadyError,
     FingerprintMismatchError, DiskFullError, DataLossError, InternalError)}
 _BY_CODE = {
@@ -106,3 +106,29 @@ def from_rpc_error(err: grpc.RpcError, target: str) -> ShardcacheError:
             f"cannot reach cacheserver at {target}: {details}; is `cacheserver serve` "
             "running and listening there?")
     return cls(details)
+
+
+class CapacityExceededError(DiskFullError):
+    """The daemon's --max-bytes / --min-free-bytes leave no room, even after evicting."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "CAPACITY_EXCEEDED"
+
+
+class TooManyStreamsError(ShardcacheError):
+    """This host already holds as many streams as the daemon allows one client."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_STREAMS"
+
+
+class UnauthenticatedError(ShardcacheError):
+    """The daemon wants a bearer token: pass token= or set CACHESERVER_TOKEN."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+_BY_REASON.update({cls.reason: cls for cls in (
+    CapacityExceededError, TooManyStreamsError, UnauthenticatedError)})
+_BY_CODE[grpc.StatusCode.UNAUTHENTICATED] = UnauthenticatedError

@@ -42,7 +42,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., first_element: _Optional[int] = ..., num_elements: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class Cache(_message.Message):
-    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time")
+    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time", "pinned", "ttl_seconds", "last_read_time", "hits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,10 @@ class Cache(_message.Message):
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_READ_TIME_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: CacheState
     fingerprint: str
@@ -67,7 +71,11 @@ class Cache(_message.Message):
     stored_bytes: int
     create_time: float
     commit_time: float
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ...) -> None: ...
+    pinned: bool
+    ttl_seconds: float
+    last_read_time: float
+    hits: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
     __slots__ = ()
@@ -180,3 +188,19 @@ class ReadShardResponse(_message.Message):
     lengths: bytes
     data: bytes
     def __init__(self, start: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SetCacheRetentionRequest(_message.Message):
+    __slots__ = ("name", "pinned", "ttl_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    pinned: bool
+    ttl_seconds: float
+    def __init__(self, name: _Optional[str] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class SetCacheRetentionResponse(_message.Message):
+    __slots__ = ("cache",)
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    cache: Cache
+    def __init__(self, cache: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...

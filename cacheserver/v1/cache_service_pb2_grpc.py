@@ -60,6 +60,11 @@ class CacheServiceStub(object):
                 request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadShardRequest.SerializeToString,
                 response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadShardResponse.FromString,
                 _registered_method=True)
+        self.SetCacheRetention = channel.unary_unary(
+                '/cacheserver.v1.CacheService/SetCacheRetention',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer(object):
@@ -108,6 +113,14 @@ class CacheServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCacheRetention(self, request, context):
+        """SetCacheRetention pins or unpins a cache and sets or clears its TTL; the
+        fields left unset keep their value. Returns the updated cache.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +148,11 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.ReadShard,
                     request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadShardRequest.FromString,
                     response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadShardResponse.SerializeToString,
+            ),
+            'SetCacheRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCacheRetention,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,6 +291,33 @@ class CacheService(object):
             '/cacheserver.v1.CacheService/ReadShard',
             cacheserver_dot_v1_dot_cache__service__pb2.ReadShardRequest.SerializeToString,
             cacheserver_dot_v1_dot_cache__service__pb2.ReadShardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCacheRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/SetCacheRetention',
+            cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionResponse.FromString,
             options,
             channel_credentials,
             insecure,

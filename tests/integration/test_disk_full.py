@@ -58,3 +58,55 @@ def test_a_full_disk_fails_the_write_keeps_training_and_loses_nothing(
         assert "disk full" in daemon.log()
     finally:
         daemon.close()
+
+
+def test_a_full_disk_is_a_typed_error_on_the_wire_and_frees_the_failed_write(
+        small_disk: Path) -> None:
+    import grpc
+    from wire import names, read_all, reason, records, write_cache
+
+    daemon = Daemon(data_dir=small_disk / "data").start()
+    try:
+        with grpc.insecure_channel(daemon.unix_target) as ch:
+            kept = records(16, 64 << 10, 1)
+            write_cache(ch, "kept", kept)
+            free_before = _free_bytes(small_disk)
+            with pytest.raises(grpc.RpcError) as err:
+                write_cache(ch, "overflow", records(240, 128 << 10, 2))  # 30 MiB > 24 MiB
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert reason(err.value) == "DISK_FULL"
+            assert "disk full under" in err.value.details()
+            assert names(ch) == ["kept"] and read_all(ch, "kept") == kept
+            assert _free_bytes(small_disk) >= free_before - (1 << 20), "space not released"
+    finally:
+        daemon.close()
+
+
+def test_a_free_space_floor_evicts_unpinned_caches_then_refuses_with_the_numbers(
+        small_disk: Path) -> None:
+    import grpc
+    from wire import names, read_all, reason, records, write_cache
+
+    from client import CacheClient
+
+    daemon = Daemon(data_dir=small_disk / "data",
+                    extra_args=("--min-free-bytes", "12MiB")).start()
+    try:
+        with grpc.insecure_channel(daemon.unix_target) as ch, \
+                CacheClient(daemon.unix_target) as cc:
+            old, pinned = records(40, 128 << 10, 1), records(24, 128 << 10, 2)  # 5, 3 MiB
+            write_cache(ch, "old", old)
+            write_cache(ch, "pinned", pinned)
+            cc.pin("pinned")
+            write_cache(ch, "new", records(40, 128 << 10, 3))  # fits only once "old" is gone
+            assert names(ch) == ["new", "pinned"]
+            cc.pin("new")
+            free_before = _free_bytes(small_disk)
+            with pytest.raises(grpc.RpcError) as err:
+                write_cache(ch, "refused", records(40, 128 << 10, 4))
+            assert reason(err.value) == "CAPACITY_EXCEEDED"
+            assert "--min-free-bytes is 12,582,912 bytes" in err.value.details()
+            assert names(ch) == ["new", "pinned"] and read_all(ch, "pinned") == pinned
+            assert _free_bytes(small_disk) >= free_before - (256 << 10), "space not released"
+    finally:
+        daemon.close()

@@ -1,0 +1,82 @@
+"""Prometheus metrics of the daemon, in base units, without per-shard labels.
+
+All metrics live in :data:`REGISTRY` (not prometheus_client's global one, so
+tests can run several servers in one process). Other modules add their own
+metrics to it the same way: ``Counter("shardcache_...", "...", registry=REGISTRY)``.
+``serve --metrics-listen HOST:PORT`` exposes it at ``/metrics``.
+
+Definitions (docs/operations.md):
+- a hit is a ReadShard stream opened at the shard's first record (an N-shard
+  cache read through once counts N);
+- a miss is a WriteBegin answered ACCEPTED (the cache had to be built).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+READ_BYTES = Counter("shardcache_read_bytes", "Record bytes sent by ReadShard.",
+                     unit="bytes", registry=REGISTRY)
+READ_ELEMENTS = Counter("shardcache_read_elements", "Records sent by ReadShard.",
+                        registry=REGISTRY)
+WRITTEN_BYTES = Counter("shardcache_written_bytes", "Record bytes stored by WriteCache.",
+                        unit="bytes", registry=REGISTRY)
+WRITTEN_ELEMENTS = Counter("shardcache_written_elements", "Records stored by WriteCache.",
+                           registry=REGISTRY)
+CACHE_HITS = Counter("shardcache_cache_hits",
+                     "Shard streams opened at the shard's first record.", registry=REGISTRY)
+CACHE_MISSES = Counter("shardcache_cache_misses",
+                       "WriteBegin answered ACCEPTED: a cache had to be built.",
+                       registry=REGISTRY)
+ACTIVE_STREAMS = Gauge("shardcache_active_streams", "Open ReadShard / WriteCache streams.",
+                       ["kind"], registry=REGISTRY)
+EVICTIONS = Counter("shardcache_evictions", "Caches deleted by the daemon itself.",
+                    ["reason"], registry=REGISTRY)
+RPC_ERRORS = Counter("shardcache_rpc_errors", "Calls that ended with a status other than OK.",
+                     ["method", "code"], registry=REGISTRY)
+RPC_DURATION = Histogram("shardcache_rpc_duration_seconds", "Duration of calls.",
+                         ["method"], registry=REGISTRY,
+                         buckets=(.001, .005, .025, .1, .5, 2.5, 10, 60, 300, 1800))
+DISK_BYTES = Gauge("shardcache_disk_bytes",
+                   "Bytes of caches on disk (committed files plus records of writes "
+                   "in progress).", unit="bytes", registry=REGISTRY)
+CAPACITY_BYTES = Gauge("shardcache_capacity_bytes", "--max-bytes (0: no limit).",
+                       unit="bytes", registry=REGISTRY)
+
+for _kind in ("read", "write"):
+    ACTIVE_STREAMS.labels(_kind)
+for _reason in ("capacity", "ttl"):
+    EVICTIONS.labels(_reason)
+
+
+def watch_disk(in_use: Callable[[], int], max_bytes: int) -> None:
+    """Make the disk gauges report in_use() at every scrape."""
+    DISK_BYTES.set_function(in_use)
+    CAPACITY_BYTES.set(max_bytes)
+
+
+class MetricsListenError(ValueError):
+    """--metrics-listen is malformed or cannot be bound."""
+
+
+def serve_http(address: str) -> tuple[str, Callable[[], None]]:
+    """Serve /metrics on HOST:PORT; returns the bound address and a stop function."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise MetricsListenError(f"--metrics-listen {address!r}: expected HOST:PORT, "
+                                 "e.g. 127.0.0.1:9464")
+    try:
+        server, thread = start_http_server(int(port), addr=host.strip("[]"), registry=REGISTRY)
+    except OSError as exc:
+        raise MetricsListenError(f"cannot serve metrics on {address}: {exc.strerror}") from exc
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    return f"{host}:{server.server_port}", stop

@@ -1,0 +1,89 @@
+"""Taking over a data dir at start: the exclusive lock and what recovery found.
+
+One daemon per data dir: :class:`DataDirLock` holds an exclusive ``flock`` on
+``<data-dir>/cacheserver.lock`` for the life of the process (the kernel drops
+it when the process dies, even by kill -9, so a stale lock never blocks a
+restart). A second daemon fails before it reads or changes anything. The lock
+file also tells an operator which pid holds it.
+
+A data dir on a read-only filesystem fails here too, with the reason, instead
+of later on the first write.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+LOCK_FILE = "cacheserver.lock"
+
+
+class DataDirError(RuntimeError):
+    """The data dir cannot be used: held by another daemon, read-only, not writable."""
+
+
+class DataDirLock:
+    """An exclusive, process-lifetime lock on one data dir."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.EROFS:
+                raise DataDirError(
+                    f"data dir {data_dir} is on a read-only filesystem: mount it read-write or "
+                    "pass another --data-dir") from exc
+            raise DataDirError(f"cannot use data dir {data_dir}: {exc.strerror} "
+                               f"({exc.filename}); check its owner and mode") from exc
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise DataDirError(
+                    f"data dir {data_dir} is in use by another cacheserver (pid {holder}, lock "
+                    f"{self.path}); stop it first or pass another --data-dir") from None
+            raise DataDirError(f"cannot lock {self.path}: {exc.strerror}") from exc
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = -1
+
+
+def _du(path: Path) -> int:
+    try:
+        return sum(p.lstat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+    except OSError:
+        return 0
+
+
+@dataclass
+class RecoveryReport:
+    """What the data dir held at start, and the one line saying what recovery made of it."""
+
+    dirs: dict[str, int]  # cache directory name -> bytes on disk
+    trash_bytes: int
+
+    @classmethod
+    def survey(cls, caches_dir: Path, trash: Path) -> RecoveryReport:
+        return cls({d.name: _du(d) for d in sorted(caches_dir.iterdir()) if d.is_dir()},
+                   _du(trash))
+
+    def log(self, data_dir: Path, kept: dict[str, int]) -> None:
+        """Log what was kept (name -> bytes) and what the scan discarded."""
+        discarded = {n: b for n, b in self.dirs.items() if n not in kept}
+        log.info("recovered %s: kept %d caches (%d bytes), discarded %d interrupted writes "
+                 "(%d bytes), emptied trash (%d bytes)", data_dir, len(kept),
+                 sum(kept.values()), len(discarded), sum(discarded.values()),
+                 self.trash_bytes)

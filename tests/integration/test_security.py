@@ -1,0 +1,191 @@
+"""TLS, mutual TLS and bearer tokens with real certificates and sockets; request limits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import trustme
+from daemon import Daemon
+from wire import reason, records, split, stub, write_cache
+
+from cacheserver.v1 import cache_service_pb2 as pb
+from client import (
+    CacheClient,
+    CacheNotFoundError,
+    InvalidArgumentError,
+    ServerUnavailableError,
+    UnauthenticatedError,
+)
+
+
+class Pki:
+    def __init__(self, root: Path) -> None:
+        self.ca = trustme.CA()
+        self.ca_pem = root / "ca.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_pem))
+        server = self.ca.issue_cert("127.0.0.1", "localhost")
+        self.cert, self.key = root / "server.pem", root / "server.key"
+        for i, pem in enumerate(server.cert_chain_pems):
+            pem.write_to_path(str(self.cert), append=i > 0)
+        server.private_key_pem.write_to_path(str(self.key))
+        client = self.ca.issue_cert("trainer.example")
+        self.client_cert, self.client_key = root / "client.pem", root / "client.key"
+        client.cert_chain_pems[0].write_to_path(str(self.client_cert))
+        client.private_key_pem.write_to_path(str(self.client_key))
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path)
+
+
+def started(*args: str) -> Iterator[Daemon]:
+    d = Daemon(extra_args=args).start()
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def tls_daemon(pki: Pki) -> Iterator[Daemon]:
+    yield from started("--tls-cert", str(pki.cert), "--tls-key", str(pki.key))
+
+
+@pytest.fixture
+def mtls_daemon(pki: Pki) -> Iterator[Daemon]:
+    yield from started("--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+                       "--tls-client-ca", str(pki.ca_pem))
+
+
+def test_tls_serves_a_client_that_trusts_the_ca_and_refuses_plaintext(
+        tls_daemon: Daemon, pki: Pki) -> None:
+    with CacheClient(tls_daemon.tcp_target, tls_ca=pki.ca_pem) as cc:
+        assert cc.list() == []
+    with CacheClient(tls_daemon.tcp_target, connect_timeout=2) as plain, \
+            pytest.raises(ServerUnavailableError):
+        plain.list()
+    with CacheClient(tls_daemon.tcp_target, tls_ca=pki.ca.cert_pem.bytes(),
+                     connect_timeout=2) as cc, pytest.raises(CacheNotFoundError):
+        cc.info("nothing")
+
+
+def test_mutual_tls_refuses_the_handshake_without_a_client_certificate(
+        mtls_daemon: Daemon, pki: Pki) -> None:
+    with CacheClient(mtls_daemon.tcp_target, tls_ca=pki.ca_pem, connect_timeout=2) as cc, \
+            pytest.raises(ServerUnavailableError, match="tls_cert/tls_key"):
+        cc.list()
+    with CacheClient(mtls_daemon.tcp_target, tls_ca=pki.ca_pem, tls_cert=pki.client_cert,
+                     tls_key=pki.client_key) as cc:
+        assert cc.list() == []
+    stranger = trustme.CA().issue_cert("intruder.example")
+    with CacheClient(mtls_daemon.tcp_target, tls_ca=pki.ca_pem, connect_timeout=2,
+                     tls_cert=stranger.cert_chain_pems[0].bytes(),
+                     tls_key=stranger.private_key_pem.bytes()) as cc, \
+            pytest.raises(ServerUnavailableError):
+        cc.list()
+
+
+@pytest.fixture
+def token_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    yield from started("--auth-token-file", str(token_file))
+
+
+def test_a_token_daemon_refuses_missing_and_wrong_tokens_but_answers_health(
+        token_daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CACHESERVER_TOKEN", raising=False)
+    for target in (token_daemon.unix_target, token_daemon.tcp_target):
+        with CacheClient(target) as cc, pytest.raises(UnauthenticatedError,
+                                                       match="requires a bearer token"):
+            cc.list()
+        with CacheClient(target, token="s3cret-tokem") as cc, \
+                pytest.raises(UnauthenticatedError):
+            cc.list()
+        with CacheClient(target, token="s3cret-token") as cc:
+            assert cc.list() == []
+    monkeypatch.setenv("CACHESERVER_TOKEN", "s3cret-token")
+    with CacheClient(token_daemon.unix_target) as cc:
+        assert cc.list() == []
+    with grpc.insecure_channel(token_daemon.unix_target) as ch:
+        with pytest.raises(grpc.RpcError) as err:  # streams are checked too
+            list(stub(ch).ReadShard(pb.ReadShardRequest(name="x"), timeout=5))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert reason(err.value) == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"),
+     "cannot read --tls-cert /nonexistent/cert.pem: No such file or directory"),
+    (("--tls-cert", "{garbage}", "--tls-key", "{garbage}"), "holds no PEM certificate"),
+    (("--tls-cert", "{cert}", "--tls-key", "{garbage}"), "holds no unencrypted PEM private key"),
+    (("--tls-cert", "{cert}",), "--tls-key is missing"),
+    (("--auth-token-file", "{empty}"), "is empty"),
+])
+def test_unreadable_or_malformed_security_files_stop_the_daemon_at_start(
+        tmp_path: Path, pki: Pki, flags: tuple[str, ...], message: str) -> None:
+    (tmp_path / "garbage").write_text("not a pem\n")
+    (tmp_path / "empty").write_text("\n")
+    paths = {"garbage": tmp_path / "garbage", "empty": tmp_path / "empty", "cert": pki.cert}
+    args = [f.format(**paths) for f in flags]
+    result = subprocess.run(
+        [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(tmp_path / "data"),
+         "--listen", "127.0.0.1:0", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert not (tmp_path / "data").exists(), "the daemon touched its data dir"
+
+
+def test_binding_a_non_loopback_address_without_tls_warns() -> None:
+    d = Daemon(extra_args=("--listen", "0.0.0.0:0")).start()
+    try:
+        assert "listening on 0.0.0.0:0 without TLS" in d.log()
+        assert d.log().count("without TLS") == 1, "the loopback and unix listeners are fine"
+    finally:
+        d.close()
+
+
+def test_a_client_host_gets_at_most_its_share_of_streams() -> None:
+    d = Daemon(extra_args=("--max-streams-per-client", "1")).start()
+    try:
+        with grpc.insecure_channel(d.unix_target) as ch:
+            data = records(64, 4096)
+            write_cache(ch, "shared", data)
+            held = stub(ch).ReadShard(pb.ReadShardRequest(name="shared", chunk_bytes=4096),
+                                      timeout=60)
+            first = next(held)
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub(ch).ReadShard(pb.ReadShardRequest(name="shared"), timeout=10))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert reason(err.value) == "TOO_MANY_STREAMS"
+            assert "--max-streams-per-client" in err.value.details()
+            rest = [r for chunk in held for r in split(chunk)]
+            assert split(first) + rest == data
+            # the stream ended, so its slot is free again
+            assert len(list(stub(ch).ReadShard(pb.ReadShardRequest(name="shared"),
+                                               timeout=10))) >= 1
+    finally:
+        d.close()
+
+
+def test_oversized_messages_and_names_that_escape_the_data_dir_are_refused(
+        tmp_path: Path) -> None:
+    d = Daemon(extra_args=("--max-message-bytes", "1MiB")).start()
+    try:
+        with grpc.insecure_channel(d.unix_target) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                write_cache(ch, "big", records(1, 2 << 20))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with CacheClient(d.unix_target) as cc:
+            for bad in ("../outside", "/etc/passwd", "a/../../b", "x" * 201):
+                with pytest.raises(InvalidArgumentError):
+                    cc.info(bad)
+            assert cc.list() == []
+        assert sorted(p.name for p in d.data_dir.iterdir()) == [
+            "caches", "cacheserver.lock", "trash"]
+    finally:
+        d.close()
