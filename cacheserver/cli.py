@@ -1,4 +1,4 @@
-"""The ``cacheserver`` command line: serve, ls, info, rm, demo."""
+"""The ``cacheserver`` command line: serve, ls, info, rm, demo, materialize."""
 
 from __future__ import annotations
 
@@ -56,8 +56,12 @@ def main() -> None:
               default="info", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json writes one JSON object per log line.")
+@click.option("--pythonpath", multiple=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Directory materialization workers import entry points from (before "
+                   "the daemon's PYTHONPATH); repeat for several.")
 def serve(data_dir: Path, listen: tuple[str, ...], grace: float, log_level: str,
-          log_format: str) -> None:
+          log_format: str, pythonpath: tuple[Path, ...]) -> None:
     """Run the daemon until SIGTERM/SIGINT, then drain streams and exit 0.
 
     Binds 127.0.0.1:50051 unless --listen says otherwise. Serves gRPC health
@@ -68,7 +72,8 @@ def serve(data_dir: Path, listen: tuple[str, ...], grace: float, log_level: str,
     _setup_logging(log_level, log_format)
     try:
         server = CacheServer(ServerConfig(data_dir=data_dir, listen=list(listen),
-                                          grace_seconds=grace))
+                                          grace_seconds=grace,
+                                          pythonpath=[p.resolve() for p in pythonpath]))
     except (ListenError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     server.run_until_signal()
@@ -158,3 +163,8 @@ def demo(data_dir: Path | None, elements: int, epochs: int, image_size: int) -> 
     from cacheserver.demo import run_demo
 
     run_demo(data_dir=data_dir, elements=elements, epochs=epochs, image_size=image_size)
+
+
+from cacheserver.materialize_cli import materialize  # noqa: E402 - registered last
+
+main.add_command(materialize)

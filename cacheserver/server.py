@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cacheserver.catalog import Catalog
+from cacheserver.materializer import Materializer
 from cacheserver.service import CacheService
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
@@ -59,6 +60,8 @@ class ServerConfig:
     listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
     grace_seconds: float = 30.0
     max_workers: int = 64
+    #: Directories materialization workers import entry points from (--pythonpath).
+    pythonpath: list[Path] = field(default_factory=list)
 
 
 def normalize_listen(address: str) -> str:
@@ -84,7 +87,8 @@ class CacheServer:
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(config.data_dir)
-        self.service = CacheService(self.catalog)
+        self.materializer = Materializer(self.catalog, tuple(map(str, config.pythonpath)))
+        self.service = CacheService(self.catalog, self.materializer)
         self.health = health.HealthServicer()
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -119,6 +123,7 @@ class CacheServer:
 
     def start(self) -> None:
         self._server.start()
+        self.materializer.resume_interrupted()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %d caches from %s on %s", len(self.catalog.list()),
@@ -134,6 +139,7 @@ class CacheServer:
         log.info("draining in-flight streams (up to %.0fs)", grace)
         self.health.enter_graceful_shutdown()
         self.service.drain()
+        self.materializer.shutdown()
         self._server.stop(grace).wait()
         self._stopped.set()
         log.info("stopped")

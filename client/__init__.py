@@ -8,7 +8,9 @@ Importing this package does not import TensorFlow; it loads on first use.
 """
 
 from client._client import CacheClient, CacheInfo
+from client._materialize import MaterializeOperation, Progress
 from client.errors import (
+    CacheExistsError,
     CacheNotFoundError,
     CacheNotReadyError,
     DataLossError,
@@ -16,12 +18,16 @@ from client.errors import (
     FingerprintMismatchError,
     InternalError,
     InvalidArgumentError,
+    OperationCancelledError,
+    OperationNotFoundError,
+    PipelineError,
     ServerUnavailableError,
     ShardcacheError,
 )
 
 __all__ = [
     "CacheClient",
+    "CacheExistsError",
     "CacheInfo",
     "CacheNotFoundError",
     "CacheNotReadyError",
@@ -30,6 +36,11 @@ __all__ = [
     "FingerprintMismatchError",
     "InternalError",
     "InvalidArgumentError",
+    "MaterializeOperation",
+    "OperationCancelledError",
+    "OperationNotFoundError",
+    "PipelineError",
+    "Progress",
     "ServerUnavailableError",
     "ShardcacheError",
 ]
