@@ -1,0 +1,259 @@
+"""Server-side materialization: a real daemon runs entry points in spawned workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from daemon import Daemon, env_without_tf_noise
+
+tf = pytest.importorskip("tensorflow")
+
+from client import (  # noqa: E402
+    CacheClient,
+    CacheExistsError,
+    CacheNotFoundError,
+    CacheNotReadyError,
+    InvalidArgumentError,
+    OperationCancelledError,
+    PipelineError,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = ROOT / "tests" / "pipelines"
+sys.path.insert(0, str(PIPELINES))
+
+import mat_pipelines  # noqa: E402
+
+
+def wait_until(predicate, deadline_s: float = 120.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {deadline_s:g}s")
+        time.sleep(0.05)
+
+
+def materializing_daemon(gate: Path, data_dir: Path | None = None) -> Daemon:
+    """A daemon whose workers find tests/pipelines and whose gated() waits for gate."""
+    os.environ[mat_pipelines.GATE_ENV] = str(gate)  # the daemon inherits it
+    try:
+        return Daemon(data_dir=data_dir, extra_args=("--pythonpath", str(PIPELINES))).start()
+    finally:
+        del os.environ[mat_pipelines.GATE_ENV]
+
+
+@pytest.fixture(scope="module")
+def mdaemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = materializing_daemon(tmp_path_factory.mktemp("gate") / "never-opened")
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def mc(mdaemon: Daemon) -> Iterator[CacheClient]:
+    with CacheClient(mdaemon.unix_target) as client:
+        yield client
+
+
+def elements(ds: tf.data.Dataset) -> list[dict]:
+    return list(ds.as_numpy_iterator())
+
+
+def assert_same_elements(got: list[dict], want: list[dict]) -> None:
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.keys() == b.keys(), i
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"element {i}, {key!r}")
+
+
+def expected_records(num_shards: int) -> list[dict]:
+    out: list[dict] = []
+    for shard in range(num_shards):
+        out += elements(mat_pipelines.records(shard, num_shards))
+    return out
+
+
+def workers_of(pid: int) -> list[psutil.Process]:
+    """The daemon's materialization workers (not multiprocessing's resource tracker)."""
+    return [p for p in psutil.Process(pid).children()
+            if "spawn_main" in " ".join(p.cmdline())]
+
+
+# --------------------------------------------------------------------------- happy paths
+
+def test_an_entry_point_is_materialized_in_shard_order_and_reads_back_element_for_element(
+        mc: CacheClient, mdaemon: Daemon, name: str) -> None:
+    info = mc.materialize("mat_pipelines:records", name=name, num_shards=3, workers=2)
+    assert (info.state, info.num_shards, info.num_elements) == ("READY", 3, 20 + 21 + 22)
+    assert_same_elements(elements(mc.dataset(name)), expected_records(3))
+    assert "libtensorflow" not in Path(f"/proc/{mdaemon.proc.pid}/maps").read_text(), \
+        "the daemon itself must not load TensorFlow; only its workers do"
+
+
+def test_a_dataset_built_from_tf_ops_is_shipped_as_a_graph_and_sharded_by_the_daemon(
+        mc: CacheClient, name: str) -> None:
+    ds = tf.data.Dataset.range(50).map(lambda x: (x * x, tf.strings.as_string(x)))
+    info = mc.materialize(ds, name=name, num_shards=4, workers=2)
+    want = [e for i in range(4) for e in ds.shard(4, i).as_numpy_iterator()]
+    assert info.num_elements == 50
+    assert list(mc.dataset(name).as_numpy_iterator()) == want
+
+
+def test_a_pipeline_running_python_code_is_refused_with_the_ways_that_work(
+        mc: CacheClient, name: str) -> None:
+    ds = tf.data.Dataset.range(5).map(lambda x: tf.py_function(lambda y: y, [x], tf.int64))
+    with pytest.raises(InvalidArgumentError, match=r"(?s)cannot be shipped.*entry point.*"
+                                                   r"cc\.cache\(ds"):
+        mc.materialize(ds, name=name, num_shards=2)
+    with pytest.raises(CacheNotFoundError):
+        mc.info(name)
+
+
+def test_progress_is_watched_a_ready_cache_keeps_serving_and_cancel_stops_the_workers(
+        mc: CacheClient, mdaemon: Daemon, name: str) -> None:
+    ready = f"{name}-ready"
+    mc.materialize("mat_pipelines:records", name=ready, num_shards=1, workers=1)
+    op = mc.materialize("mat_pipelines:gated", name=name, num_shards=4, workers=2, wait=False)
+    wait_until(lambda: op.progress().shards_done == 2, what="shards 0 and 1 committed")
+    progress = op.progress()
+    assert (progress.state, progress.done, progress.shards_total) == ("RUNNING", False, 4)
+    assert progress.elements >= 41 and progress.stored_bytes > 0 and progress.workers == 2
+    assert "2/4 shards" in progress.line()
+    assert {c.name: c.state for c in mc.list()}[name] == "WRITING"
+    with pytest.raises(CacheNotReadyError, match="WRITING"):
+        mc.dataset(name)
+    assert_same_elements(elements(mc.dataset(ready)), expected_records(1))
+    workers = workers_of(mdaemon.proc.pid)
+    assert len(workers) >= 2
+    cancelled = op.cancel()
+    assert cancelled.state == "CANCELLED"
+    with pytest.raises(OperationCancelledError, match="cancelled"):
+        op.wait(timeout=120)
+    gone, alive = psutil.wait_procs(workers, timeout=60)
+    assert not alive, "cancelled workers must exit"
+    with pytest.raises(CacheNotFoundError):
+        mc.info(name)
+    assert not (mdaemon.data_dir / "caches" / name).exists()
+
+
+# --------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize(("entry", "error", "message"), [
+    ("no_such_module:fn", InvalidArgumentError,
+     r"cannot import entry point 'no_such_module:fn'.*--pythonpath"),
+    ("mat_pipelines:missing", InvalidArgumentError, r"has no attribute 'missing'"),
+    ("mat_pipelines:NOT_CALLABLE", InvalidArgumentError, r"is a int, not a function"),
+    ("mat_pipelines:not_a_dataset", InvalidArgumentError,
+     r"returned builtins.list for shard \d; it must return a tf.data.Dataset"),
+    ("mat_pipelines:mixed_specs", InvalidArgumentError,
+     r"shard \d yields elements of another spec than shard \d.*float32"),
+    ("mat_pipelines:infinite", InvalidArgumentError, r"infinite; drop the .repeat\(\)"),
+    ("mat_pipelines:raises", PipelineError,
+     r"shard 1: the pipeline raised FileNotFoundError: source file "
+     r"/data/part-00001.tfrecord is missing"),
+    ("mat_pipelines:fails_while_reading", PipelineError, r"shard 1: .*label out of range"),
+])
+def test_a_bad_pipeline_fails_the_operation_with_a_clear_message_and_leaves_no_cache(
+        mc: CacheClient, name: str, entry: str, error: type, message: str) -> None:
+    with pytest.raises(error, match=f"(?s){message}"):
+        mc.materialize(entry, name=name, num_shards=2, workers=2)
+    with pytest.raises(CacheNotFoundError):
+        mc.info(name)
+
+
+@pytest.mark.parametrize(("num_shards", "message"), [
+    (0, "num_shards is 0; it must be at least 1"),
+    (10**6, "num_shards is 1,000,000; the limit is 10,000"),
+])
+def test_a_shard_count_below_one_or_absurdly_large_is_refused(
+        mc: CacheClient, name: str, num_shards: int, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        mc.materialize("mat_pipelines:records", name=name, num_shards=num_shards)
+
+
+def test_an_entry_point_not_of_the_module_function_form_is_refused(
+        mc: CacheClient, name: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="'package.module:function'"):
+        mc.materialize("mat_pipelines.records", name=name, num_shards=1)
+
+
+def test_a_ready_name_needs_overwrite_which_rebuilds_it(mc: CacheClient, name: str) -> None:
+    mc.materialize("mat_pipelines:records", name=name, num_shards=1, workers=1)
+    with pytest.raises(CacheExistsError, match=r"already READY.*--overwrite"):
+        mc.materialize("mat_pipelines:records", name=name, num_shards=2, workers=1)
+    assert mc.info(name).num_elements == 20
+    info = mc.materialize("mat_pipelines:records", name=name, num_shards=2, workers=1,
+                          overwrite=True)
+    assert (info.num_shards, info.num_elements) == (2, 41)
+    assert_same_elements(elements(mc.dataset(name)), expected_records(2))
+
+
+# --------------------------------------------------------------------------- the CLI
+
+def test_the_cli_materializes_with_progress_lines_when_not_on_a_terminal(
+        mdaemon: Daemon, name: str) -> None:
+    cmd = [sys.executable, "-m", "cacheserver", "materialize", "mat_pipelines:records",
+           "--name", name, "--shards", "2", "--workers", "1", "--target", mdaemon.unix_target]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env=env_without_tf_noise())
+    assert run.returncode == 0, run.stderr
+    assert f"cache '{name}' READY: 41 elements in 2 shards" in run.stdout
+    assert f"materialize/{name}: succeeded  2/2 shards  41 elements" in run.stderr
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env=env_without_tf_noise())
+    assert again.returncode == 1
+    assert "already READY" in again.stderr and "--overwrite" in again.stderr
+    resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=120,
+                             cwd=ROOT, env=env_without_tf_noise())
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"cache '{name}' READY: 41 elements in 2 shards" in resumed.stdout
+
+
+# --------------------------------------------------------------------------- crash recovery
+
+def test_a_daemon_killed_mid_materialization_resumes_and_builds_the_same_cache(
+        tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    daemon = materializing_daemon(gate)
+    try:
+        with CacheClient(daemon.unix_target) as cc:
+            op = cc.materialize("mat_pipelines:gated", name="crashed", num_shards=4, workers=2,
+                                wait=False)
+            cache_dir = daemon.data_dir / "caches" / "crashed"
+            wait_until(lambda: op.progress().shards_done == 2
+                       and (cache_dir / "shard-00002").is_dir()
+                       and (cache_dir / "shard-00003").is_dir(),
+                       what="two shards committed, two being written")
+            workers = workers_of(daemon.proc.pid)
+        daemon.kill()  # SIGKILL: nothing gets to clean up
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive, "workers must die with the daemon"
+        assert (cache_dir / "shard-00001.json").exists()
+        assert not (cache_dir / "shard-00002.json").exists()
+        assert (cache_dir / "shard-00002" / "data.mdb").exists()
+
+        gate.touch()
+        daemon.start()  # resumes on its own
+        with CacheClient(daemon.unix_target) as cc:
+            assert cc.info("crashed").state in ("WRITING", "READY")
+            op = cc.materialize("mat_pipelines:gated", name="crashed", num_shards=4,
+                                workers=2, wait=False, resume=True)
+            progress = op.wait(timeout=300)
+            assert (progress.state, progress.shards_resumed) == ("SUCCEEDED", 2)
+            assert "resuming materialization of cache 'crashed': 2 of 4" in daemon.log()
+            resumed = elements(cc.dataset("crashed"))
+            cc.materialize("mat_pipelines:gated", name="uninterrupted", num_shards=4,
+                           workers=2)
+            assert_same_elements(resumed, elements(cc.dataset("uninterrupted")))
+            assert_same_elements(resumed, expected_records(4))
+    finally:
+        daemon.close()
