@@ -18,8 +18,6 @@ Knows nothing of gRPC: the service layer translates.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import multiprocessing
 import os
@@ -29,12 +27,22 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cacheserver import errors, materialize_worker
-from cacheserver.catalog import MATERIALIZE_SPEC, CacheRecord, Catalog, ShardInfo, validate_name
+from cacheserver.catalog import MATERIALIZE_SPEC, Catalog, ShardInfo, validate_name
 from cacheserver.errors import CacheWriting, InvalidArgument, OperationNotFound
+from cacheserver.operation import (
+    Operation,
+    OperationError,
+    ShardProgress,
+    Snapshot,
+    Spec,
+    committed_shard,
+    describe,
+    graph_fingerprint,
+    leaves,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,146 +51,6 @@ MAX_WORKERS = 256
 #: Seconds stopped workers get to abort their shard before they are terminated.
 STOP_GRACE = 20.0
 _ENTRY_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-_CODES = {cls.reason: cls.code for cls in vars(errors).values()
-          if isinstance(cls, type) and issubclass(cls, errors.CacheServerError)}
-
-
-def operation_name(cache: str) -> str:
-    return f"materialize/{cache}"
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What a materialization runs; saved as materialize.json to resume it."""
-
-    entry_point: str
-    graph_def: bytes
-    element_spec: bytes
-    num_shards: int
-    workers: int
-    fingerprint: str
-
-    def to_json(self) -> str:
-        doc = asdict(self)
-        doc["graph_def"] = base64.b64encode(self.graph_def).decode()
-        doc["element_spec"] = base64.b64encode(self.element_spec).decode()
-        return json.dumps(doc)
-
-    @classmethod
-    def from_json(cls, text: str) -> Spec:
-        doc = json.loads(text)
-        doc["graph_def"] = base64.b64decode(doc["graph_def"])
-        doc["element_spec"] = base64.b64decode(doc["element_spec"])
-        return cls(**doc)
-
-    def same_source(self, other: Spec) -> bool:
-        return (self.entry_point, self.graph_def, self.num_shards, self.fingerprint) == (
-            other.entry_point, other.graph_def, other.num_shards, other.fingerprint)
-
-
-@dataclass(frozen=True)
-class OperationError:
-    reason: str
-    message: str
-    shard: int = -1
-
-    @property
-    def code(self) -> Any:
-        return _CODES.get(self.reason, errors.CacheServerError.code)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """An operation's progress at one moment."""
-
-    name: str
-    cache: str
-    state: str  # RUNNING | SUCCEEDED | FAILED | CANCELLED
-    done: bool
-    shards_total: int
-    shards_done: int
-    shards_resumed: int
-    elements: int
-    raw_bytes: int
-    stored_bytes: int
-    bytes_per_second: float
-    elements_per_second: float
-    eta_seconds: float
-    start_time: float
-    end_time: float
-    workers: int
-    shard_errors: tuple[OperationError, ...]
-    error: OperationError | None
-
-
-@dataclass
-class _Shard:
-    elements: int = 0
-    raw_bytes: int = 0
-    stored_bytes: int = 0
-    layout_json: str = ""
-    element_spec: bytes = b""
-
-
-@dataclass
-class Operation:
-    spec: Spec
-    record: CacheRecord
-    workers: int
-    committed: dict[int, _Shard] = field(default_factory=dict)
-    running: dict[int, _Shard] = field(default_factory=dict)
-    resumed: int = 0
-    resumed_shards: set[int] = field(default_factory=set)
-    state: str = "RUNNING"
-    done: bool = False
-    error: OperationError | None = None
-    shard_errors: list[OperationError] = field(default_factory=list)
-    reference: tuple[int, str, bytes] | None = None  # (shard, layout_json, element_spec)
-    start_time: float = field(default_factory=time.time)
-    end_time: float = 0.0
-    shutting_down: bool = False
-    version: int = 0
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    stop: Any = None  # a multiprocessing Event, set to stop the workers
-    thread: threading.Thread | None = None
-
-    @property
-    def name(self) -> str:
-        return operation_name(self.record.name)
-
-    def changed(self) -> None:
-        """Call with cond held: wakes watchers."""
-        self.version += 1
-        self.cond.notify_all()
-
-    def fail(self, error: OperationError, state: str = "FAILED") -> None:
-        """Call with cond held: the first failure wins; stops the workers."""
-        if self.state == "RUNNING":
-            self.state, self.error = state, error
-            if self.stop is not None:
-                self.stop.set()
-            self.changed()
-
-    def snapshot(self) -> Snapshot:
-        with self.cond:
-            shards = [*self.committed.values(), *self.running.values()]
-            fresh = [s for i, s in self.committed.items() if i not in self.resumed_shards]
-            fresh += list(self.running.values())
-            elapsed = max((self.end_time or time.time()) - self.start_time, 1e-6)
-            done_now = len(self.committed) - self.resumed
-            left = self.spec.num_shards - len(self.committed)
-            eta = -1.0 if done_now == 0 else elapsed * left / done_now
-            if self.done:
-                eta = 0.0
-            return Snapshot(
-                self.name, self.record.name, self.state, self.done, self.spec.num_shards,
-                len(self.committed), self.resumed, sum(s.elements for s in shards),
-                sum(s.raw_bytes for s in shards), sum(s.stored_bytes for s in shards),
-                sum(s.stored_bytes for s in fresh) / elapsed,
-                sum(s.elements for s in fresh) / elapsed, eta, self.start_time,
-                self.end_time, self.workers, tuple(self.shard_errors), self.error)
-
-
 class Materializer:
     """Runs materialization operations for one catalog."""
 
@@ -213,8 +81,8 @@ class Materializer:
                         "with --resume (resume=True) or cancel it")
                 if not op.spec.same_source(spec):
                     raise InvalidArgument(
-                        f"cannot resume {op.name}: it runs {_describe(op.spec)}, this request "
-                        f"asks for {_describe(spec)}; cancel it first to start over")
+                        f"cannot resume {op.name}: it runs {describe(op.spec)}, this request "
+                        f"asks for {describe(spec)}; cancel it first to start over")
                 return op.snapshot()
             if resume:
                 done = self._already_done(name, spec)
@@ -224,7 +92,7 @@ class Materializer:
                                                     overwrite)
             op = self._ops[name] = Operation(spec, record, self._workers(spec))
         self._launch(op)
-        log.info("materializing cache %r: %s over %d workers", name, _describe(spec),
+        log.info("materializing cache %r: %s over %d workers", name, describe(spec),
                  op.workers)
         return op.snapshot()
 
@@ -267,7 +135,7 @@ class Materializer:
                 continue
             op = Operation(spec, record, self._workers(spec))
             for index in range(spec.num_shards):
-                shard = _committed_shard(directory, index)
+                shard = committed_shard(directory, index)
                 if shard is not None:
                     op.committed[index] = shard
                     op.resumed_shards.add(index)
@@ -319,7 +187,7 @@ class Materializer:
             raise InvalidArgument(f"workers is {workers}; the limit is {MAX_WORKERS} (one "
                                   "process each; the default is the daemon's core count)")
         if not fingerprint:
-            fingerprint = f"entry:{entry_point}" if entry_point else _graph_fingerprint(graph_def)
+            fingerprint = f"entry:{entry_point}" if entry_point else graph_fingerprint(graph_def)
         return Spec(entry_point, graph_def, element_spec, num_shards, workers,
                     f"{fingerprint}/shards={num_shards}")
 
@@ -337,7 +205,7 @@ class Materializer:
         op = Operation(spec, record, 0, state="SUCCEEDED", done=True,
                        start_time=record.create_time, end_time=record.commit_time)
         for s in record.shards:
-            op.committed[s.index] = _Shard(s.num_elements, s.raw_bytes, s.stored_bytes)
+            op.committed[s.index] = ShardProgress(s.num_elements, s.raw_bytes, s.stored_bytes)
         op.resumed = len(op.committed)
         op.resumed_shards = set(op.committed)
         return op.snapshot()
@@ -466,7 +334,7 @@ class Materializer:
             if kind == "begin":
                 _, _, shard, layout_json, spec = msg
                 current[worker] = shard
-                op.running[shard] = _Shard()
+                op.running[shard] = ShardProgress()
                 if op.reference is None:
                     op.reference = (shard, layout_json, spec)
                 elif (layout_json, spec) != op.reference[1:]:
@@ -474,12 +342,12 @@ class Materializer:
                     op.fail(OperationError(
                         "INVALID_ARGUMENT",
                         f"shard {shard} yields elements of another spec than shard {ref[0]}: "
-                        f"{_leaves(layout_json)} vs {_leaves(ref[1])}; every shard must yield "
+                        f"{leaves(layout_json)} vs {leaves(ref[1])}; every shard must yield "
                         "the same element_spec", shard))
                 op.changed()
             elif kind == "progress":
                 _, _, shard, n, raw, stored = msg
-                s = op.running.setdefault(shard, _Shard())
+                s = op.running.setdefault(shard, ShardProgress())
                 s.elements += n
                 s.raw_bytes += raw
                 s.stored_bytes += stored
@@ -487,7 +355,7 @@ class Materializer:
                 _, _, shard, n, raw, stored = msg
                 op.running.pop(shard, None)
                 assert op.reference is not None
-                op.committed[shard] = _Shard(n, raw, stored, *op.reference[1:])
+                op.committed[shard] = ShardProgress(n, raw, stored, *op.reference[1:])
                 op.changed()
             elif kind == "error":
                 _, _, shard, reason, message = msg
@@ -500,31 +368,3 @@ class Materializer:
                 live.discard(worker)
 
 
-def _committed_shard(directory: Any, index: int) -> _Shard | None:
-    marker = materialize_worker.marker_path(directory, index)
-    if not marker.exists() or not materialize_worker.shard_path(directory, index).is_dir():
-        return None
-    try:
-        doc = json.loads(marker.read_text())
-        return _Shard(doc["num_elements"], doc["raw_bytes"], doc["stored_bytes"],
-                      doc["layout_json"], base64.b64decode(doc["element_spec"]))
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _graph_fingerprint(graph_def: bytes) -> str:
-    import hashlib
-
-    return f"graph:{hashlib.sha256(graph_def).hexdigest()[:16]}"
-
-
-def _describe(spec: Spec) -> str:
-    source = spec.entry_point or f"a dataset graph ({len(spec.graph_def):,} bytes)"
-    return f"{source} in {spec.num_shards} shards"
-
-
-def _leaves(layout_json: str) -> str:
-    try:
-        return json.dumps(json.loads(layout_json).get("leaves", layout_json))
-    except (ValueError, AttributeError):
-        return layout_json

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cacheserver.materializer import OperationError, Snapshot
+from cacheserver.operation import OperationError, Snapshot
 from cacheserver.v1 import cache_service_pb2 as pb
 
 _STATES = {

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from client import (  # noqa: E402
     CacheExistsError,
     CacheNotFoundError,
     CacheNotReadyError,
+    DiskFullError,
     InvalidArgumentError,
     OperationCancelledError,
     PipelineError,
@@ -138,7 +141,7 @@ def test_progress_is_watched_a_ready_cache_keeps_serving_and_cancel_stops_the_wo
     assert cancelled.state == "CANCELLED"
     with pytest.raises(OperationCancelledError, match="cancelled"):
         op.wait(timeout=120)
-    gone, alive = psutil.wait_procs(workers, timeout=60)
+    _, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, "cancelled workers must exit"
     with pytest.raises(CacheNotFoundError):
         mc.info(name)
@@ -182,7 +185,7 @@ def test_a_shard_count_below_one_or_absurdly_large_is_refused(
 
 def test_an_entry_point_not_of_the_module_function_form_is_refused(
         mc: CacheClient, name: str) -> None:
-    with pytest.raises(InvalidArgumentError, match="'package.module:function'"):
+    with pytest.raises(InvalidArgumentError, match=r"'package\.module:function'"):
         mc.materialize("mat_pipelines.records", name=name, num_shards=1)
 
 
@@ -255,5 +258,41 @@ def test_a_daemon_killed_mid_materialization_resumes_and_builds_the_same_cache(
                            workers=2)
             assert_same_elements(resumed, elements(cc.dataset("uninterrupted")))
             assert_same_elements(resumed, expected_records(4))
+    finally:
+        daemon.close()
+
+
+# --------------------------------------------------------------------------- full disk
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A real 24 MiB tmpfs (as tests/integration/test_disk_full.py mounts it)."""
+    mount = Path(tempfile.mkdtemp(prefix="sc-tmpfs-", dir="/tmp"))
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        shutil.rmtree(mount, ignore_errors=True)
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        shutil.rmtree(mount, ignore_errors=True)
+
+
+def test_a_full_disk_fails_the_operation_releases_its_space_and_keeps_other_caches(
+        small_disk: Path, tmp_path: Path) -> None:
+    daemon = materializing_daemon(tmp_path / "gate", data_dir=small_disk / "data")
+    try:
+        with CacheClient(daemon.unix_target) as cc:
+            cc.materialize("mat_pipelines:records", name="small", num_shards=1, workers=1)
+            free_before = shutil.disk_usage(small_disk).free
+            with pytest.raises(DiskFullError, match=r"shard \d: disk full under .*free space"):
+                cc.materialize("mat_pipelines:big", name="big", num_shards=4, workers=2)
+            assert [c.name for c in cc.list()] == ["small"]
+            assert shutil.disk_usage(small_disk).free >= free_before - (1 << 20), \
+                "the failed shards' space must be released"
+            assert_same_elements(elements(cc.dataset("small")), expected_records(1))
+        assert "DISK_FULL" in daemon.log() or "disk full" in daemon.log()
     finally:
         daemon.close()

@@ -21,7 +21,8 @@ def records(shard: int, num_shards: int) -> tf.data.Dataset:
     """Shard s holds 20 + s elements: an id, a variable-length vector and a string."""
     first = shard * 1000
     ids = tf.data.Dataset.range(first, first + 20 + shard)
-    return ids.map(lambda i: {"id": i, "vec": tf.fill([tf.cast(i % 7, tf.int32)], tf.cast(i, tf.float32)),
+    return ids.map(lambda i: {"id": i,
+                              "vec": tf.fill([tf.cast(i % 7, tf.int32)], tf.cast(i, tf.float32)),
                               "tag": tf.strings.as_string(i * 3)})
 
 
