@@ -6,9 +6,11 @@ On disk, under ``<data-dir>/caches/<name>/``::
     shard-00000/          one LMDB environment per shard
     shard-00000.json      the shard's commit marker, written after the shard is fsynced
     manifest.json         written last, atomically: the cache is READY
+    materialize.json      while the daemon materializes the cache itself (what runs)
 
 A cache without manifest.json after a restart was interrupted mid-write; its
-writer is gone (the lease is the write stream), so startup discards it.
+writer is gone (the lease is the write stream), so startup discards it, unless
+it holds materialize.json: then it stays WRITING and the materializer resumes it.
 Deleting renames the directory into ``<data-dir>/trash/`` first, so a
 half-finished delete never looks like a cache.
 
