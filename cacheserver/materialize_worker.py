@@ -187,6 +187,9 @@ def _classify(exc: BaseException, shard: int) -> tuple[str, str]:
 def run(job: Job, worker: int, tasks: Any, results: Any, stop: Any) -> None:
     """The worker's main: take shard indices from tasks until None or stop."""
     _die_with_parent(job.parent_pid)
+    # Ctrl-C in the daemon's terminal reaches the whole process group: the daemon
+    # decides when workers stop (a shutdown keeps committed shards for resuming).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:0] = list(job.pythonpath)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

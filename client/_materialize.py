@@ -18,6 +18,7 @@ import grpc
 
 from client._transport import Transport, pb
 from client.errors import (
+    _BY_CODE,
     _BY_REASON,
     InvalidArgumentError,
     ShardcacheError,
@@ -27,6 +28,7 @@ from client.errors import (
 log = logging.getLogger("client")
 _STATES = {pb.OPERATION_STATE_RUNNING: "RUNNING", pb.OPERATION_STATE_SUCCEEDED: "SUCCEEDED",
            pb.OPERATION_STATE_FAILED: "FAILED", pb.OPERATION_STATE_CANCELLED: "CANCELLED"}
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 #: Seconds between progress lines when stderr is not a terminal.
 LOG_EVERY = 10.0
 
@@ -83,7 +85,8 @@ def _duration(seconds: float) -> str:
 def operation_error(op: pb.Operation) -> ShardcacheError:
     """The client exception for a failed or cancelled operation."""
     err = op.error
-    cls = _BY_REASON.get(err.reason, ShardcacheError)
+    code = _CODES.get(err.code, grpc.StatusCode.UNKNOWN)
+    cls = _BY_REASON.get(err.reason) or _BY_CODE.get(code, ShardcacheError)
     return cls(err.message or f"{op.name} {_STATES.get(op.state, 'failed')}")
 
 
