@@ -8,6 +8,7 @@ a tqdm bar on a terminal, else a log line every few seconds.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -90,6 +91,19 @@ def operation_error(op: pb.Operation) -> ShardcacheError:
     return cls(err.message or f"{op.name} {_STATES.get(op.state, 'failed')}")
 
 
+def _terminal_size() -> tuple[int, int]:
+    """(columns, lines) of stderr's terminal; a pty nobody sized reports 0x0: then 100x24.
+
+    tqdm hides a bar that falls below the terminal's last line, so 0 lines
+    would hide it.
+    """
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return 100, 24
+    return size.columns or 100, size.lines or 24
+
+
 class ProgressDisplay:
     """A tqdm bar over shards when stderr is a terminal; else periodic log lines."""
 
@@ -107,8 +121,9 @@ class ProgressDisplay:
             if self._bar is None:
                 from tqdm import tqdm
 
+                columns, lines = _terminal_size()
                 self._bar = tqdm(total=p.shards_total, unit="shard", file=sys.stderr,
-                                 desc=p.cache, dynamic_ncols=True)
+                                 desc=p.cache, ncols=columns, nrows=lines)
             self._bar.n = p.shards_done
             self._bar.set_postfix_str(p.line().split("shards  ", 1)[-1], refresh=True)
             return

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -219,6 +224,48 @@ def test_the_cli_materializes_with_progress_lines_when_not_on_a_terminal(
                              cwd=ROOT, env=env_without_tf_noise())
     assert resumed.returncode == 0, resumed.stderr
     assert f"cache '{name}' READY: 41 elements in 2 shards" in resumed.stdout
+
+
+def test_on_a_terminal_the_cli_draws_a_progress_bar_and_no_wait_returns_the_operation(
+        mdaemon: Daemon, mc: CacheClient, name: str) -> None:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+    cmd = [sys.executable, "-m", "cacheserver", "materialize", "mat_pipelines:records",
+           "--name", name, "--shards", "2", "--workers", "2", "--target", mdaemon.unix_target]
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's last writer closed it
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300,
+                             cwd=ROOT, env=env_without_tf_noise())
+    finally:
+        os.close(slave)
+        reader.join(30)
+        os.close(master)
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert run.returncode == 0, terminal
+    assert f"{name}: 100%" in terminal and "2/2" in terminal and "41 elements" in terminal
+    assert "materialize/" not in terminal, "no log lines on a terminal, only the bar"
+
+    other = f"{name}-nowait"
+    started = subprocess.run([*cmd[:6], other, *cmd[7:], "--no-wait"], capture_output=True,
+                             text=True, timeout=120, cwd=ROOT, env=env_without_tf_noise())
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == f"materialize/{other}"
+    progress = mc.materialize("mat_pipelines:records", name=other, num_shards=2,
+                              wait=False, resume=True).wait(timeout=300)
+    assert (progress.state, progress.elements) == ("SUCCEEDED", 41)
 
 
 # --------------------------------------------------------------------------- crash recovery
