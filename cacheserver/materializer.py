@@ -58,7 +58,7 @@ class Materializer:
                  default_workers: int | None = None) -> None:
         self.catalog = catalog
         self.pythonpath = tuple(str(p) for p in pythonpath)
-        self.default_workers = default_workers or os.cpu_count() or 1
+        self.default_workers = default_workers or len(os.sched_getaffinity(0)) or 1
         self._lock = threading.Lock()
         self._ops: dict[str, Operation] = {}
 
