@@ -144,7 +144,6 @@ class Materializer:
                 else:
                     shutil.rmtree(materialize_worker.shard_path(directory, index),
                                   ignore_errors=True)
-            op.resumed = len(op.committed)
             with self._lock:
                 self._ops[record.name] = op
             log.info("resuming materialization of cache %r: %d of %d shards were committed",
@@ -206,7 +205,6 @@ class Materializer:
                        start_time=record.create_time, end_time=record.commit_time)
         for s in record.shards:
             op.committed[s.index] = ShardProgress(s.num_elements, s.raw_bytes, s.stored_bytes)
-        op.resumed = len(op.committed)
         op.resumed_shards = set(op.committed)
         return op.snapshot()
 

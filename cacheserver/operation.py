@@ -107,7 +107,7 @@ class Operation:
     workers: int
     committed: dict[int, ShardProgress] = field(default_factory=dict)
     running: dict[int, ShardProgress] = field(default_factory=dict)
-    resumed: int = 0
+    #: Shards kept from an interrupted run (committed before this run started).
     resumed_shards: set[int] = field(default_factory=set)
     state: str = "RUNNING"
     done: bool = False
@@ -125,6 +125,10 @@ class Operation:
     @property
     def name(self) -> str:
         return operation_name(self.record.name)
+
+    @property
+    def resumed(self) -> int:
+        return len(self.resumed_shards)
 
     def changed(self) -> None:
         """Call with cond held: wakes watchers."""
@@ -159,7 +163,6 @@ class Operation:
                 self.end_time, self.workers, tuple(self.shard_errors), self.error)
 
 
-
 def committed_shard(directory: Path, index: int) -> ShardProgress | None:
     marker = materialize_worker.marker_path(directory, index)
     if not marker.exists() or not materialize_worker.shard_path(directory, index).is_dir():
@@ -167,7 +170,7 @@ def committed_shard(directory: Path, index: int) -> ShardProgress | None:
     try:
         doc = json.loads(marker.read_text())
         return ShardProgress(doc["num_elements"], doc["raw_bytes"], doc["stored_bytes"],
-                      doc["layout_json"], base64.b64decode(doc["element_spec"]))
+                             doc["layout_json"], base64.b64decode(doc["element_spec"]))
     except (OSError, ValueError, KeyError):
         return None
 
