@@ -47,6 +47,10 @@ def materialize(entry: str, name: str, shards: int, workers: int | None, target:
             progress = op.wait(show_progress=True, emit=lambda line: click.echo(line, err=True))
         except ShardcacheError as exc:
             raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt:
+            click.echo(f"\nstopped watching; {op.name} goes on in the daemon (watch it again "
+                       "with --resume)", err=True)
+            raise SystemExit(130) from None
     resumed = f", {progress.shards_resumed} kept from an interrupted run" \
         if progress.shards_resumed else ""
     click.echo(f"cache {name!r} READY: {progress.elements:,} elements in "

@@ -309,6 +309,31 @@ def test_a_daemon_killed_mid_materialization_resumes_and_builds_the_same_cache(
         daemon.close()
 
 
+def test_a_sigterm_stops_the_workers_keeps_committed_shards_and_the_restart_resumes(
+        tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    daemon = materializing_daemon(gate)
+    try:
+        with CacheClient(daemon.unix_target) as cc:
+            op = cc.materialize("mat_pipelines:gated", name="stopped", num_shards=4, workers=2,
+                                wait=False)
+            wait_until(lambda: op.progress().shards_done == 2, what="two shards committed")
+            workers = workers_of(daemon.proc.pid)
+        assert daemon.terminate() == 0
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive
+        assert "the daemon shut down during materialize/stopped" in daemon.log()
+        gate.touch()
+        daemon.start()
+        with CacheClient(daemon.unix_target) as cc:
+            progress = cc.materialize("mat_pipelines:gated", name="stopped", num_shards=4,
+                                      workers=2, wait=False, resume=True).wait(timeout=300)
+            assert (progress.state, progress.shards_resumed) == ("SUCCEEDED", 2)
+            assert_same_elements(elements(cc.dataset("stopped")), expected_records(4))
+    finally:
+        daemon.close()
+
+
 # --------------------------------------------------------------------------- full disk
 
 @pytest.fixture
