@@ -48,8 +48,8 @@ def materialize(entry: str, name: str, shards: int, workers: int | None, target:
         except ShardcacheError as exc:
             raise click.ClickException(str(exc)) from exc
         except KeyboardInterrupt:
-            click.echo(f"\nstopped watching; {op.name} goes on in the daemon (watch it again "
-                       "with --resume)", err=True)
+            click.echo(f"\nstopped watching; materialize/{name} goes on in the daemon (watch it "
+                       "again with --resume)", err=True)
             raise SystemExit(130) from None
     resumed = f", {progress.shards_resumed} kept from an interrupted run" \
         if progress.shards_resumed else ""
