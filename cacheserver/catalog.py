@@ -7,9 +7,11 @@ On disk, under ``<data-dir>/caches/<name>/``::
     shard-00000.json      the shard's commit marker, written after the shard is fsynced
     manifest.json         written last, atomically: the cache is READY
     retention.json        pin, TTL, last read, hits: what changes later (retention.py)
+    materialize.json      while the daemon materializes the cache itself (what runs)
 
 A cache without manifest.json after a restart was interrupted mid-write; its
-writer is gone (the lease is the write stream), so startup discards it.
+writer is gone (the lease is the write stream), so startup discards it, unless
+it holds materialize.json: then it stays WRITING and the materializer resumes it.
 Deleting renames the directory into ``<data-dir>/trash/`` first, so a
 half-finished delete never looks like a cache.
 
@@ -36,6 +38,7 @@ from pathlib import Path
 from cacheserver import metrics
 from cacheserver.capacity import Capacity, expired_names, pick_victim, retained_summary
 from cacheserver.errors import (
+    CacheExists,
     CacheNotFound,
     CacheWriting,
     FingerprintMismatch,
@@ -206,6 +209,8 @@ class Catalog:
         self._lock = threading.RLock()
         self._caches: dict[str, CacheRecord] = {}
         self.readers = ReaderPool()
+        #: Materializations a crash interrupted: kept WRITING for the materializer to resume.
+        self.interrupted: list[CacheRecord] = []
         self._recover_and_report()
 
     def _recover(self) -> None:
@@ -215,6 +220,8 @@ class Catalog:
             manifest = d / "manifest.json"
             if manifest.exists():
                 self._caches[d.name] = CacheRecord.from_json(manifest.read_text())
+            elif self._keep_materialization(d):
+                continue
             else:
                 log.warning("discarding cache %r: its write was interrupted", d.name)
                 self._remove_dir(d)
@@ -412,3 +419,81 @@ class Catalog:
         chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
         return self.readers.read_chunks(self.shard_path(record, shard), start,
                                         info.num_elements, chunk)
+
+    # ------------------------------------------------------------ materializing
+    # A materialized cache's directory also holds materialize.json (what runs);
+    # worker processes write its shards and their markers (cacheserver/materializer.py).
+
+    def _keep_materialization(self, d: Path) -> bool:
+        """Startup: keep a cache whose materialization was interrupted, WRITING."""
+        if not (d / MATERIALIZE_SPEC).exists() or not (d / "writing.json").exists():
+            return False
+        try:
+            record = CacheRecord.from_json((d / "writing.json").read_text())
+        except (OSError, ValueError, TypeError, KeyError):
+            return False
+        self._caches[d.name] = record
+        self.interrupted.append(record)
+        log.info("cache %r: materialization was interrupted; it will resume", d.name)
+        return True
+
+    def cache_dir(self, name: str) -> Path:
+        return self._caches_dir / name
+
+    def begin_materialize(self, name: str, fingerprint: str, spec_json: str,
+                          overwrite: bool) -> CacheRecord:
+        """Register name as WRITING, with spec_json saved for resuming after a crash."""
+        validate_name(name)
+        trashed = None
+        with self._lock:
+            existing = self._caches.get(name)
+            if existing is not None:
+                if existing.state != "READY":
+                    raise CacheWriting(f"cache {name!r} is being written; wait until its "
+                                       "writer finishes, or attach with --resume")
+                if not overwrite:
+                    raise CacheExists(f"cache {name!r} is already READY ({existing.num_elements}"
+                                      " elements); pass --overwrite (overwrite=True) to "
+                                      "rebuild it, or choose another name")
+                del self._caches[name]
+                trashed = self._to_trash(self._caches_dir / name)
+            directory = self._caches_dir / name
+            if directory.exists():
+                self._remove_dir(directory)
+            directory.mkdir()
+            record = CacheRecord(name, fingerprint, "", b"", "WRITING", time.time())
+            try:
+                _write_atomic(directory / MATERIALIZE_SPEC, spec_json)
+                _write_atomic(directory / "writing.json", record.to_json())
+            except Exception:
+                self._remove_dir(directory)
+                raise
+            self._caches[name] = record
+        if trashed is not None:
+            self._remove_later(trashed)
+        return record
+
+    def commit_materialized(self, record: CacheRecord) -> CacheRecord:
+        """Write the manifest of a materialized cache: it becomes READY."""
+        directory = self._caches_dir / record.name
+        record.state = "READY"
+        record.commit_time = time.time()
+        record.disk_bytes = _du(directory)
+        _write_atomic(directory / "manifest.json", record.to_json())
+        (directory / "writing.json").unlink(missing_ok=True)
+        (directory / MATERIALIZE_SPEC).unlink(missing_ok=True)
+        self.capacity.release(record.name)  # its files now count as disk_bytes
+        return record
+
+    def discard_materialized(self, record: CacheRecord) -> None:
+        """Drop a failed or cancelled materialization and every file it wrote."""
+        self.capacity.release(record.name)
+        with self._lock:
+            if self._caches.get(record.name) is not record:
+                return
+            del self._caches[record.name]
+            trashed = self._to_trash(self._caches_dir / record.name)
+        self._remove_later(trashed)
+
+
+MATERIALIZE_SPEC = "materialize.json"

@@ -1,4 +1,4 @@
-"""The ``cacheserver`` command line: serve, ls, info, rm, pin, unpin, ttl, demo."""
+"""The ``cacheserver`` command line: serve, ls, info, rm, pin, unpin, ttl, demo, materialize."""
 
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ def serve(config_file: Path | None, **flags: object) -> None:
     _setup_logging(values.pop("log_level"), values.pop("log_format"))
     values["listen"] = list(values["listen"])
     values["grace_seconds"] = values.pop("grace")
+    values["pythonpath"] = [Path(p).resolve() for p in values["pythonpath"]]
     try:
         server = CacheServer(ServerConfig(**values))
     except (ListenError, DataDirError, SecurityConfigError, MetricsListenError,
@@ -205,3 +206,8 @@ def ttl(name: str, seconds: float, target: str | None) -> None:
     with _client(target) as cc:
         _run(lambda: cc.set_ttl(name, seconds or None))
     click.echo(f"{name}: ttl {seconds:g}s" if seconds else f"{name}: no ttl")
+
+
+from cacheserver.materialize_cli import materialize  # noqa: E402 - registered last
+
+main.add_command(materialize)

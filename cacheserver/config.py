@@ -131,6 +131,10 @@ SETTINGS: tuple[Setting, ...] = (
             "count as one)."),
     Setting("max_workers", click.IntRange(min=4), 64,
             "Threads serving calls (bounds concurrent streams daemon-wide)."),
+    Setting("pythonpath", click.Path(exists=True, file_okay=False, path_type=Path), (),
+            "Directory materialization workers import entry points from (before the "
+            "daemon's PYTHONPATH); repeat for several (environment: comma-separated; TOML: a "
+            "list).", multiple=True),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -223,9 +227,9 @@ def markdown_table() -> str:
             default = "(required)"
         elif isinstance(s.type, OctalMode):
             default = f"`0{s.default:o}`"
-        elif s.multiple:
+        elif s.multiple and s.default:
             default = "`" + ", ".join(s.default) + "`"
-        elif s.default in (None, ""):
+        elif s.default in (None, "", ()):
             default = "(none)"
         else:
             default = f"`{s.default}`"

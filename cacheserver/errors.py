@@ -80,3 +80,27 @@ class Unauthenticated(CacheServerError):
 
     code = grpc.StatusCode.UNAUTHENTICATED
     reason = "UNAUTHENTICATED"
+
+
+class CacheExists(CacheServerError):
+    """A READY cache already has that name (materialize needs overwrite)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "CACHE_EXISTS"
+
+
+class OperationNotFound(CacheServerError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "OPERATION_NOT_FOUND"
+
+
+class PipelineFailed(CacheServerError):
+    """The user's pipeline raised while the daemon ran it; the message is its own."""
+
+    code = grpc.StatusCode.UNKNOWN
+    reason = "PIPELINE_FAILED"
+
+
+class OperationCancelled(CacheServerError):
+    code = grpc.StatusCode.CANCELLED
+    reason = "OPERATION_CANCELLED"

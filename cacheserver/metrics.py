@@ -46,11 +46,23 @@ DISK_BYTES = Gauge("shardcache_disk_bytes",
                    "in progress).", unit="bytes", registry=REGISTRY)
 CAPACITY_BYTES = Gauge("shardcache_capacity_bytes", "--max-bytes (0: no limit).",
                        unit="bytes", registry=REGISTRY)
+MATERIALIZED_ELEMENTS = Counter("shardcache_materialized_elements",
+                                "Elements stored by materialization workers.", registry=REGISTRY)
+MATERIALIZED_BYTES = Counter("shardcache_materialized_bytes",
+                             "Record bytes stored by materialization workers.", unit="bytes",
+                             registry=REGISTRY)
+MATERIALIZED_SHARDS = Counter("shardcache_materialized_shards",
+                              "Shards committed by materialization workers.", registry=REGISTRY)
+MATERIALIZATIONS = Counter("shardcache_materializations",
+                           "Materialization operations that ended, by final state.",
+                           ["state"], registry=REGISTRY)
 
 for _kind in ("read", "write"):
     ACTIVE_STREAMS.labels(_kind)
 for _reason in ("capacity", "ttl"):
     EVICTIONS.labels(_reason)
+for _state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+    MATERIALIZATIONS.labels(_state)
 
 
 def watch_disk(in_use: Callable[[], int], max_bytes: int) -> None:

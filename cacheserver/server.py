@@ -21,6 +21,7 @@ from cacheserver.capacity import Capacity, TtlSweeper
 from cacheserver.catalog import Catalog
 from cacheserver.config import DEFAULT_LISTEN
 from cacheserver.interceptors import ServerInterceptor
+from cacheserver.materializer import Materializer
 from cacheserver.recovery import DataDirLock
 from cacheserver.security import load_tls, load_token, warn_if_exposed
 from cacheserver.service import CacheService
@@ -78,6 +79,8 @@ class ServerConfig:
     socket_mode: int = 0o660
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_streams_per_client: int = 64
+    #: Directories materialization workers import entry points from (--pythonpath).
+    pythonpath: list[Path] = field(default_factory=list)
 
 
 def normalize_listen(address: str) -> str:
@@ -115,7 +118,8 @@ class CacheServer:
         self.catalog = Catalog(config.data_dir, capacity)
         metrics.watch_disk(capacity.in_use, config.max_bytes)
         self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
-        self.service = CacheService(self.catalog)
+        self.materializer = Materializer(self.catalog, tuple(map(str, config.pythonpath)))
+        self.service = CacheService(self.catalog, self.materializer)
         self.health = health.HealthServicer()
         options = [
             ("grpc.max_send_message_length", config.max_message_bytes),
@@ -162,6 +166,7 @@ class CacheServer:
     def start(self) -> None:
         self._server.start()
         self._sweeper.start()
+        self.materializer.resume_interrupted()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %d caches from %s on %s%s", len(self.catalog.list()),
@@ -183,6 +188,7 @@ class CacheServer:
             time.sleep(self.config.shutdown_delay)
         log.info("draining in-flight streams (up to %.0fs)", grace)
         self.service.drain()
+        self.materializer.shutdown()
         self._server.stop(grace).wait()
         if not self._calls.wait_idle(5.0):
             log.warning("some cancelled calls were still unwinding 5s after the drain")

@@ -17,6 +17,8 @@ import grpc
 from cacheserver import metrics
 from cacheserver.catalog import CacheRecord, Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
+from cacheserver.materializer import Materializer
+from cacheserver.operation_wire import operation_to_proto
 from cacheserver.retention import Retention
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
@@ -92,8 +94,9 @@ def _translating(method: F) -> F:
 class CacheService(pb_grpc.CacheServiceServicer):
     """Serves one catalog. Tracks open streams so shutdown can drain them."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, materializer: Materializer | None = None) -> None:
         self.catalog = catalog
+        self.materializer = materializer or Materializer(catalog)
         self._draining = threading.Event()
 
     def drain(self) -> None:
@@ -188,3 +191,35 @@ class CacheService(pb_grpc.CacheServiceServicer):
         record = self.catalog.set_retention(request.name, pinned, ttl)
         log.info("cache %r: pinned=%s ttl_seconds=%s", request.name, pinned, ttl)
         return pb.SetCacheRetentionResponse(cache=self._proto(record))
+
+    # ------------------------------------------------------------ materialization
+
+    @_translating
+    def StartMaterialize(self, request: pb.StartMaterializeRequest,
+                         context: grpc.ServicerContext) -> pb.StartMaterializeResponse:
+        if self._draining.is_set():
+            raise ShuttingDown("the daemon is shutting down; retry against its replacement")
+        snap = self.materializer.start(
+            request.name, entry_point=request.entry_point, graph_def=request.graph_def,
+            element_spec=request.element_spec, num_shards=request.num_shards,
+            workers=request.workers, overwrite=request.overwrite, resume=request.resume,
+            fingerprint=request.fingerprint)
+        return pb.StartMaterializeResponse(operation=operation_to_proto(snap))
+
+    @_translating
+    def GetOperation(self, request: pb.GetOperationRequest,
+                     context: grpc.ServicerContext) -> pb.GetOperationResponse:
+        return pb.GetOperationResponse(
+            operation=operation_to_proto(self.materializer.get(request.name)))
+
+    @_translating
+    def WatchOperation(self, request: pb.WatchOperationRequest,
+                       context: grpc.ServicerContext) -> Iterator[pb.WatchOperationResponse]:
+        for snap in self.materializer.watch(request.name, request.interval, context.is_active):
+            yield pb.WatchOperationResponse(operation=operation_to_proto(snap))
+
+    @_translating
+    def CancelOperation(self, request: pb.CancelOperationRequest,
+                        context: grpc.ServicerContext) -> pb.CancelOperationResponse:
+        return pb.CancelOperationResponse(
+            operation=operation_to_proto(self.materializer.cancel(request.name)))

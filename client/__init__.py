@@ -8,7 +8,9 @@ Importing this package does not import TensorFlow; it loads on first use.
 """
 
 from client._client import CacheClient, CacheInfo
+from client._materialize import MaterializeOperation, Progress
 from client.errors import (
+    CacheExistsError,
     CacheNotFoundError,
     CacheNotReadyError,
     CapacityExceededError,
@@ -17,6 +19,9 @@ from client.errors import (
     FingerprintMismatchError,
     InternalError,
     InvalidArgumentError,
+    OperationCancelledError,
+    OperationNotFoundError,
+    PipelineError,
     ServerUnavailableError,
     ShardcacheError,
     TooManyStreamsError,
@@ -25,6 +30,7 @@ from client.errors import (
 
 __all__ = [
     "CacheClient",
+    "CacheExistsError",
     "CacheInfo",
     "CacheNotFoundError",
     "CacheNotReadyError",
@@ -34,6 +40,11 @@ __all__ = [
     "FingerprintMismatchError",
     "InternalError",
     "InvalidArgumentError",
+    "MaterializeOperation",
+    "OperationCancelledError",
+    "OperationNotFoundError",
+    "PipelineError",
+    "Progress",
     "ServerUnavailableError",
     "ShardcacheError",
     "TooManyStreamsError",

@@ -29,6 +29,7 @@ from client.errors import (
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from client._materialize import MaterializeOperation
     from client._tf import WireFormat
 
 log = logging.getLogger("client")
@@ -218,6 +219,29 @@ class CacheClient:
                               element_spec=_tf.encode_spec(spec))
         return wire.dataset(lambda: self._cache_epoch(dataset, wire, begin, prefetch_bytes),
                             cardinality)
+
+    def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
+                    workers: int | None = None, overwrite: bool = False, wait: bool = True,
+                    resume: bool = False) -> CacheInfo | MaterializeOperation:
+        """Have the daemon run a pipeline itself and store it as cache name.
+
+        source is an entry point "package.module:fn", with fn(shard_index,
+        num_shards) -> tf.data.Dataset importable on the daemon's host, or a
+        tf.data.Dataset built from TF ops only (its graph is shipped and
+        sharded with .shard(num_shards, i)). Shards run in workers processes
+        (None: the daemon's core count). With wait (default) blocks, showing
+        progress on a terminal, and returns the READY cache's CacheInfo;
+        otherwise returns a MaterializeOperation (progress(), wait(), cancel()).
+        resume attaches to a running or interrupted materialization of name.
+        """
+        from client import _materialize
+
+        op = _materialize.start(self._transport, source, name=name, num_shards=num_shards,
+                                workers=workers, overwrite=overwrite, resume=resume)
+        if not wait:
+            return op
+        op.wait(show_progress=True)
+        return self.info(name)
 
     # ------------------------------------------------------------------ epochs
 

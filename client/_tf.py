@@ -13,6 +13,7 @@ creates them.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -344,3 +345,38 @@ def cardinality_of(dataset: tf.data.Dataset) -> int:
 
 
 INFINITE = int(tf.data.INFINITE_CARDINALITY)
+
+
+_POLICY_FAIL = 2  # ExternalStatePolicy: refuse stateful functions (py_function, generators)
+
+
+def serialize_dataset(dataset: tf.data.Dataset) -> tuple[bytes, bytes]:
+    """(GraphDef bytes, element_spec bytes) of a pipeline built from TF ops only.
+
+    Serialized the way tf.data service ships datasets to its workers; a
+    pipeline holding Python code (py_function, from_generator, numpy_function)
+    cannot be, and gets an InvalidArgumentError saying what to do instead.
+    """
+    try:
+        graph = tf.raw_ops.DatasetToGraphV2(
+            input_dataset=dataset._variant_tensor, external_state_policy=_POLICY_FAIL,
+            strip_device_assignment=True).numpy()
+    except tf.errors.OpError as exc:
+        detail = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", exc.message)
+        raise InvalidArgumentError(
+            f"this dataset cannot be shipped to the daemon ({detail}): it runs Python "
+            "code (py_function, from_generator, numpy_function). Materialize it through an "
+            "entry point instead (cc.materialize('package.module:fn', ...) with "
+            "fn(shard_index, num_shards) -> tf.data.Dataset, importable on the daemon's host), "
+            "or cache it by write-through with cc.cache(ds, name=...)") from exc
+    return graph, encode_spec(dataset.element_spec)
+
+
+def dataset_from_graph(graph: bytes, element_spec: bytes) -> tf.data.Dataset:
+    """Rebuild a dataset serialize_dataset() produced (tf.data service style)."""
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=graph)
+    return dataset_ops._VariantDataset(variant, decode_spec(element_spec))
+
+
+def is_dataset(value: Any) -> bool:
+    return isinstance(value, tf.data.Dataset)

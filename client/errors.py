@@ -132,3 +132,41 @@ class UnauthenticatedError(ShardcacheError):
 _BY_REASON.update({cls.reason: cls for cls in (
     CapacityExceededError, TooManyStreamsError, UnauthenticatedError)})
 _BY_CODE[grpc.StatusCode.UNAUTHENTICATED] = UnauthenticatedError
+
+
+class CacheExistsError(ShardcacheError):
+    """A READY cache already has that name; pass overwrite=True to replace it."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "CACHE_EXISTS"
+
+
+class OperationNotFoundError(ShardcacheError, KeyError):
+    """No operation of that name is known to the daemon."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "OPERATION_NOT_FOUND"
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PipelineError(ShardcacheError):
+    """The pipeline raised while the daemon materialized it; the message is its own."""
+
+    code = grpc.StatusCode.UNKNOWN
+    reason = "PIPELINE_FAILED"
+
+
+class OperationCancelledError(ShardcacheError):
+    """The operation was cancelled before it finished."""
+
+    code = grpc.StatusCode.CANCELLED
+    reason = "OPERATION_CANCELLED"
+
+
+_MATERIALIZE_ERRORS: tuple[type[ShardcacheError], ...] = (
+    CacheExistsError, OperationNotFoundError, PipelineError, OperationCancelledError)
+_BY_REASON.update({cls.reason: cls for cls in _MATERIALIZE_ERRORS})  # type: ignore[misc]
+_BY_CODE[grpc.StatusCode.ALREADY_EXISTS] = CacheExistsError
+_BY_CODE[grpc.StatusCode.CANCELLED] = OperationCancelledError

@@ -19,6 +19,14 @@ class WriteDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WRITE_DECISION_ACCEPTED: _ClassVar[WriteDecision]
     WRITE_DECISION_ALREADY_READY: _ClassVar[WriteDecision]
     WRITE_DECISION_BUSY: _ClassVar[WriteDecision]
+
+class OperationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPERATION_STATE_UNSPECIFIED: _ClassVar[OperationState]
+    OPERATION_STATE_RUNNING: _ClassVar[OperationState]
+    OPERATION_STATE_SUCCEEDED: _ClassVar[OperationState]
+    OPERATION_STATE_FAILED: _ClassVar[OperationState]
+    OPERATION_STATE_CANCELLED: _ClassVar[OperationState]
 CACHE_STATE_UNSPECIFIED: CacheState
 CACHE_STATE_WRITING: CacheState
 CACHE_STATE_READY: CacheState
@@ -26,6 +34,11 @@ WRITE_DECISION_UNSPECIFIED: WriteDecision
 WRITE_DECISION_ACCEPTED: WriteDecision
 WRITE_DECISION_ALREADY_READY: WriteDecision
 WRITE_DECISION_BUSY: WriteDecision
+OPERATION_STATE_UNSPECIFIED: OperationState
+OPERATION_STATE_RUNNING: OperationState
+OPERATION_STATE_SUCCEEDED: OperationState
+OPERATION_STATE_FAILED: OperationState
+OPERATION_STATE_CANCELLED: OperationState
 
 class Shard(_message.Message):
     __slots__ = ("index", "first_element", "num_elements", "stored_bytes", "raw_bytes")
@@ -204,3 +217,121 @@ class SetCacheRetentionResponse(_message.Message):
     CACHE_FIELD_NUMBER: _ClassVar[int]
     cache: Cache
     def __init__(self, cache: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
+
+class StartMaterializeRequest(_message.Message):
+    __slots__ = ("name", "entry_point", "graph_def", "element_spec", "num_shards", "workers", "overwrite", "resume", "fingerprint")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_POINT_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_DEF_FIELD_NUMBER: _ClassVar[int]
+    ELEMENT_SPEC_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    entry_point: str
+    graph_def: bytes
+    element_spec: bytes
+    num_shards: int
+    workers: int
+    overwrite: bool
+    resume: bool
+    fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., entry_point: _Optional[str] = ..., graph_def: _Optional[bytes] = ..., element_spec: _Optional[bytes] = ..., num_shards: _Optional[int] = ..., workers: _Optional[int] = ..., overwrite: bool = ..., resume: bool = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class OperationError(_message.Message):
+    __slots__ = ("code", "reason", "message", "shard")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    reason: str
+    message: str
+    shard: int
+    def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., shard: _Optional[int] = ...) -> None: ...
+
+class Operation(_message.Message):
+    __slots__ = ("name", "done", "state", "cache", "shards_total", "shards_done", "shards_resumed", "elements", "raw_bytes", "stored_bytes", "bytes_per_second", "elements_per_second", "eta_seconds", "start_time", "end_time", "workers", "shard_errors", "error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_DONE_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_RESUMED_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    done: bool
+    state: OperationState
+    cache: str
+    shards_total: int
+    shards_done: int
+    shards_resumed: int
+    elements: int
+    raw_bytes: int
+    stored_bytes: int
+    bytes_per_second: float
+    elements_per_second: float
+    eta_seconds: float
+    start_time: float
+    end_time: float
+    workers: int
+    shard_errors: _containers.RepeatedCompositeFieldContainer[OperationError]
+    error: OperationError
+    def __init__(self, name: _Optional[str] = ..., done: bool = ..., state: _Optional[_Union[OperationState, str]] = ..., cache: _Optional[str] = ..., shards_total: _Optional[int] = ..., shards_done: _Optional[int] = ..., shards_resumed: _Optional[int] = ..., elements: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., bytes_per_second: _Optional[float] = ..., elements_per_second: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., workers: _Optional[int] = ..., shard_errors: _Optional[_Iterable[_Union[OperationError, _Mapping]]] = ..., error: _Optional[_Union[OperationError, _Mapping]] = ...) -> None: ...
+
+class GetOperationRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class WatchOperationRequest(_message.Message):
+    __slots__ = ("name", "interval")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    interval: float
+    def __init__(self, name: _Optional[str] = ..., interval: _Optional[float] = ...) -> None: ...
+
+class CancelOperationRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class StartMaterializeResponse(_message.Message):
+    __slots__ = ("operation",)
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    operation: Operation
+    def __init__(self, operation: _Optional[_Union[Operation, _Mapping]] = ...) -> None: ...
+
+class GetOperationResponse(_message.Message):
+    __slots__ = ("operation",)
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    operation: Operation
+    def __init__(self, operation: _Optional[_Union[Operation, _Mapping]] = ...) -> None: ...
+
+class WatchOperationResponse(_message.Message):
+    __slots__ = ("operation",)
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    operation: Operation
+    def __init__(self, operation: _Optional[_Union[Operation, _Mapping]] = ...) -> None: ...
+
+class CancelOperationResponse(_message.Message):
+    __slots__ = ("operation",)
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    operation: Operation
+    def __init__(self, operation: _Optional[_Union[Operation, _Mapping]] = ...) -> None: ...

@@ -65,6 +65,26 @@ class CacheServiceStub(object):
                 request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionRequest.SerializeToString,
                 response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionResponse.FromString,
                 _registered_method=True)
+        self.StartMaterialize = channel.unary_unary(
+                '/cacheserver.v1.CacheService/StartMaterialize',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.StartMaterializeRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.StartMaterializeResponse.FromString,
+                _registered_method=True)
+        self.GetOperation = channel.unary_unary(
+                '/cacheserver.v1.CacheService/GetOperation',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.GetOperationRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.GetOperationResponse.FromString,
+                _registered_method=True)
+        self.WatchOperation = channel.unary_stream(
+                '/cacheserver.v1.CacheService/WatchOperation',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.WatchOperationRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.WatchOperationResponse.FromString,
+                _registered_method=True)
+        self.CancelOperation = channel.unary_unary(
+                '/cacheserver.v1.CacheService/CancelOperation',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer(object):
@@ -121,6 +141,40 @@ class CacheServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartMaterialize(self, request, context):
+        """StartMaterialize starts a long-running operation (AIP-151) in which the
+        daemon runs a pipeline itself, one shard per worker process, and commits
+        the result as a cache. The cache is WRITING until the operation succeeds.
+        With resume set, attaches to the cache's running operation or restarts an
+        interrupted one, keeping its committed shards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOperation(self, request, context):
+        """GetOperation returns a snapshot of one operation; NOT_FOUND when unknown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchOperation(self, request, context):
+        """WatchOperation streams snapshots of one operation, on change and at least
+        every interval, ending with the snapshot in which done is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelOperation(self, request, context):
+        """CancelOperation stops an operation; its workers stop and its uncommitted
+        cache is discarded. Returns the snapshot after cancellation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +207,26 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.SetCacheRetention,
                     request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionRequest.FromString,
                     response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionResponse.SerializeToString,
+            ),
+            'StartMaterialize': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartMaterialize,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.StartMaterializeRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.StartMaterializeResponse.SerializeToString,
+            ),
+            'GetOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOperation,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.GetOperationRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.GetOperationResponse.SerializeToString,
+            ),
+            'WatchOperation': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchOperation,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.WatchOperationRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.WatchOperationResponse.SerializeToString,
+            ),
+            'CancelOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelOperation,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -318,6 +392,114 @@ class CacheService(object):
             '/cacheserver.v1.CacheService/SetCacheRetention',
             cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionRequest.SerializeToString,
             cacheserver_dot_v1_dot_cache__service__pb2.SetCacheRetentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartMaterialize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/StartMaterialize',
+            cacheserver_dot_v1_dot_cache__service__pb2.StartMaterializeRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.StartMaterializeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/GetOperation',
+            cacheserver_dot_v1_dot_cache__service__pb2.GetOperationRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.GetOperationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/WatchOperation',
+            cacheserver_dot_v1_dot_cache__service__pb2.WatchOperationRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.WatchOperationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/CancelOperation',
+            cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationResponse.FromString,
             options,
             channel_credentials,
             insecure,

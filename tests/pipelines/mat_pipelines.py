@@ -1,0 +1,84 @@
+"""Entry points the materialization tests run on the daemon (`serve --pythonpath` here).
+
+Each is fn(shard_index, num_shards) -> tf.data.Dataset, as a user's would be.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+#: When set, shards >= 2 stop after GATED_AFTER elements until this file exists.
+GATE_ENV = "SC_TEST_GATE"
+GATED_AFTER = 5
+NOT_CALLABLE = 42
+
+
+def records(shard: int, num_shards: int) -> tf.data.Dataset:
+    """Shard s holds 20 + s elements: an id, a variable-length vector and a string."""
+    first = shard * 1000
+    ids = tf.data.Dataset.range(first, first + 20 + shard)
+    return ids.map(lambda i: {"id": i,
+                              "vec": tf.fill([tf.cast(i % 7, tf.int32)], tf.cast(i, tf.float32)),
+                              "tag": tf.strings.as_string(i * 3)})
+
+
+def gated(shard: int, num_shards: int) -> tf.data.Dataset:
+    """records(), but shards >= 2 wait for the gate file part way (a crash window)."""
+    ds = records(shard, num_shards)
+    gate = os.environ.get(GATE_ENV)
+    if shard < 2 or not gate:
+        return ds
+
+    def wait(position: np.int64) -> np.int64:
+        if position == GATED_AFTER:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return position
+
+    def hold(position: tf.Tensor, element: dict) -> dict:
+        done = tf.numpy_function(wait, [position], tf.int64)
+        with tf.control_dependencies([done]):
+            return {k: tf.identity(v) for k, v in element.items()}
+
+    return ds.enumerate().map(hold)
+
+
+def raises(shard: int, num_shards: int) -> tf.data.Dataset:
+    if shard == 1:
+        raise FileNotFoundError("source file /data/part-00001.tfrecord is missing")
+    return tf.data.Dataset.range(10)
+
+
+def fails_while_reading(shard: int, num_shards: int) -> tf.data.Dataset:
+    def check(x: tf.Tensor) -> tf.Tensor:
+        ok = tf.debugging.assert_less(x, tf.constant(5, tf.int64), message="label out of range")
+        with tf.control_dependencies([ok]):
+            return tf.identity(x)
+
+    ds = tf.data.Dataset.range(10)
+    return ds.map(check) if shard == 1 else ds
+
+
+def not_a_dataset(shard: int, num_shards: int) -> list[int]:
+    return [shard, num_shards]
+
+
+def mixed_specs(shard: int, num_shards: int) -> tf.data.Dataset:
+    ds = tf.data.Dataset.range(10)
+    return ds.map(lambda x: tf.cast(x, tf.float32)) if shard == 1 else ds
+
+
+def big(shard: int, num_shards: int) -> tf.data.Dataset:
+    """8 MiB of incompressible bytes per shard (fills a small disk)."""
+    rng = np.random.default_rng(shard)
+    return tf.data.Dataset.from_tensor_slices(
+        rng.integers(0, 256, size=(64, 128 << 10), dtype=np.uint8))
+
+
+def infinite(shard: int, num_shards: int) -> tf.data.Dataset:
+    return tf.data.Dataset.range(3).repeat()
