@@ -15,8 +15,11 @@ single-threaded, so the rows bound what the full path (docs/benchmarks.md) can r
   1 MiB messages over a unix socket (server-streaming for reads, client-streaming for
   writes), with nothing else done per message: what Python gRPC alone moves here;
 - ``shardcache ReadShard`` / ``WriteCache``: the daemon streaming a committed shard's stored
-  records (warm page cache), and accepting and committing them (LMDB writes plus fsync),
-  without any decoding or TensorFlow on the client.
+  records (``cold``: right after dropping the page cache, which needs root; then warm), and
+  accepting and committing them (LMDB writes plus fsync), without any decoding or TensorFlow
+  on the client;
+- ``file read cold``: plain sequential ``read()`` of a file of the same size after dropping
+  the page cache: what the disk gives a reader that asks for sequential blocks.
 
 Prints a markdown table (MB/s, and the ratio to ``memcpy``) on stdout.
 """
@@ -187,13 +190,38 @@ def daemon_rows(tmp: Path, records: list[bytes], total: int) -> dict[str, tuple[
             return moved
 
         rows = {"shardcache WriteCache": timed(write)}
-        read()  # warm the page cache and the daemon's reader
-        rows["shardcache ReadShard"] = timed(read)
+        drop_page_cache()
+        rows["shardcache ReadShard cold"] = timed(read)
+        rows["shardcache ReadShard"] = timed(read)  # now warm: the page cache holds the shard
         transport.close()
         return rows
     finally:
         daemon.terminate()
         daemon.wait()
+
+
+def file_read_cold(tmp: Path, records: list[bytes], total: int) -> tuple[float, int]:
+    path = tmp / "plain.bin"
+    with open(path, "wb") as f:
+        for i in range(max(1, total // len(records[0]))):
+            f.write(records[i % len(records)])
+    drop_page_cache()
+
+    def read() -> int:
+        moved = 0
+        with open(path, "rb", buffering=0) as f:
+            while block := f.read(1 << 20):
+                moved += len(block)
+        return moved
+
+    return timed(read)
+
+
+def drop_page_cache() -> None:
+    """Evict clean file pages (needs root), so that the next read comes from the disk."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as knob:
+        knob.write("3\n")
 
 
 def render(rows: dict[str, tuple[float, int]]) -> str:
@@ -220,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = cpu_rows(records, total)
         rows.update(grpc_rows(Path(tmp), total))
         rows.update(daemon_rows(Path(tmp), records, total))
+        rows["file read cold"] = file_read_cold(Path(tmp), records, total)
     print(f"Reproduce: `.venv/bin/python bench/ceilings.py --mb {args.mb}` "
           f"(load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})\n")
     print(render(rows))
