@@ -110,11 +110,24 @@ def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
 
 
+def drop_page_cache() -> None:
+    """Evict clean file pages from memory, so that the next reads come from the disk."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as knob:
+            knob.write("3\n")
+    except OSError as exc:
+        raise RuntimeError(f"--cold needs to write /proc/sys/vm/drop_caches (root): {exc}") from exc
+
+
 def _run_epoch(
-    epoch: Callable[[], EpochResult], sampler: RssSampler, expected_label_sum: int, n: int
+    epoch: Callable[[], EpochResult], sampler: RssSampler, expected_label_sum: int, n: int,
+    cold: bool = False,
 ) -> dict[str, Any]:
     """Run one epoch and describe it: time, checks, peak RssAnon, CPU time, page faults."""
     os.sync()  # flush the previous epoch's writes so that this epoch does not pay for them
+    if cold:
+        drop_page_cache()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)
     epoch_result = epoch()
@@ -167,8 +180,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         expected = expected_label_sum(workload, args.n)
         try:
             plan = PLANNERS[args.strategy](make_source(workload, args.n), ctx)
-            for epoch in plan.epochs:
-                result["epochs"].append(_run_epoch(epoch, sampler, expected, args.n))
+            for index, epoch in enumerate(plan.epochs):
+                result["epochs"].append(_run_epoch(epoch, sampler, expected, args.n,
+                                                   cold=args.cold and index > 0))
             for obj in plan.keep_alive:
                 close = getattr(obj, "close", None)
                 if callable(close):
@@ -198,6 +212,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--socket", default=None, help="cacheserver unix socket path")
     parser.add_argument("--cache-name", default=None, help="shardcache cache name")
+    parser.add_argument("--cold", action="store_true",
+                        help="drop the page cache before epoch 2 (needs root)")
     parser.add_argument(
         "--warmup-batches",
         type=int,

@@ -34,7 +34,7 @@ from typing import Any
 
 from measure import RESULT_PREFIX, WARMUP_BATCHES, RssSampler, directory_bytes, kib_to_mb
 from report import GB, add_derived, add_ratios, render_notes, render_table, representative
-from strategies import STRATEGIES
+from strategies import EXTRA_STRATEGIES, STRATEGIES
 from workloads import WORKLOADS
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -227,6 +227,8 @@ class Benchmark:
             "--warmup-batches",
             str(self.args.warmup_batches),
         ]
+        if self.args.cold:
+            cmd.append("--cold")
         if daemon is not None:
             cmd += [
                 "--socket",
@@ -306,7 +308,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS)
     )
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES + EXTRA_STRATEGIES,
+                        default=list(STRATEGIES))
+    parser.add_argument(
+        "--cold", action="store_true",
+        help="drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches, needs root) right "
+        "before epoch 2, so that it reads from the disk",
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="batch size for every strategy")
     parser.add_argument(
         "--warmup-batches",
@@ -434,7 +442,9 @@ def render_header(facts: dict[str, Any], args: argparse.Namespace) -> str:
         "every strategy",
         f"- Each measurement process first iterates {args.warmup_batches} untimed batches of "
         "zeros (at most as many elements as the dataset; heap and thread-pool warm-up) and "
-        "runs `sync` (untimed) before each epoch",
+        "runs `sync` (untimed) before each epoch"
+        + ("; **epoch 2 is cold**: the page cache is dropped right before it (`--cold`), so "
+           "it reads from the disk" if args.cold else ""),
         f"- Load average (1/5/15 min) at start: {facts['loadavg']}",
         (
             f"- Each row: the median (by epoch-2 time) of {args.repeat} measurement processes; "

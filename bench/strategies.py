@@ -11,6 +11,7 @@ strategy       epoch 1 / epoch 2
 ``memory``     ``ds.cache()`` fill / read from the in-memory cache
 ``file``       ``ds.cache(filename)`` write / read the cache files
 ``save_load``  ``Dataset.save`` (timed as epoch 1) / iterate ``Dataset.load``
+``save_load_gzip``  the same with ``compression="GZIP"`` (not run unless named)
 ``shardcache`` ``CacheClient.cache`` write-through to the daemon / read from the daemon
 =============  ==========================================================================
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from workloads import Workload
 
 STRATEGIES: tuple[str, ...] = ("none", "memory", "file", "save_load", "shardcache")
+EXTRA_STRATEGIES: tuple[str, ...] = ("save_load_gzip",)
 
 
 class StrategyUnavailableError(Exception):
@@ -108,7 +110,8 @@ def plan_file(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
     return _same_dataset_twice(src.cache(str(cache_dir / "cache")).batch(ctx.batch_size))
 
 
-def plan_save_load(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
+def plan_save_load(src: tf.data.Dataset, ctx: StrategyContext,
+                   compression: str | None = None) -> Plan:
     """``Dataset.save`` once (epoch 1), then iterate ``Dataset.load`` (epoch 2)."""
     import tensorflow as tf
 
@@ -116,13 +119,19 @@ def plan_save_load(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
 
     def save() -> EpochResult:
         start = time.perf_counter()
-        src.save(path)
+        src.save(path, compression=compression)
         return EpochResult(seconds=time.perf_counter() - start, elements=ctx.n, label_sum=None)
 
     def load() -> EpochResult:
-        return timed_iteration(tf.data.Dataset.load(path).batch(ctx.batch_size))
+        return timed_iteration(
+            tf.data.Dataset.load(path, compression=compression).batch(ctx.batch_size))
 
     return Plan(epochs=(save, load))
+
+
+def plan_save_load_gzip(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
+    """``Dataset.save(compression="GZIP")``, then ``Dataset.load`` of it."""
+    return plan_save_load(src, ctx, compression="GZIP")
 
 
 def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
@@ -147,5 +156,6 @@ PLANNERS: dict[str, Callable[[tf.data.Dataset, StrategyContext], Plan]] = {
     "memory": plan_memory,
     "file": plan_file,
     "save_load": plan_save_load,
+    "save_load_gzip": plan_save_load_gzip,
     "shardcache": plan_shardcache,
 }

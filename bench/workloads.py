@@ -4,7 +4,8 @@ Each workload is a ``tf.data.Dataset.range(n).map(fn)`` pipeline whose ``fn`` de
 element from its index with stateless random ops, so the same ``n`` always yields the same
 elements (bit for bit on the same machine and TensorFlow build) without any input files.
 
-Elements are ``(features, label)`` tuples: float32 features plus an int64 scalar label. The
+Elements are ``(features, label)`` tuples: features (float32 unless the workload says otherwise)
+plus an int64 scalar label. The
 label is ``index % label_modulus``, which lets every epoch be checked cheaply against
 :func:`expected_label_sum`.
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     ElementFn = Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 
 LABEL_BYTES = 8  # one int64 scalar
+_DTYPE_BYTES = {"float32": 4, "int32": 4, "uint8": 1}
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,15 @@ class Workload:
     sizes: tuple[int, ...]
     quick_sizes: tuple[int, ...]
     description: str
+    feature_dtype: str = "float32"
 
     @property
     def element_bytes(self) -> int:
-        """Payload bytes of one element: float32 features plus the int64 label."""
+        """Payload bytes of one element: the features plus the int64 label."""
         count = 1
         for dim in self.feature_shape:
             count *= dim
-        return 4 * count + LABEL_BYTES
+        return _DTYPE_BYTES[self.feature_dtype] * count + LABEL_BYTES
 
     def dataset_bytes(self, n: int) -> int:
         """Payload bytes of a dataset of ``n`` elements."""
@@ -81,6 +84,30 @@ WORKLOADS: dict[str, Workload] = {
             "random flip, scale to [0, 1]"
         ),
     ),
+    "pixels": Workload(
+        name="pixels",
+        feature_shape=(224, 224, 3),
+        label_modulus=1000,
+        sizes=(2000,),
+        quick_sizes=(256,),
+        feature_dtype="uint8",
+        description=(
+            "224x224x3 uint8 (~150 KB) + int64 label: the jpeg workload's decode, random crop, "
+            "resize and flip, kept as pixels (compressible, as decoded photos are)"
+        ),
+    ),
+    "tokens": Workload(
+        name="tokens",
+        feature_shape=(512,),
+        label_modulus=10,
+        sizes=(200_000,),
+        quick_sizes=(20_000,),
+        feature_dtype="int32",
+        description=(
+            "512 int32 token ids (~2 KB) + int64 label: Zipf-like ids over a 32,000-word "
+            "vocabulary from stateless draws (compressible, as tokenized text is)"
+        ),
+    ),
     "small": Workload(
         name="small",
         feature_shape=(256,),
@@ -111,7 +138,8 @@ def make_source(workload: Workload, n: int) -> tf.data.Dataset:
     import tensorflow as tf
 
     builders = {"image": _image_element_fn, "small": _small_element_fn,
-                "jpeg": _jpeg_element_fn}
+                "jpeg": _jpeg_element_fn, "pixels": _jpeg_element_fn,
+                "tokens": _tokens_element_fn}
     fn = builders[workload.name](workload)
     return tf.data.Dataset.range(n).map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -125,7 +153,7 @@ def make_warmup(workload: Workload, n: int) -> tf.data.Dataset:
     import tensorflow as tf
 
     def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        return tf.zeros(workload.feature_shape), i
+        return tf.zeros(workload.feature_shape, workload.feature_dtype), i
 
     return tf.data.Dataset.range(n).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -174,7 +202,7 @@ def _small_element_fn(workload: Workload) -> ElementFn:
 
 JPEG_FILES = 32
 JPEG_SIZE = (1200, 1600)  # height, width: a typical camera image, downscaled
-JPEG_DIR = Path(__file__).resolve().parent.parent / ".cache" / "bench-jpeg-v1"
+JPEG_DIR = Path(__file__).resolve().parent.parent / ".cache" / "bench-jpeg-v2"
 
 
 def ensure_jpegs(directory: Path = JPEG_DIR) -> list[str]:
@@ -190,7 +218,7 @@ def ensure_jpegs(directory: Path = JPEG_DIR) -> list[str]:
     for i in range(JPEG_FILES):
         scene = tf.random.stateless_uniform((1, 12, 16, 3), seed=(i, 3))
         x = tf.image.resize(scene, (height, width), method="bicubic")[0]
-        x += 0.04 * tf.random.stateless_normal((height, width, 3), seed=(i, 4))
+        x += 0.01 * tf.random.stateless_normal((height, width, 3), seed=(i, 4))
         pixels = tf.cast(tf.clip_by_value(x, 0.0, 1.0) * 255.0, tf.uint8)
         tf.io.write_file(str(staging / f"{i:03d}.jpg"), tf.io.encode_jpeg(pixels, quality=90))
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -202,7 +230,10 @@ def ensure_jpegs(directory: Path = JPEG_DIR) -> list[str]:
 
 
 def _jpeg_element_fn(workload: Workload) -> ElementFn:
-    """Return the per-index decode + random crop + resize function (~10+ ms of CPU)."""
+    """Return the per-index decode + random crop + resize function (~10+ ms of CPU).
+
+    Float workloads scale to [0, 1]; a uint8 workload keeps the resized pixels.
+    """
     import tensorflow as tf
 
     height, width, _ = workload.feature_shape
@@ -219,8 +250,26 @@ def _jpeg_element_fn(workload: Workload) -> ElementFn:
         top = tf.cast(u[1] * tf.cast(src_h - crop_h, tf.float32), tf.int32)
         left = tf.cast(u[2] * tf.cast(src_w - crop_w, tf.float32), tf.int32)
         crop = tf.image.crop_to_bounding_box(image, top, left, crop_h, crop_w)
-        x = tf.image.resize(crop, (height, width), method="bilinear") / 255.0
+        x = tf.image.resize(crop, (height, width), method="bilinear")
         x = tf.cond(u[3] < 0.5, lambda: tf.image.flip_left_right(x), lambda: x)
-        return x, i % modulus
+        if workload.feature_dtype == "uint8":
+            return tf.cast(tf.round(x), tf.uint8), i % modulus
+        return x / 255.0, i % modulus
+
+    return fn
+
+
+def _tokens_element_fn(workload: Workload) -> ElementFn:
+    """Return the per-index token-sequence function: Zipf-like ids, small ones most common."""
+    import tensorflow as tf
+
+    vocabulary = 32_000.0
+    modulus = tf.constant(workload.label_modulus, tf.int64)
+
+    def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        u = tf.random.stateless_uniform(workload.feature_shape,
+                                        seed=tf.stack([i, tf.constant(13, tf.int64)]))
+        ids = tf.cast(tf.exp(u * tf.math.log(vocabulary)), tf.int32) - 1
+        return ids, i % modulus
 
     return fn

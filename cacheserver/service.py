@@ -10,6 +10,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
@@ -49,6 +50,44 @@ def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cach
         pinned=retention.pinned, ttl_seconds=retention.ttl_seconds,
         last_read_time=retention.last_read_time, hits=retention.hits,
     )
+
+
+class _Overlapped:
+    """Stores a write stream's chunks in a second thread, one chunk behind the receiver.
+
+    Receiving a chunk (gRPC, protobuf) and storing the previous one (LMDB) then
+    overlap instead of taking turns: 1.2-1.35x the WriteCache throughput of
+    storing in the receiving thread (docs/benchmarks.md). At most two chunks are held:
+    the one being stored and the one just received. A failed append (disk full,
+    capacity) surfaces at the next append() or drain(); the session is only
+    touched by one thread at a time.
+    """
+
+    def __init__(self, session: WriteSession) -> None:
+        self._session = session
+        self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="shardcache-store")
+        self._pending: futures.Future[None] | None = None
+
+    def _store(self, values: list[memoryview], raw_bytes: int, nbytes: int) -> None:
+        self._session.append(values, raw_bytes)
+        metrics.WRITTEN_BYTES.inc(nbytes)
+        metrics.WRITTEN_ELEMENTS.inc(len(values))
+
+    def append(self, values: list[memoryview], raw_bytes: int, nbytes: int) -> None:
+        self.drain()
+        self._pending = self._pool.submit(self._store, values, raw_bytes, nbytes)
+
+    def drain(self) -> None:
+        """Wait for the chunk in flight; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def __enter__(self) -> _Overlapped:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)  # the session is aborted or finished after this
 
 
 #: Failures on the daemon's side, worth an operator's attention; the rest are the caller's.
@@ -161,24 +200,25 @@ class CacheService(pb_grpc.CacheServiceServicer):
                ) -> Iterator[pb.WriteCacheResponse]:
         from client.codec import split_chunk  # the framing is shared with the client
 
-        for req in requests:
-            kind = req.WhichOneof("request")
-            if kind == "chunk":
-                try:
-                    values = split_chunk(req.chunk.lengths, req.chunk.data)
-                except ValueError as exc:
-                    raise InvalidArgument(f"malformed WriteChunk: {exc}") from exc
-                session.append(values, req.chunk.raw_bytes)
-                metrics.WRITTEN_BYTES.inc(len(req.chunk.data))
-                metrics.WRITTEN_ELEMENTS.inc(len(values))
-            elif kind == "finish":
-                record = session.finish(req.finish.num_elements)
-                log.info("committed cache %r: %d elements in %d shards", record.name,
-                         record.num_elements, len(record.shards))
-                yield pb.WriteCacheResponse(committed=to_proto(record))
-                return
-            else:
-                raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")
+        with _Overlapped(session) as store:
+            for req in requests:
+                kind = req.WhichOneof("request")
+                if kind == "chunk":
+                    data = req.chunk.data  # each access of a bytes field copies it
+                    try:
+                        values = split_chunk(req.chunk.lengths, data)
+                    except ValueError as exc:
+                        raise InvalidArgument(f"malformed WriteChunk: {exc}") from exc
+                    store.append(values, req.chunk.raw_bytes, len(data))
+                elif kind == "finish":
+                    store.drain()
+                    record = session.finish(req.finish.num_elements)
+                    log.info("committed cache %r: %d elements in %d shards", record.name,
+                             record.num_elements, len(record.shards))
+                    yield pb.WriteCacheResponse(committed=to_proto(record))
+                    return
+                else:
+                    raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")
 
     def _proto(self, record: CacheRecord) -> pb.Cache:
         return to_proto(record, self.catalog.retention_of(record.name))

@@ -12,6 +12,7 @@ one may not.
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import struct
 import threading
@@ -114,12 +115,49 @@ class _Env:
         self.refs = 0
         # Reading a page past the end of a truncated file through mmap is SIGBUS,
         # which would kill the daemon: check the size LMDB expects up front.
-        expected = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        stat = self.env.stat()
+        expected = (self.env.info()["last_pgno"] + 1) * stat["psize"]
         actual = (path / "data.mdb").stat().st_size
+        self.num_records = stat["entries"]
+        self.file_bytes = expected
         if actual < expected:
             self.env.close()
             raise lmdb.CorruptedError(f"data.mdb is {actual} bytes, LMDB expects {expected} "
                                       "(truncated)")
+
+
+_READ_AHEAD_BYTES = 32 << 20
+
+
+class _ReadAhead:
+    """Keeps the page cache ahead of a reader walking a shard in key order.
+
+    LMDB reads through its memory map, where a page fault makes the kernel read
+    only around the faulting page: cold, a shard streamed at ~250 MB/s from a
+    disk that reads a plain file sequentially at ~1.5 GB/s (bench/ceilings.py).
+    Records are appended in key order, so record i sits near i/n of the file;
+    asking for the next window with POSIX_FADV_WILLNEED starts the disk reading
+    before the cursor gets there. A warm shard costs one fadvise per window.
+    """
+
+    def __init__(self, path: Path, file_bytes: int, num_records: int) -> None:
+        self._fd = os.open(path / "data.mdb", os.O_RDONLY)
+        self._size = file_bytes
+        self._records = max(num_records, 1)
+        self._until = 0
+
+    def at(self, index: int) -> None:
+        """The reader is at record index: make sure the window after it is on its way."""
+        pos = index * self._size // self._records
+        if pos + _READ_AHEAD_BYTES // 2 < self._until:
+            return
+        start, end = max(pos, self._until), min(self._size, pos + _READ_AHEAD_BYTES)
+        if end > start:
+            os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_WILLNEED)
+        self._until = end
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 class ReaderPool:
@@ -162,9 +200,11 @@ class ReaderPool:
         pins an old snapshot.
         """
         ent = self._acquire(path)
+        ahead = _ReadAhead(path, ent.file_bytes, ent.num_records)
         try:
             index = start
             while index < stop:
+                ahead.at(index)
                 try:
                     first, lengths, data = index, [], []
                     size = 0
@@ -187,4 +227,5 @@ class ReaderPool:
                     raise _translate(exc, path) from exc
                 yield first, struct.pack(f"<{len(lengths)}I", *lengths), blob
         finally:
+            ahead.close()
             self._release(path, ent)
