@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from cacheserver import gather
 from cacheserver.catalog import CacheRecord, Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
 from cacheserver.v1 import cache_service_pb2 as pb
@@ -165,3 +166,11 @@ class CacheService(pb_grpc.CacheServiceServicer):
                 return
             else:
                 raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")
+
+    @_translating
+    def ReadElements(self, request: pb.ReadElementsRequest,
+                     context: grpc.ServicerContext) -> Iterator[pb.ReadElementsResponse]:
+        chunks = gather.read_elements(self.catalog, request.name, request.fingerprint,
+                                      request.indices, request.chunk_bytes)
+        for position, lengths, data in chunks:
+            yield pb.ReadElementsResponse(position=position, lengths=lengths, data=data)

@@ -106,3 +106,16 @@ def from_rpc_error(err: grpc.RpcError, target: str) -> ShardcacheError:
             f"cannot reach cacheserver at {target}: {details}; is `cacheserver serve` "
             "running and listening there?")
     return cls(details)
+
+
+class ReconnectTimeoutError(ServerUnavailableError):
+    """The daemon went away mid-epoch and did not come back within reconnect_timeout."""
+
+    reason = "RECONNECT_TIMEOUT"  # raised by the client itself, never sent by the daemon
+
+
+class ResumeMismatchError(ShardcacheError, ValueError):
+    """A ReadState does not fit this read: another cache, seed, order or worker split."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "RESUME_MISMATCH"  # raised by the client itself, never sent by the daemon

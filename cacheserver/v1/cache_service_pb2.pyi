@@ -180,3 +180,25 @@ class ReadShardResponse(_message.Message):
     lengths: bytes
     data: bytes
     def __init__(self, start: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReadElementsRequest(_message.Message):
+    __slots__ = ("name", "fingerprint", "indices", "chunk_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fingerprint: str
+    indices: bytes
+    chunk_bytes: int
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., indices: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadElementsResponse(_message.Message):
+    __slots__ = ("position", "lengths", "data")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    lengths: bytes
+    data: bytes
+    def __init__(self, position: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
