@@ -8,6 +8,7 @@ Importing this package does not import TensorFlow; it loads on first use.
 """
 
 from client._client import CacheClient, CacheInfo
+from client._plan import ReadState
 from client.errors import (
     CacheNotFoundError,
     CacheNotReadyError,
@@ -16,6 +17,8 @@ from client.errors import (
     FingerprintMismatchError,
     InternalError,
     InvalidArgumentError,
+    ReconnectTimeoutError,
+    ResumeMismatchError,
     ServerUnavailableError,
     ShardcacheError,
 )
@@ -30,6 +33,9 @@ __all__ = [
     "FingerprintMismatchError",
     "InternalError",
     "InvalidArgumentError",
+    "ReadState",
+    "ReconnectTimeoutError",
+    "ResumeMismatchError",
     "ServerUnavailableError",
     "ShardcacheError",
 ]

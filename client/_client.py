@@ -216,9 +216,9 @@ class CacheClient:
             if existing.state == pb.CACHE_STATE_READY:
                 _plan.check_start(existing, options)
                 cardinality = _plan.cardinality(existing, options)
-            elif not options.default:
+            elif not options.whole_epochs:
                 cardinality = -2  # a writing iteration yields all, reading ones a share
-        elif not options.default:
+        elif not options.whole_epochs:
             cardinality = -2
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                               element_spec=_tf.encode_spec(spec))

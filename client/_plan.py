@@ -94,10 +94,9 @@ class ReadOptions:
         return _replace(self, seed=secrets.randbits(63))
 
     @property
-    def default(self) -> bool:
-        """True for a plain read: every element in stored order, from the start."""
-        return (self.mode == "none" and self.num_workers == 1 and self.start == 0
-                and self.parallel_shards == 1)
+    def whole_epochs(self) -> bool:
+        """True when every iteration yields every element (one worker, not resumed)."""
+        return self.num_workers == 1 and self.start == 0
 
 
 def _replace(options: ReadOptions, **changes: Any) -> ReadOptions:
