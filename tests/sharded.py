@@ -16,14 +16,15 @@ from client.codec import Compressor, encode_batch
 
 
 def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
-                  chunk_bytes: int = 4096) -> pb.Cache:
+                  chunk_bytes: int = 4096, version: str | None = None) -> pb.Cache:
     from client import _tf
 
     spec = ds.element_spec
     layout = _tf.layout_of(spec)
     wire = _tf.WireFormat(spec, layout)
-    begin = pb.WriteBegin(name=name, fingerprint=f"version:{name}", layout_json=layout.to_json(),
-                          element_spec=_tf.encode_spec(spec), shard_bytes=shard_bytes)
+    begin = pb.WriteBegin(name=name, fingerprint=f"version:{version or name}",
+                          layout_json=layout.to_json(), element_spec=_tf.encode_spec(spec),
+                          shard_bytes=shard_bytes)
     writer = CacheWriter(cc._transport, begin, chunk_bytes=chunk_bytes)
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     compressor = Compressor()
