@@ -138,15 +138,21 @@ class _Decoder:
         if dec is None:
             dec = self._local.dec = Decompressor()
         position, lengths, data = chunk
-        where = f"chunk at position {position}"
+        bodies: list[Any] = []
+        values: list[memoryview] = []
         try:
             values = split_chunk(lengths, data)
-            bodies = []
-            for i, value in enumerate(values):
-                where = f"element {int(indices[position + i])}"
-                bodies.append(dec.unpack(value))
+            unpack, append = dec.unpack, bodies.append
+            for value in values:  # no per-element work beyond the unpack itself
+                append(unpack(value))
             return len(bodies), decode_batch(self._layout, bodies)
         except RecordError as exc:
+            if not values:
+                where = f"chunk at position {position}"
+            elif len(bodies) < len(values):
+                where = f"element {int(indices[position + len(bodies)])}"
+            else:
+                where = f"elements at positions {position}-{position + len(values) - 1}"
             raise DataLossError(f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
                                 "cache and build it again") from exc
 

@@ -97,3 +97,9 @@ def test_shard_order_reads_blocks_front_to_back_within_one_shard(sizes, seed, bl
 
 def test_the_stored_order_is_the_identity() -> None:
     assert full(EpochOrder("none", 1, 2, [3, 0, 4])) == list(range(7))
+
+
+def test_an_empty_cache_has_an_empty_order_in_every_mode() -> None:
+    for mode in ("none", "elements", "shards"):
+        for sizes in ([], [0], [0, 0]):
+            assert full(EpochOrder(mode, 1, 0, sizes, 4)) == []
