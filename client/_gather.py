@@ -128,10 +128,16 @@ class _Fetcher:
 class _Decoder:
     """Decodes chunks of one cache; thread-safe (one Decompressor per thread)."""
 
-    def __init__(self, name: str, layout: Layout) -> None:
-        self._name = name
+    def __init__(self, cache: pb.Cache, layout: Layout) -> None:
+        self._name = cache.name
+        self._firsts = np.array([s.first_element for s in cache.shards], np.int64)
         self._layout = layout
         self._local = threading.local()
+
+    def _where(self, index: int) -> str:
+        shard = int(np.searchsorted(self._firsts, index, side="right")) - 1
+        return (f"shard {shard} record {index - int(self._firsts[shard])} (element "
+                f"{index})")
 
     def __call__(self, indices: np.ndarray, chunk: Chunk) -> tuple[int, list[Any]]:
         dec = getattr(self._local, "dec", None)
@@ -150,7 +156,7 @@ class _Decoder:
             if not values:
                 where = f"chunk at position {position}"
             elif len(bodies) < len(values):
-                where = f"element {int(indices[position + len(bodies)])}"
+                where = self._where(int(indices[position + len(bodies)]))
             else:
                 where = f"elements at positions {position}-{position + len(values) - 1}"
             raise DataLossError(f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
@@ -167,7 +173,7 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
     per_request = request_size(cache, parallel, prefetch_bytes)
     closing = threading.Event()
     fetch = _Fetcher(transport, cache, reconnect_timeout, closing)
-    decode = _Decoder(cache.name, layout)
+    decode = _Decoder(cache, layout)
     fetch_pool = ThreadPoolExecutor(parallel, thread_name_prefix="shardcache-fetch")
     decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="shardcache-decode")
 
