@@ -40,7 +40,9 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
                               f"{total} elements")
     chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
     stored = sum(s.stored_bytes for s in record.shards)
-    window = max(1, chunk * total // stored) if stored else 1
+    # records per window: enough to reach chunk bytes (two 600 KB images per
+    # 1 MiB chunk, as ReadShard sends them: half the generator yields of one)
+    window = max(1, -(-chunk * total // stored)) if stored else 1
     firsts = np.array([s.first_element for s in record.shards], np.uint64)
     return _chunks(catalog, record, wanted, firsts, window)
 

@@ -101,6 +101,22 @@ def test_a_read_state_derived_from_a_step_counter_resumes_exactly(cc, sharded) -
     assert ids(cc.dataset(sharded, resume=restored, **opts)) == seen[700:]
 
 
+def test_the_documented_step_counter_recipe_resumes_across_epoch_boundaries(cc, sharded
+                                                                            ) -> None:
+    opts = {"shuffle": True, "seed": 21, "worker_index": 2, "num_workers": 3}  # share: 334
+    batch = 64
+
+    def steps(ds: tf.data.Dataset, count: int) -> list[list[int]]:
+        return [b["i"].tolist() for b in ds.take(count).as_numpy_iterator()]
+
+    reference = steps(cc.dataset(sharded, **opts).repeat().batch(batch), 20)  # 3.8 epochs
+    step = 7  # a job restarted after 7 steps, inside epoch 1
+    state = cc.read_state(sharded, elements_seen=step * batch, **opts)
+    assert (state.epoch, state.start) == (1, 7 * 64 - 334)
+    resumed = cc.dataset(sharded, resume=state, **opts).repeat().batch(batch)
+    assert steps(resumed, 13) == reference[step:]
+
+
 def test_resuming_with_a_state_of_another_seed_or_cache_is_refused(cc, sharded, name) -> None:
     state = cc.read_state(sharded, elements_seen=10, shuffle=True, seed=1)
     with pytest.raises(ResumeMismatchError, match="saved with seed=1"):

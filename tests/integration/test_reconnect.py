@@ -79,7 +79,8 @@ def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_orde
     assert got == expected
 
 
-def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon) -> None:
+def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon,
+                                                                  no_thread_leak) -> None:
     with CacheClient(fresh_daemon.unix_target) as cc:
         write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
         ds = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, reconnect_timeout=1)
@@ -95,7 +96,7 @@ def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon)
 
 
 def test_a_cache_replaced_while_the_daemon_was_down_is_an_error_not_mixed_data(
-        fresh_daemon) -> None:
+        fresh_daemon, no_thread_leak) -> None:
     other = Daemon().start()  # a data dir holding another "big": same name, other fingerprint
     try:
         with CacheClient(other.unix_target) as cc:
