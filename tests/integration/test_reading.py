@@ -205,3 +205,30 @@ def test_read_elements_refuses_indices_past_the_end_or_too_many(cc, sharded, ind
 def test_read_elements_refuses_a_replaced_cache(cc, sharded) -> None:
     with pytest.raises(FingerprintMismatchError, match="was replaced"):
         read_elements(cc, sharded, [1], fingerprint="graph:other")
+
+
+def test_keras_fit_from_initial_epoch_reads_the_caches_epochs_in_whole_steps(cc, sharded
+                                                                              ) -> None:
+    opts = {"shuffle": True, "seed": 8, "worker_index": 1, "num_workers": 3}  # share: 333
+    seen: list[int] = []
+
+    def note(i: tf.Tensor) -> tf.Tensor:
+        seen.append(int(i))
+        return tf.cast(i, tf.float32)
+
+    def to_xy(e: dict) -> tuple[tf.Tensor, tf.Tensor]:
+        y = tf.py_function(note, [e["i"]], tf.float32)
+        return e["x"], tf.ensure_shape(y, [])
+
+    ds = cc.dataset(sharded, epoch=2, **opts).map(to_xy).batch(50)
+    assert int(ds.cardinality()) == 7  # ceil(333 / 50): what Keras plans its steps with
+    steps: list[int] = []
+    count = tf.keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: steps.append(0),
+        on_train_batch_end=lambda batch, logs: steps.__setitem__(-1, steps[-1] + 1))
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(ds, epochs=4, initial_epoch=2, verbose=0, shuffle=False, callbacks=[count])
+    assert steps == [7, 7]
+    expected = [ids(cc.dataset(sharded, epoch=e, **opts)) for e in (2, 3)]
+    assert seen == expected[0] + expected[1]
