@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cacheserver import metrics
+from cacheserver import gather, metrics
 from cacheserver.catalog import CacheRecord, Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
 from cacheserver.materializer import Materializer
@@ -263,3 +263,14 @@ class CacheService(pb_grpc.CacheServiceServicer):
                         context: grpc.ServicerContext) -> pb.CancelOperationResponse:
         return pb.CancelOperationResponse(
             operation=operation_to_proto(self.materializer.cancel(request.name)))
+
+    @_translating
+    def ReadElements(self, request: pb.ReadElementsRequest,
+                     context: grpc.ServicerContext) -> Iterator[pb.ReadElementsResponse]:
+        with self.catalog.reading(request.name, hit=request.epoch_start):
+            chunks = gather.read_elements(self.catalog, request.name, request.fingerprint,
+                                          request.indices, request.chunk_bytes)
+            for position, lengths, data in chunks:
+                metrics.READ_BYTES.inc(len(data))
+                metrics.READ_ELEMENTS.inc(len(lengths) // 4)
+                yield pb.ReadElementsResponse(position=position, lengths=lengths, data=data)

@@ -11,6 +11,7 @@ one may not.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -229,3 +230,33 @@ class ReaderPool:
         finally:
             ahead.close()
             self._release(path, ent)
+
+    @contextlib.contextmanager
+    def opened(self, path: Path) -> Iterator[ShardGetter]:
+        """The shard at path, open for random reads while the context lasts."""
+        ent = self._acquire(path)
+        try:
+            yield ShardGetter(ent, path)
+        finally:
+            self._release(path, ent)
+
+
+class ShardGetter:
+    """Random reads from one open shard, by shard-local index."""
+
+    def __init__(self, ent: _Env, path: Path) -> None:
+        self._env = ent.env
+        self._path = path
+
+    def get_many(self, keys: bytes) -> list[bytes]:
+        """The records at the big-endian u64 keys packed in keys, in one short transaction."""
+        try:
+            with self._env.begin() as txn:
+                get = txn.get
+                values = [get(keys[i:i + 8]) for i in range(0, len(keys), 8)]
+        except lmdb.Error as exc:
+            raise _translate(exc, self._path) from exc
+        if None in values:
+            missing = _KEY.unpack_from(keys, 8 * values.index(None))[0]
+            raise DataLoss(f"shard {self._path} is missing record {missing}")
+        return values  # type: ignore[return-value]

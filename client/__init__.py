@@ -9,6 +9,7 @@ Importing this package does not import TensorFlow; it loads on first use.
 
 from client._client import CacheClient, CacheInfo
 from client._materialize import MaterializeOperation, Progress
+from client._plan import ReadState
 from client.errors import (
     CacheExistsError,
     CacheNotFoundError,
@@ -22,6 +23,8 @@ from client.errors import (
     OperationCancelledError,
     OperationNotFoundError,
     PipelineError,
+    ReconnectTimeoutError,
+    ResumeMismatchError,
     ServerUnavailableError,
     ShardcacheError,
     TooManyStreamsError,
@@ -45,6 +48,9 @@ __all__ = [
     "OperationNotFoundError",
     "PipelineError",
     "Progress",
+    "ReadState",
+    "ReconnectTimeoutError",
+    "ResumeMismatchError",
     "ServerUnavailableError",
     "ShardcacheError",
     "TooManyStreamsError",

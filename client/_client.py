@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from client import _malloc
+from client import _malloc, _plan
+from client._gather import read_epoch
 from client._reader import DEFAULT_PREFETCH_BYTES, read_batches
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._writer import CacheWriter
@@ -170,12 +171,29 @@ class CacheClient:
 
     # ------------------------------------------------------------------ datasets
 
-    def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
-                ) -> tf.data.Dataset:
-        """A tf.data.Dataset over an existing READY cache; needs no source pipeline."""
+    def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+                shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,
+                num_workers: int = 1, parallel_shards: int = 1, epoch: int = 0, start: int = 0,
+                resume: _plan.ReadState | None = None,
+                reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT) -> tf.data.Dataset:
+        """A tf.data.Dataset over an existing READY cache; needs no source pipeline.
+
+        shuffle=True visits every element once per epoch in an order over the
+        whole cache, new each epoch, fixed by (seed, epoch); shuffle="shards"
+        shuffles shards and ~1 MiB blocks within them (sequential disk reads).
+        Worker worker_index of num_workers reads its disjoint share of each
+        epoch. parallel_shards streams stay in flight; the order stays
+        deterministic. epoch/start (or resume=, see read_state()) begin at
+        position start of epoch's share; each further iteration reads the next
+        epoch. A daemon lost mid-epoch is reconnected to for up to
+        reconnect_timeout seconds, continuing at the next undelivered element.
+        See docs/reading.md.
+        """
         from client import _tf
 
         _check_prefetch(prefetch_bytes)
+        options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
+                                    epoch, start, reconnect_timeout)
         cache = self._get(name)
         if cache.state != pb.CACHE_STATE_READY:
             raise CacheNotReadyError(
@@ -183,10 +201,17 @@ class CacheClient:
                 "wait until its writer finishes, then call dataset() again")
         wire = _tf.WireFormat(_tf.decode_spec(cache.element_spec),
                               Layout.from_json(cache.layout_json))
-        return wire.dataset(lambda: self._read(cache, wire, prefetch_bytes), cache.num_elements)
+        options = _plan.apply_resume(cache, options, resume).with_seed()
+        _plan.check_start(cache, options)
+        epochs = _plan.Epochs(options)
+        return wire.dataset(lambda: self._read_next(cache, wire, epochs, prefetch_bytes),
+                            _plan.cardinality(cache, options))
 
     def cache(self, dataset: tf.data.Dataset, name: str, *, version: str | None = None,
-              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> tf.data.Dataset:
+              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
+              seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
+              parallel_shards: int = 1, epoch: int = 0, start: int = 0,
+              reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT) -> tf.data.Dataset:
         """The drop-in for ``dataset.cache()``, stored by the daemon under name.
 
         The first full iteration runs dataset and writes its elements through to
@@ -194,10 +219,16 @@ class CacheClient:
         the daemon. An iteration stopped early writes nothing. The cache is keyed
         by a fingerprint of the pipeline (or version, when given): a changed
         pipeline raises FingerprintMismatchError instead of serving old elements.
+
+        The read options are cc.dataset()'s. They apply to iterations that read
+        the cache; an iteration that writes it yields the whole source in source
+        order (see docs/reading.md).
         """
         from client import _tf
 
         _check_prefetch(prefetch_bytes)
+        options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
+                                    epoch, start, reconnect_timeout).with_seed()
         spec = dataset.element_spec
         layout = _tf.layout_of(spec)
         wire = _tf.WireFormat(spec, layout)
@@ -214,11 +245,17 @@ class CacheClient:
         if existing is not None:
             _check_same_source(existing, fingerprint, layout)
             if existing.state == pb.CACHE_STATE_READY:
-                cardinality = existing.num_elements
+                _plan.check_start(existing, options)
+                cardinality = _plan.cardinality(existing, options)
+            elif not options.whole_epochs:
+                cardinality = -2  # a writing iteration yields all, reading ones a share
+        elif not options.whole_epochs:
+            cardinality = -2
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                               element_spec=_tf.encode_spec(spec))
-        return wire.dataset(lambda: self._cache_epoch(dataset, wire, begin, prefetch_bytes),
-                            cardinality)
+        epochs = _plan.Epochs(options)
+        return wire.dataset(
+            lambda: self._cache_epoch(dataset, wire, begin, prefetch_bytes, epochs), cardinality)
 
     def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -252,11 +289,22 @@ class CacheClient:
                                      prefetch_bytes=prefetch_bytes):
             yield wire.to_wire(batch, n)
 
+    def _read_next(self, cache: pb.Cache, wire: WireFormat, epochs: _plan.Epochs,
+                   prefetch_bytes: int, taken: tuple[int, int] | None = None) -> Iterator[Any]:
+        """The next epoch of epochs (or the one already taken) over cache."""
+        if self._tune_malloc:  # from_generator has applied its own setting by now
+            _malloc.tune()
+        epoch, start = taken or epochs.take()
+        for n, batch in read_epoch(self._transport, cache, wire.layout, epochs.options, epoch,
+                                   start, prefetch_bytes):
+            yield wire.to_wire(batch, n)
+
     def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat, begin: pb.WriteBegin,
-                     prefetch_bytes: int) -> Iterator[Any]:
+                     prefetch_bytes: int, epochs: _plan.Epochs) -> Iterator[Any]:
         """One iteration of a cc.cache() dataset: read, write through, or pass through."""
         if self._tune_malloc:
             _malloc.tune()
+        taken = epochs.take()
         writer = CacheWriter(self._transport, begin)
         try:
             begun = writer.begin()
@@ -270,7 +318,8 @@ class CacheClient:
             return
         writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
-            yield from self._read(begun.cache, wire, prefetch_bytes)
+            _plan.check_start(begun.cache, epochs.options)
+            yield from self._read_next(begun.cache, wire, epochs, prefetch_bytes, taken)
         else:
             log.info("cache %r is being written by another process; streaming the source "
                      "pipeline without writing", begin.name)
@@ -301,6 +350,21 @@ class CacheClient:
         finally:
             if writer is not None and not committed:
                 writer.abort()
+
+    def read_state(self, name: str, *, elements_seen: int, shuffle: bool | str = False,
+                   seed: int | None = None, worker_index: int = 0, num_workers: int = 1
+                   ) -> _plan.ReadState:
+        """Where this worker stands after consuming elements_seen elements since epoch 0.
+
+        Pass it back as cc.dataset(name, ..., resume=state) to continue exactly
+        there; it records the cache's fingerprint and the order, so resuming a
+        different cache, seed, shuffle mode or worker split raises
+        ResumeMismatchError instead of repeating or skipping elements.
+        """
+        options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers)
+        if options.shuffle and seed is None:
+            raise InvalidArgumentError("a shuffled read's state needs its seed=")
+        return _plan.state_of(self._get(name), options, elements_seen)
 
     @staticmethod
     def _write(writer: CacheWriter, bodies: builtins.list[Any], compressor: Compressor

@@ -39,6 +39,10 @@ class Transport:
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # a restarted daemon is found within a second (gRPC's default backoff
+            # grows to 120 s); reads reconnect mid-epoch (client/_gather.py)
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         if credentials.tls is not None:
             self._channel = grpc.secure_channel(target, credentials.tls, options=options)

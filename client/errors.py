@@ -170,3 +170,16 @@ _MATERIALIZE_ERRORS: tuple[type[ShardcacheError], ...] = (
 _BY_REASON.update({cls.reason: cls for cls in _MATERIALIZE_ERRORS})  # type: ignore[misc]
 _BY_CODE[grpc.StatusCode.ALREADY_EXISTS] = CacheExistsError
 _BY_CODE[grpc.StatusCode.CANCELLED] = OperationCancelledError
+
+
+class ReconnectTimeoutError(ServerUnavailableError):
+    """The daemon went away mid-epoch and did not come back within reconnect_timeout."""
+
+    reason = "RECONNECT_TIMEOUT"  # raised by the client itself, never sent by the daemon
+
+
+class ResumeMismatchError(ShardcacheError, ValueError):
+    """A ReadState does not fit this read: another cache, seed, order or worker split."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "RESUME_MISMATCH"  # raised by the client itself, never sent by the daemon

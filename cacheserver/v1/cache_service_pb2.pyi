@@ -335,3 +335,27 @@ class CancelOperationResponse(_message.Message):
     OPERATION_FIELD_NUMBER: _ClassVar[int]
     operation: Operation
     def __init__(self, operation: _Optional[_Union[Operation, _Mapping]] = ...) -> None: ...
+
+class ReadElementsRequest(_message.Message):
+    __slots__ = ("name", "fingerprint", "indices", "chunk_bytes", "epoch_start")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_START_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fingerprint: str
+    indices: bytes
+    chunk_bytes: int
+    epoch_start: bool
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., indices: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ..., epoch_start: bool = ...) -> None: ...
+
+class ReadElementsResponse(_message.Message):
+    __slots__ = ("position", "lengths", "data")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    lengths: bytes
+    data: bytes
+    def __init__(self, position: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...

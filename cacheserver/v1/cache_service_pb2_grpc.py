@@ -85,6 +85,11 @@ class CacheServiceStub(object):
                 request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationRequest.SerializeToString,
                 response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationResponse.FromString,
                 _registered_method=True)
+        self.ReadElements = channel.unary_stream(
+                '/cacheserver.v1.CacheService/ReadElements',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer(object):
@@ -175,6 +180,15 @@ class CacheServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadElements(self, request, context):
+        """ReadElements streams the records at a list of global element indices, in
+        request order, in chunks of about chunk_bytes: reads in any order (exact
+        global shuffle, worker shares, resume) without reading anything else.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +241,11 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.CancelOperation,
                     request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationRequest.FromString,
                     response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationResponse.SerializeToString,
+            ),
+            'ReadElements': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadElements,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -500,6 +519,33 @@ class CacheService(object):
             '/cacheserver.v1.CacheService/CancelOperation',
             cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationRequest.SerializeToString,
             cacheserver_dot_v1_dot_cache__service__pb2.CancelOperationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadElements(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/ReadElements',
+            cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsResponse.FromString,
             options,
             channel_credentials,
             insecure,

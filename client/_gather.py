@@ -1,0 +1,220 @@
+"""Reads an epoch's positions over ReadElements: parallel streams, reconnect, bounded memory.
+
+The producer thread cuts the positions [first, stop) into requests of about
+``request_bytes`` of stored records, maps each to global indices with the
+epoch's order, and keeps ``parallel`` requests in flight on a pool of fetch
+threads. It takes their results strictly in request order, so the output order
+is deterministic whatever the timing (resume is exact), and hands each ~1 MiB
+chunk to the decode pool; decoded batches wait in the byte-bounded prefetch
+queue (client/_prefetch.py).
+
+A request whose stream fails with UNAVAILABLE (daemon restarted, connection
+dropped) is sent again for the indices not yet received, with exponential
+backoff, until ``reconnect_timeout`` seconds pass without progress; the
+fingerprint travels with every request, so a cache replaced meanwhile fails
+with FingerprintMismatchError instead of mixing data. Everything received is
+delivered, so the next undelivered index is the next one not received.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import numpy as np
+
+from client._order import EpochOrder
+from client._plan import ReadOptions, epoch_range
+from client._prefetch import Closed, Prefetcher
+from client._transport import Transport, pb
+from client.codec import Decompressor, Layout, RecordError, decode_batch, split_chunk
+from client.errors import (
+    DataLossError,
+    ReconnectTimeoutError,
+    ServerUnavailableError,
+    from_rpc_error,
+)
+
+log = logging.getLogger("client")
+CHUNK_BYTES = 1 << 20
+MAX_REQUEST_INDICES = 65536  # the daemon's limit (cacheserver/gather.py)
+_MIN_REQUEST_BYTES, _MAX_REQUEST_BYTES = 256 << 10, 8 << 20
+_FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
+Chunk = tuple[int, bytes, bytes]  # (position in the request, u32 lengths, data)
+
+
+def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
+    """Indices per request: k requests in flight hold about prefetch_bytes / 4 stored bytes."""
+    avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
+    budget = min(max(prefetch_bytes // (4 * parallel), _MIN_REQUEST_BYTES), _MAX_REQUEST_BYTES)
+    return int(min(max(budget // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
+
+
+class _Fetcher:
+    """Fetches one request's records whole, reconnecting on UNAVAILABLE; thread-safe."""
+
+    def __init__(self, transport: Transport, cache: pb.Cache, reconnect_timeout: float,
+                 closing: threading.Event) -> None:
+        self._transport = transport
+        self._cache = cache
+        self._timeout = reconnect_timeout
+        self._closing = closing
+        self._lock = threading.Lock()
+        self._calls: set[Any] = set()
+
+    def cancel(self) -> None:
+        self._closing.set()
+        with self._lock:
+            for call in self._calls:
+                call.cancel()
+
+    def __call__(self, indices: np.ndarray, epoch_start: bool = False) -> list[Chunk]:
+        """epoch_start: this request starts a pass (the daemon counts a hit, once)."""
+        chunks: list[Chunk] = []
+        got = 0
+        failing_since: float | None = None
+        delay = _FIRST_BACKOFF
+        while got < indices.size:
+            if self._closing.is_set():
+                raise Closed()
+            request = pb.ReadElementsRequest(
+                name=self._cache.name, fingerprint=self._cache.fingerprint,
+                indices=indices[got:].astype("<u8").tobytes(), chunk_bytes=CHUNK_BYTES,
+                epoch_start=epoch_start)
+            epoch_start = False
+            call = self._transport.stub.ReadElements(request)
+            with self._lock:
+                self._calls.add(call)
+            if self._closing.is_set():
+                call.cancel()
+            base = got
+            try:
+                for chunk in call:
+                    position = base + chunk.position
+                    chunks.append((position, chunk.lengths, chunk.data))
+                    got = position + len(chunk.lengths) // 4
+                    failing_since, delay = None, _FIRST_BACKOFF
+            except grpc.RpcError as err:
+                if self._closing.is_set():
+                    raise Closed() from err
+                exc = from_rpc_error(err, self._transport.target)
+                if not isinstance(exc, ServerUnavailableError):
+                    raise exc from err
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    log.warning("lost cacheserver at %s while reading cache %r (%s); "
+                                "reconnecting for up to %gs", self._transport.target,
+                                self._cache.name, err.details(), self._timeout)
+                left = self._timeout - (now - failing_since)
+                if left <= 0:
+                    raise ReconnectTimeoutError(
+                        f"lost cacheserver at {self._transport.target} in the middle of "
+                        f"reading cache {self._cache.name!r} and could not reconnect within "
+                        f"reconnect_timeout={self._timeout:g}s: start the daemon again (the "
+                        "read resumes where it stopped if it is back in time) or raise "
+                        "reconnect_timeout=") from err
+                self._closing.wait(min(delay, left))  # backoff; wakes at once on close
+                delay = min(delay * 2, _MAX_BACKOFF)
+            finally:
+                with self._lock:
+                    self._calls.discard(call)
+        return chunks
+
+
+class _Decoder:
+    """Decodes chunks of one cache; thread-safe (one Decompressor per thread)."""
+
+    def __init__(self, cache: pb.Cache, layout: Layout) -> None:
+        self._name = cache.name
+        self._firsts = np.array([s.first_element for s in cache.shards], np.int64)
+        self._layout = layout
+        self._local = threading.local()
+
+    def _where(self, index: int) -> str:
+        shard = int(np.searchsorted(self._firsts, index, side="right")) - 1
+        return (f"shard {shard} record {index - int(self._firsts[shard])} (element "
+                f"{index})")
+
+    def __call__(self, indices: np.ndarray, chunk: Chunk) -> tuple[int, list[Any]]:
+        dec = getattr(self._local, "dec", None)
+        if dec is None:
+            dec = self._local.dec = Decompressor()
+        position, lengths, data = chunk
+        bodies: list[Any] = []
+        values: list[memoryview] = []
+        try:
+            values = split_chunk(lengths, data)
+            unpack, append = dec.unpack, bodies.append
+            for value in values:  # no per-element work beyond the unpack itself
+                append(unpack(value))
+            return len(bodies), decode_batch(self._layout, bodies)
+        except RecordError as exc:
+            if not values:
+                where = f"chunk at position {position}"
+            elif len(bodies) < len(values):
+                where = self._where(int(indices[position + len(bodies)]))
+            else:
+                where = f"elements at positions {position}-{position + len(values) - 1}"
+            raise DataLossError(f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
+                                "cache and build it again") from exc
+
+
+def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order: EpochOrder,
+                   first: int, stop: int, *, parallel: int = 1, prefetch_bytes: int,
+                   reconnect_timeout: float, decode_threads: int = 2
+                   ) -> Iterator[tuple[int, list[Any]]]:
+    """Yield the elements at positions [first, stop) of order as (count, decoded batch)."""
+    transport.connect()
+    expansion = cache.raw_bytes / cache.stored_bytes if cache.stored_bytes else 1.0
+    per_request = request_size(cache, parallel, prefetch_bytes)
+    closing = threading.Event()
+    fetch = _Fetcher(transport, cache, reconnect_timeout, closing)
+    decode = _Decoder(cache, layout)
+    fetch_pool = ThreadPoolExecutor(parallel, thread_name_prefix="shardcache-fetch")
+    decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="shardcache-decode")
+
+    def produce(put: Callable[[Future[tuple[int, list[Any]]], int], None]) -> None:
+        pending: collections.deque[tuple[np.ndarray, Future[list[Chunk]]]] = (
+            collections.deque())
+        starts = iter(range(first, stop, per_request))
+
+        def submit() -> None:
+            p0 = next(starts, None)
+            if p0 is not None:
+                indices = order.indices(np.arange(p0, min(p0 + per_request, stop)))
+                pending.append((indices, fetch_pool.submit(fetch, indices, p0 == first)))
+
+        for _ in range(parallel):
+            submit()
+        while pending:
+            indices, future = pending.popleft()
+            chunks = future.result()
+            submit()
+            for chunk in chunks:
+                put(decode_pool.submit(decode, indices, chunk), int(len(chunk[2]) * expansion))
+
+    prefetcher = Prefetcher(produce, prefetch_bytes, on_close=fetch.cancel)
+    try:
+        for future in prefetcher:
+            yield future.result()
+    finally:
+        for future in prefetcher.close():
+            future.cancel()
+        fetch_pool.shutdown(wait=True, cancel_futures=True)
+        decode_pool.shutdown(wait=True, cancel_futures=True)
+
+
+def read_epoch(transport: Transport, cache: pb.Cache, layout: Layout, options: ReadOptions,
+               epoch: int, start: int, prefetch_bytes: int) -> Iterator[tuple[int, list[Any]]]:
+    """This worker's share of one epoch of cache, from position start of the share."""
+    order, first, stop = epoch_range(cache, options, epoch, start)
+    yield from read_positions(transport, cache, layout, order, first, stop,
+                              parallel=options.parallel_shards, prefetch_bytes=prefetch_bytes,
+                              reconnect_timeout=options.reconnect_timeout)

@@ -1,0 +1,117 @@
+"""Reconnect: a daemon lost mid-epoch (kill -9, restart on the same socket) loses nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from daemon import Daemon  # noqa: E402
+from sharded import write_sharded  # noqa: E402
+
+from client import CacheClient  # noqa: E402
+
+N = 3000  # ~4 KiB elements: 12 MB, far more than the client buffers with 64 KiB prefetch
+SMALL_PREFETCH = 64 << 10
+
+
+def source(n: int = N, offset: int = 0) -> tf.data.Dataset:
+    """Element i: (i + offset, then 1023 random floats: incompressible), i."""
+    def element(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        noise = tf.random.stateless_uniform([1023], seed=tf.stack([i, 0]))
+        return tf.concat([[tf.cast(i + offset, tf.float32)], noise], 0), i
+
+    return tf.data.Dataset.range(n).map(element)
+
+
+def check(element: tuple) -> int:
+    x, i = element
+    assert x[0] == i  # the record is element i of the original cache
+    return int(i)
+
+
+class LostDaemon(logging.Handler):
+    """Sets an event when the client logs that it lost the daemon and is reconnecting."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lost = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "reconnecting" in record.getMessage():
+            self.lost.set()
+
+
+@pytest.mark.parametrize("parallel", [1, 3])
+def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_order(
+        fresh_daemon, parallel) -> None:
+    with CacheClient(fresh_daemon.unix_target) as cc:
+        write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
+        options = {"shuffle": True, "seed": 3, "parallel_shards": parallel,
+                   "prefetch_bytes": SMALL_PREFETCH}
+        expected = [check(e) for e in cc.dataset("big", **options).as_numpy_iterator()]
+        it = cc.dataset("big", **options).as_numpy_iterator()
+        got = [check(next(it)) for _ in range(500)]
+        watcher = LostDaemon()
+        logging.getLogger("client").addHandler(watcher)
+        errors: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                got.extend(check(e) for e in it)
+            except BaseException as exc:
+                errors.append(exc)
+
+        consumer = threading.Thread(target=consume)
+        try:
+            fresh_daemon.kill()  # kill -9 in the middle of the epoch
+            consumer.start()
+            assert watcher.lost.wait(60), "the client never noticed the daemon was gone"
+            fresh_daemon.start()  # a new process on the same socket and data dir
+            consumer.join(120)
+        finally:
+            logging.getLogger("client").removeHandler(watcher)
+    assert not consumer.is_alive() and not errors, errors
+    assert len(got) == N
+    assert got == expected
+
+
+def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon,
+                                                                  no_thread_leak) -> None:
+    with CacheClient(fresh_daemon.unix_target) as cc:
+        write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
+        ds = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, reconnect_timeout=1)
+        it = ds.as_numpy_iterator()
+        for _ in range(100):
+            next(it)
+        fresh_daemon.kill()
+        with pytest.raises(Exception, match=r"ReconnectTimeoutError.*could not reconnect "
+                                            r"within reconnect_timeout=1s") as info:
+            for _ in it:
+                pass
+    assert isinstance(info.value, tf.errors.OpError)  # TF wraps what the generator raised
+
+
+def test_a_cache_replaced_while_the_daemon_was_down_is_an_error_not_mixed_data(
+        fresh_daemon, no_thread_leak) -> None:
+    other = Daemon().start()  # a data dir holding another "big": same name, other fingerprint
+    try:
+        with CacheClient(other.unix_target) as cc:
+            write_sharded(cc, source(offset=10**6), "big", shard_bytes=1 << 20, version="v2")
+        other.kill()
+        with CacheClient(fresh_daemon.unix_target) as cc:
+            write_sharded(cc, source(), "big", shard_bytes=1 << 20)
+            it = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH).as_numpy_iterator()
+            got = [check(next(it)) for _ in range(100)]
+            fresh_daemon.kill()
+            fresh_daemon.data_dir = other.data_dir
+            fresh_daemon.start()
+            with pytest.raises(Exception, match=r"FingerprintMismatchError.*was replaced"):
+                for element in it:
+                    got.append(check(element))
+        assert got == list(range(len(got)))  # nothing of the replacement was yielded
+    finally:
+        other.close()
