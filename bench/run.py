@@ -35,7 +35,7 @@ from typing import Any
 from measure import RESULT_PREFIX, WARMUP_BATCHES, RssSampler, directory_bytes, kib_to_mb
 from report import GB, add_derived, add_ratios, render_notes, render_table, representative
 from strategies import EXTRA_STRATEGIES, STRATEGIES
-from workloads import WORKLOADS
+from workloads import DEFAULT_WORKLOADS, WORKLOADS
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -306,7 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(overrides the default or --quick sizes of the named workloads)",
     )
     parser.add_argument(
-        "--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS)
+        "--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(DEFAULT_WORKLOADS),
+        help=f"default: {' '.join(DEFAULT_WORKLOADS)}; pixels and tokens (compressible) are "
+        "for --cold runs",
     )
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES + EXTRA_STRATEGIES,
                         default=list(STRATEGIES))

@@ -121,6 +121,9 @@ WORKLOADS: dict[str, Workload] = {
     ),
 }
 
+#: What bench/run.py measures unless --workloads says otherwise.
+DEFAULT_WORKLOADS: tuple[str, ...] = ("image", "small", "jpeg")
+
 
 def expected_label_sum(workload: Workload, n: int) -> int:
     """Sum of all labels of an ``n``-element dataset (order independent checksum)."""

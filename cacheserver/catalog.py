@@ -245,6 +245,7 @@ class Catalog:
     def _to_trash(self, d: Path) -> Path:
         target = self._trash / f"{d.name}.{uuid.uuid4().hex}"
         os.rename(d, target)
+        self.readers.forget(d)  # idle shard maps would keep the deleted files' space
         return target
 
     @staticmethod
@@ -406,8 +407,9 @@ class Catalog:
         return self._caches_dir / record.name / f"shard-{shard:05d}"
 
     def read_shard(self, name: str, shard: int, start: int, chunk_bytes: int,
-                   fingerprint: str = "") -> Iterator[tuple[int, bytes, bytes]]:
-        """Validate the request, then iterate the shard's chunks from start."""
+                   fingerprint: str = "", count: int = 0) -> Iterator[tuple[int, bytes, bytes]]:
+        """Validate the request, then iterate the shard's chunks from start (count records,
+        0: to the end)."""
         record = self.get_ready(name, fingerprint)
         if not 0 <= shard < len(record.shards):
             raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
@@ -416,9 +418,12 @@ class Catalog:
         if start > info.num_elements:
             raise InvalidArgument(f"start {start} is past the end of shard {shard} "
                                   f"({info.num_elements} elements)")
+        if count > info.num_elements - start:
+            raise InvalidArgument(f"{count} records from {start} run past the end of shard "
+                                  f"{shard} ({info.num_elements} elements)")
         chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
         return self.readers.read_chunks(self.shard_path(record, shard), start,
-                                        info.num_elements, chunk)
+                                        start + count if count else info.num_elements, chunk)
 
     # ------------------------------------------------------------ materializing
     # A materialized cache's directory also holds materialize.json (what runs);

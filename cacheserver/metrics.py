@@ -6,8 +6,8 @@ metrics to it the same way: ``Counter("shardcache_...", "...", registry=REGISTRY
 ``serve --metrics-listen HOST:PORT`` exposes it at ``/metrics``.
 
 Definitions (docs/operations.md):
-- a hit is a ReadShard stream opened at the shard's first record (an N-shard
-  cache read through once counts N);
+- a hit is one reader's pass over its share of an epoch (the first request of
+  the pass carries epoch_start), or a raw ReadShard of a whole shard;
 - a miss is a WriteBegin answered ACCEPTED (the cache had to be built).
 """
 
@@ -28,7 +28,7 @@ WRITTEN_BYTES = Counter("shardcache_written_bytes", "Record bytes stored by Writ
 WRITTEN_ELEMENTS = Counter("shardcache_written_elements", "Records stored by WriteCache.",
                            registry=REGISTRY)
 CACHE_HITS = Counter("shardcache_cache_hits",
-                     "Shard streams opened at the shard's first record.", registry=REGISTRY)
+                     "Reader passes over a cache (see docs/operations.md).", registry=REGISTRY)
 CACHE_MISSES = Counter("shardcache_cache_misses",
                        "WriteBegin answered ACCEPTED: a cache had to be built.",
                        registry=REGISTRY)

@@ -162,9 +162,11 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def ReadShard(self, request: pb.ReadShardRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.ReadShardResponse]:
-        with self.catalog.reading(request.name, hit=request.start == 0):
+        whole_shard = request.start == 0 and not request.count
+        with self.catalog.reading(request.name, hit=request.epoch_start or whole_shard):
             chunks = self.catalog.read_shard(request.name, request.shard, request.start,
-                                             request.chunk_bytes, request.fingerprint)
+                                             request.chunk_bytes, request.fingerprint,
+                                             request.count)
             for start, lengths, data in chunks:
                 metrics.READ_BYTES.inc(len(data))
                 metrics.READ_ELEMENTS.inc(len(lengths) // 4)

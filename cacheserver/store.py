@@ -11,6 +11,7 @@ one may not.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
@@ -168,9 +169,13 @@ class ReaderPool:
     immutable, so readers need no lock file and no writer coordination.
     """
 
+    #: Environments kept open with no stream on them, most recently used last.
+    MAX_IDLE = 32
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._envs: dict[Path, _Env] = {}
+        self._idle: collections.OrderedDict[Path, _Env] = collections.OrderedDict()
 
     def _acquire(self, path: Path) -> _Env:
         """The open environment of the shard now at path (a rebuilt cache gets a new one)."""
@@ -178,20 +183,46 @@ class ReaderPool:
             try:
                 ent = self._envs.get(path)
                 if ent is None or ent.inode != (path / "data.mdb").stat().st_ino:
+                    if ent is not None and ent.refs == 0:
+                        self._close(path, ent)
                     ent = self._envs[path] = _Env(path)
             except (lmdb.Error, OSError) as exc:
                 raise DataLoss(f"cannot open shard {path}: {exc}; delete the cache and "
                                "build it again") from exc
             ent.refs += 1
+            self._idle.pop(path, None)
             return ent
 
     def _release(self, path: Path, ent: _Env) -> None:
+        """A stream is done with ent. It stays open while idle (a reader's next request
+        would otherwise map the file again and page-fault it all in afresh), up to
+        MAX_IDLE shards, until forget() or a rebuilt shard replaces it."""
         with self._lock:
             ent.refs -= 1
-            if ent.refs == 0:
-                if self._envs.get(path) is ent:
-                    del self._envs[path]
-                ent.env.close()
+            if ent.refs:
+                return
+            if self._envs.get(path) is not ent or not (path / "data.mdb").exists():
+                self._close(path, ent)  # rebuilt or deleted meanwhile
+                return
+            self._idle[path] = ent
+            while len(self._idle) > self.MAX_IDLE:
+                self._close(*self._idle.popitem(last=False))
+
+    def _close(self, path: Path, ent: _Env) -> None:
+        """Call with the lock held, for an env without streams."""
+        if self._idle.get(path) is ent:
+            del self._idle[path]
+        if self._envs.get(path) is ent:
+            del self._envs[path]
+        ent.env.close()
+
+    def forget(self, directory: Path) -> None:
+        """Close the idle environments of shards under directory (it is being deleted: its
+        files' space is released once no stream maps them)."""
+        with self._lock:
+            for path, ent in list(self._idle.items()):
+                if path.is_relative_to(directory):
+                    self._close(path, ent)
 
     def read_chunks(self, path: Path, start: int, stop: int,
                     chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:

@@ -1,4 +1,8 @@
-"""Reads an epoch's positions over ReadElements: parallel streams, reconnect, bounded memory.
+"""Reads an epoch's positions: parallel streams, reconnect, bounded memory.
+
+Shuffled positions are fetched over ReadElements (records by global index);
+runs of consecutive indices, as every unshuffled read is, over ReadShard with
+start/count, a cursor walk with read-ahead that costs less per element.
 
 The producer thread cuts the positions [first, stop) into requests of about
 ``request_bytes`` of stored records, maps each to global indices with the
@@ -47,6 +51,7 @@ MAX_REQUEST_INDICES = 65536  # the daemon's limit (cacheserver/gather.py)
 _MIN_REQUEST_BYTES, _MAX_REQUEST_BYTES = 256 << 10, 8 << 20
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
 Chunk = tuple[int, bytes, bytes]  # (position in the request, u32 lengths, data)
+Indices = np.ndarray | range  # global element indices; a range is the stored order
 
 
 def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
@@ -74,32 +79,30 @@ class _Fetcher:
             for call in self._calls:
                 call.cancel()
 
-    def __call__(self, indices: np.ndarray, epoch_start: bool = False) -> list[Chunk]:
-        """epoch_start: this request starts a pass (the daemon counts a hit, once)."""
-        chunks: list[Chunk] = []
+    def __call__(self, indices: Indices, epoch_start: bool = False) -> list[Chunk]:
+        """The records at indices, whole; epoch_start: this request starts a pass."""
+        return list(self.stream(indices, epoch_start))
+
+    def stream(self, indices: Indices, epoch_start: bool = False) -> Iterator[Chunk]:
+        """The records at indices as chunks arrive, reconnecting on UNAVAILABLE.
+
+        indices is an array of global indices, or a range (the stored order,
+        never materialized). epoch_start: this request starts a pass (the daemon
+        counts a hit, once).
+        """
         got = 0
         failing_since: float | None = None
         delay = _FIRST_BACKOFF
-        while got < indices.size:
+        while got < len(indices):
             if self._closing.is_set():
                 raise Closed()
-            request = pb.ReadElementsRequest(
-                name=self._cache.name, fingerprint=self._cache.fingerprint,
-                indices=indices[got:].astype("<u8").tobytes(), chunk_bytes=CHUNK_BYTES,
-                epoch_start=epoch_start)
-            epoch_start = False
-            call = self._transport.stub.ReadElements(request)
-            with self._lock:
-                self._calls.add(call)
-            if self._closing.is_set():
-                call.cancel()
             base = got
             try:
-                for chunk in call:
-                    position = base + chunk.position
-                    chunks.append((position, chunk.lengths, chunk.data))
-                    got = position + len(chunk.lengths) // 4
+                for position, lengths, data in self._attempt(indices[got:], epoch_start):
+                    epoch_start = False
+                    got = base + position + len(lengths) // 4
                     failing_since, delay = None, _FIRST_BACKOFF
+                    yield base + position, lengths, data
             except grpc.RpcError as err:
                 if self._closing.is_set():
                     raise Closed() from err
@@ -122,10 +125,46 @@ class _Fetcher:
                         "reconnect_timeout=") from err
                 self._closing.wait(min(delay, left))  # backoff; wakes at once on close
                 delay = min(delay * 2, _MAX_BACKOFF)
-            finally:
-                with self._lock:
-                    self._calls.discard(call)
-        return chunks
+
+    def _attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Chunk]:
+        """One try at indices: (position in indices, lengths, data) chunks, in order.
+
+        A run of consecutive indices (stored order: every unshuffled read) goes
+        over ReadShard, a cursor walk with read-ahead; any other list over
+        ReadElements, one key lookup per record.
+        """
+        first = int(indices[0])
+        if isinstance(indices, np.ndarray) and not np.all(np.diff(indices) == 1):
+            yield from self._stream(self._transport.stub.ReadElements(pb.ReadElementsRequest(
+                name=self._cache.name, fingerprint=self._cache.fingerprint,
+                indices=indices.astype("<u8").tobytes(), chunk_bytes=CHUNK_BYTES,
+                epoch_start=epoch_start)), 0, "position")
+            return
+        stop = first + len(indices)
+        for shard in self._cache.shards:
+            end = shard.first_element + shard.num_elements
+            if end <= first or shard.first_element >= stop:
+                continue
+            start = max(first, shard.first_element)
+            call = self._transport.stub.ReadShard(pb.ReadShardRequest(
+                name=self._cache.name, shard=shard.index, start=start - shard.first_element,
+                count=min(stop, end) - start, chunk_bytes=CHUNK_BYTES,
+                fingerprint=self._cache.fingerprint, epoch_start=epoch_start))
+            epoch_start = False
+            yield from self._stream(call, shard.first_element - first, "start")
+
+    def _stream(self, call: Any, offset: int, field: str) -> Iterator[Chunk]:
+        """Chunks of one call as (offset + chunk.<field>, lengths, data); cancel() stops it."""
+        with self._lock:
+            self._calls.add(call)
+        try:
+            if self._closing.is_set():
+                call.cancel()
+            for chunk in call:
+                yield offset + getattr(chunk, field), chunk.lengths, chunk.data
+        finally:
+            with self._lock:
+                self._calls.discard(call)
 
 
 class _Decoder:
@@ -142,7 +181,7 @@ class _Decoder:
         return (f"shard {shard} record {index - int(self._firsts[shard])} (element "
                 f"{index})")
 
-    def __call__(self, indices: np.ndarray, chunk: Chunk) -> tuple[int, list[Any]]:
+    def __call__(self, indices: Indices, chunk: Chunk) -> tuple[int, list[Any]]:
         dec = getattr(self._local, "dec", None)
         if dec is None:
             dec = self._local.dec = Decompressor()
@@ -180,6 +219,12 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
     fetch_pool = ThreadPoolExecutor(parallel, thread_name_prefix="shardcache-fetch")
     decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="shardcache-decode")
 
+    def produce_in_order(put: Callable[[Future[tuple[int, list[Any]]], int], None]) -> None:
+        """The stored order: one ReadShard stream per shard, chunks decoded as they come."""
+        indices = range(first, stop)
+        for chunk in fetch.stream(indices, epoch_start=True):
+            put(decode_pool.submit(decode, indices, chunk), int(len(chunk[2]) * expansion))
+
     def produce(put: Callable[[Future[tuple[int, list[Any]]], int], None]) -> None:
         pending: collections.deque[tuple[np.ndarray, Future[list[Chunk]]]] = (
             collections.deque())
@@ -200,7 +245,9 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
             for chunk in chunks:
                 put(decode_pool.submit(decode, indices, chunk), int(len(chunk[2]) * expansion))
 
-    prefetcher = Prefetcher(produce, prefetch_bytes, on_close=fetch.cancel)
+    in_order = order.mode == "none" and parallel == 1
+    prefetcher = Prefetcher(produce_in_order if in_order else produce, prefetch_bytes,
+                            on_close=fetch.cancel)
     try:
         for future in prefetcher:
             yield future.result()

@@ -179,18 +179,22 @@ class WriteCacheResponse(_message.Message):
     def __init__(self, begun: _Optional[_Union[WriteBegun, _Mapping]] = ..., committed: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
 
 class ReadShardRequest(_message.Message):
-    __slots__ = ("name", "shard", "start", "chunk_bytes", "fingerprint")
+    __slots__ = ("name", "shard", "start", "chunk_bytes", "fingerprint", "count", "epoch_start")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_START_FIELD_NUMBER: _ClassVar[int]
     name: str
     shard: int
     start: int
     chunk_bytes: int
     fingerprint: str
-    def __init__(self, name: _Optional[str] = ..., shard: _Optional[int] = ..., start: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    count: int
+    epoch_start: bool
+    def __init__(self, name: _Optional[str] = ..., shard: _Optional[int] = ..., start: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., fingerprint: _Optional[str] = ..., count: _Optional[int] = ..., epoch_start: bool = ...) -> None: ...
 
 class ReadShardResponse(_message.Message):
     __slots__ = ("start", "lengths", "data")

@@ -128,3 +128,25 @@ def test_a_chunk_with_inconsistent_framing_is_rejected_and_nothing_is_kept(daemo
 def test_wait_healthy_gives_up_on_a_dead_target() -> None:
     with pytest.raises(NotHealthy):
         wait_healthy("unix:///tmp/no-such-shardcache.sock", deadline_s=0.5)
+
+
+def test_a_deleted_cache_is_unmapped_once_read_so_its_disk_space_comes_back(
+        daemon: Daemon) -> None:
+    """Shards stay mapped between a reader's requests; deleting must still drop the maps."""
+    import time
+    from pathlib import Path
+
+    from wire import read_all, records, write_cache
+
+    name = "unmapped-after-delete"
+    data = records(20, 50_000)
+    with grpc.insecure_channel(daemon.unix_target) as ch:
+        write_cache(ch, name, data)
+        assert read_all(ch, name) == data
+        maps = Path(f"/proc/{daemon.proc.pid}/maps")
+        assert f"/{name}/shard-" in maps.read_text(), "an idle shard stays mapped"
+        pb_grpc.CacheServiceStub(ch).DeleteCache(pb.DeleteCacheRequest(name=name), timeout=10)
+    deadline = time.monotonic() + 10
+    while name in maps.read_text():
+        assert time.monotonic() < deadline, "the deleted cache's files are still mapped"
+        time.sleep(0.05)

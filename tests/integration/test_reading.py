@@ -232,3 +232,19 @@ def test_keras_fit_from_initial_epoch_reads_the_caches_epochs_in_whole_steps(cc,
     assert steps == [7, 7]
     expected = [ids(cc.dataset(sharded, epoch=e, **opts)) for e in (2, 3)]
     assert seen == expected[0] + expected[1]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_readers_pass_counts_one_hit_however_many_shards_and_requests_it_takes(
+        cc, daemon, shuffle) -> None:
+    name = f"hits-{shuffle}"
+    with CacheClient(daemon.unix_target) as writer:
+        cache = write_sharded(writer, source(), name, shard_bytes=3000)
+    assert len(cache.shards) > 5
+    before = cc.info(name).hits
+    for w in range(2):  # one epoch, two workers: two passes
+        ds = cc.dataset(name, shuffle=shuffle, seed=3, worker_index=w, num_workers=2,
+                        prefetch_bytes=64 << 10)  # many small requests per pass
+        assert len(ids(ds)) == N // 2
+    assert cc.info(name).hits - before == 2
+    cc.delete(name)
