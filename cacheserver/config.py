@@ -15,13 +15,18 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import click
-import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 ENV_PREFIX = "CACHESERVER_"
 #: CACHESERVER_* variables that are not daemon settings (the config file, the client's token).
