@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from daemon import Daemon
+from mounts import mounted_tmpfs
 
 # CI gets the same examples on every run (a red run must mean a regression, not a
 # newly drawn example); locally hypothesis keeps exploring. Tests' own settings
@@ -41,6 +42,13 @@ def fresh_daemon() -> Iterator[Daemon]:
     d = Daemon().start()
     yield d
     d.close()
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A real 24 MiB tmpfs: writes past it fail with ENOSPC (skipped unless root)."""
+    with mounted_tmpfs("size=24m") as mount:
+        yield mount
 
 
 @pytest.fixture(params=["unix", "tcp"])

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,21 +11,6 @@ import pytest
 from daemon import Daemon
 
 tf = pytest.importorskip("tensorflow")
-
-
-@pytest.fixture
-def small_disk() -> Iterator[Path]:
-    mount = Path(tempfile.mkdtemp(prefix="sc-tmpfs-", dir="/tmp"))
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(mount, ignore_errors=True)
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-        shutil.rmtree(mount, ignore_errors=True)
 
 
 def _free_bytes(path: Path) -> int:

@@ -9,7 +9,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import termios
 import threading
 import time
@@ -335,21 +334,6 @@ def test_a_sigterm_stops_the_workers_keeps_committed_shards_and_the_restart_resu
 
 
 # --------------------------------------------------------------------------- full disk
-
-@pytest.fixture
-def small_disk() -> Iterator[Path]:
-    """A real 24 MiB tmpfs (as tests/integration/test_disk_full.py mounts it)."""
-    mount = Path(tempfile.mkdtemp(prefix="sc-tmpfs-", dir="/tmp"))
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(mount, ignore_errors=True)
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-        shutil.rmtree(mount, ignore_errors=True)
 
 
 def test_a_full_disk_fails_the_operation_releases_its_space_and_keeps_other_caches(

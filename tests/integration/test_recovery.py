@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from daemon import Daemon
+from mounts import mounted_tmpfs
 from wire import names, read_all, records, stub, write_cache, write_requests
 
 from cacheserver.recovery import LOCK_FILE
@@ -64,17 +63,8 @@ def test_a_second_daemon_on_the_same_data_dir_refuses_to_start_and_touches_nothi
 
 @pytest.fixture
 def read_only_dir() -> Iterator[Path]:
-    mount = Path(tempfile.mkdtemp(prefix="sc-ro-", dir="/tmp"))
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(mount, ignore_errors=True)
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
+    with mounted_tmpfs("ro,size=1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-        shutil.rmtree(mount, ignore_errors=True)
 
 
 def test_a_data_dir_on_a_read_only_filesystem_fails_at_start_with_the_reason(
