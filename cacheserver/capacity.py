@@ -27,7 +27,8 @@ from cacheserver.errors import CapacityExceeded
 from cacheserver.retention import Retention, RetentionBook
 
 if TYPE_CHECKING:
-    from cacheserver.catalog import CacheRecord, Catalog
+    from cacheserver.catalog import Catalog
+    from cacheserver.records import CacheRecord
 
 log = logging.getLogger(__name__)
 

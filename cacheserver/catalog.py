@@ -21,18 +21,16 @@ Knows nothing of gRPC: the service layer translates its exceptions.
 from __future__ import annotations
 
 import builtins
-import errno
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from cacheserver import metrics
@@ -44,94 +42,15 @@ from cacheserver.errors import (
     FingerprintMismatch,
     InvalidArgument,
 )
+from cacheserver.records import CacheRecord, ShardInfo, du, validate_name, write_atomic
 from cacheserver.recovery import RecoveryReport
 from cacheserver.retention import Retention, RetentionBook
-from cacheserver.store import ReaderPool, ShardWriter, disk_full
+from cacheserver.store import ReaderPool, ShardWriter
 
 log = logging.getLogger(__name__)
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-MAX_NAME_LEN = 200
 DEFAULT_SHARD_BYTES = 1 << 30
 DEFAULT_CHUNK_BYTES = 1 << 20
-
-
-def validate_name(name: str) -> str:
-    """Return name if it is a valid cache name, else raise InvalidArgument."""
-    if not name:
-        raise InvalidArgument("cache name is empty; pass a name such as 'imagenet-train'")
-    if len(name) > MAX_NAME_LEN:
-        raise InvalidArgument(f"cache name is {len(name)} characters; the limit is {MAX_NAME_LEN}")
-    if not NAME_RE.fullmatch(name):
-        raise InvalidArgument(
-            f"invalid cache name {name!r}: use letters, digits, '.', '_' and '-', "
-            "starting with a letter or digit (no '/', no control characters)")
-    return name
-
-
-@dataclass
-class ShardInfo:
-    index: int
-    first_element: int
-    num_elements: int
-    stored_bytes: int
-    raw_bytes: int
-
-
-@dataclass
-class CacheRecord:
-    name: str
-    fingerprint: str
-    layout_json: str
-    element_spec: bytes
-    state: str  # "WRITING" | "READY"
-    create_time: float
-    commit_time: float = 0.0
-    shards: list[ShardInfo] = field(default_factory=list)
-    disk_bytes: int = 0
-
-    @property
-    def num_elements(self) -> int:
-        return sum(s.num_elements for s in self.shards)
-
-    def to_json(self) -> str:
-        doc = asdict(self)
-        doc["element_spec"] = self.element_spec.hex()
-        return json.dumps(doc, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> CacheRecord:
-        doc = json.loads(text)
-        doc["element_spec"] = bytes.fromhex(doc["element_spec"])
-        doc["shards"] = [ShardInfo(**s) for s in doc["shards"]]
-        return cls(**doc)
-
-
-def _write_atomic(path: Path, text: str, durable: bool = True) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if exc.errno == errno.ENOSPC:
-            raise disk_full(path) from exc
-        raise
-    os.replace(tmp, path)
-    if not durable:
-        return
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _du(path: Path) -> int:
-    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
 
 
 class WriteSession:
@@ -161,7 +80,7 @@ class WriteSession:
         writer.commit()
         shard = ShardInfo(len(self.record.shards), self.record.num_elements,
                           writer.num_records, writer.stored_bytes, writer.raw_bytes)
-        _write_atomic(self._dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
+        write_atomic(self._dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
         self.record.shards.append(shard)
 
     @property
@@ -177,8 +96,8 @@ class WriteSession:
             self._commit_shard()
         self.record.state = "READY"
         self.record.commit_time = time.time()
-        self.record.disk_bytes = _du(self._dir)
-        _write_atomic(self._dir / "manifest.json", self.record.to_json())
+        self.record.disk_bytes = du(self._dir)
+        write_atomic(self._dir / "manifest.json", self.record.to_json())
         (self._dir / "writing.json").unlink(missing_ok=True)
         self._done = True
         self._catalog._release(self, committed=True)
@@ -201,7 +120,7 @@ class Catalog:
         self.data_dir = data_dir
         self.capacity = capacity or Capacity(data_dir)
         self.capacity.attach(self)
-        self.retention = RetentionBook(data_dir / "caches", _write_atomic)
+        self.retention = RetentionBook(data_dir / "caches", write_atomic)
         self._caches_dir = data_dir / "caches"
         self._trash = data_dir / "trash"
         self._caches_dir.mkdir(parents=True, exist_ok=True)
@@ -367,7 +286,7 @@ class Catalog:
             directory.mkdir()
             record = CacheRecord(name, fingerprint, layout_json, element_spec, "WRITING",
                                  time.time())
-            _write_atomic(directory / "writing.json", record.to_json())
+            write_atomic(directory / "writing.json", record.to_json())
             self._caches[name] = record
             self.retention.forget(name)
         session = WriteSession(self, record, directory, shard_bytes or DEFAULT_SHARD_BYTES)
@@ -468,8 +387,8 @@ class Catalog:
             directory.mkdir()
             record = CacheRecord(name, fingerprint, "", b"", "WRITING", time.time())
             try:
-                _write_atomic(directory / MATERIALIZE_SPEC, spec_json)
-                _write_atomic(directory / "writing.json", record.to_json())
+                write_atomic(directory / MATERIALIZE_SPEC, spec_json)
+                write_atomic(directory / "writing.json", record.to_json())
             except Exception:
                 self._remove_dir(directory)
                 raise
@@ -483,8 +402,8 @@ class Catalog:
         directory = self._caches_dir / record.name
         record.state = "READY"
         record.commit_time = time.time()
-        record.disk_bytes = _du(directory)
-        _write_atomic(directory / "manifest.json", record.to_json())
+        record.disk_bytes = du(directory)
+        write_atomic(directory / "manifest.json", record.to_json())
         (directory / "writing.json").unlink(missing_ok=True)
         (directory / MATERIALIZE_SPEC).unlink(missing_ok=True)
         self.capacity.release(record.name)  # its files now count as disk_bytes

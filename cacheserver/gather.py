@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from cacheserver.catalog import DEFAULT_CHUNK_BYTES, CacheRecord, Catalog
+from cacheserver.catalog import DEFAULT_CHUNK_BYTES, Catalog
 from cacheserver.errors import InvalidArgument
+from cacheserver.records import CacheRecord
 from cacheserver.store import ShardGetter
 
 MAX_INDICES = 65536

@@ -125,7 +125,7 @@ def _resolve(entry_point: str) -> Any:
 
 def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: Any,
                  should_stop: Any) -> None:
-    from cacheserver.catalog import _write_atomic
+    from cacheserver.records import write_atomic
     from cacheserver.store import ShardWriter
     from client import _tf
     from client._client import _WRITE_BATCH_BYTES, _WRITE_BATCH_ELEMENTS
@@ -158,7 +158,7 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
             writer.append(values, raw)
             results.put(("progress", worker, shard, n, raw, sum(len(v) for v in values)))
         writer.commit()
-        _write_atomic(marker, json.dumps({
+        write_atomic(marker, json.dumps({
             "index": shard, "num_elements": writer.num_records,
             "stored_bytes": writer.stored_bytes, "raw_bytes": writer.raw_bytes,
             "layout_json": layout.to_json(),

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cacheserver import errors, materialize_worker, metrics
-from cacheserver.catalog import MATERIALIZE_SPEC, Catalog, ShardInfo, validate_name
+from cacheserver.catalog import MATERIALIZE_SPEC, Catalog
 from cacheserver.errors import CacheWriting, InvalidArgument, OperationNotFound
 from cacheserver.operation import (
     Operation,
@@ -43,6 +43,7 @@ from cacheserver.operation import (
     graph_fingerprint,
     leaves,
 )
+from cacheserver.records import ShardInfo, validate_name
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cacheserver import errors, materialize_worker
-from cacheserver.catalog import CacheRecord
+from cacheserver.records import CacheRecord
 
 _CODES = {cls.reason: cls.code for cls in vars(errors).values()
           if isinstance(cls, type) and issubclass(cls, errors.CacheServerError)}

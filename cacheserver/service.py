@@ -16,10 +16,11 @@ from typing import Any, TypeVar
 import grpc
 
 from cacheserver import gather, metrics
-from cacheserver.catalog import CacheRecord, Catalog, WriteSession
+from cacheserver.catalog import Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
 from cacheserver.materializer import Materializer
 from cacheserver.operation_wire import operation_to_proto
+from cacheserver.records import CacheRecord
 from cacheserver.retention import Retention
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc

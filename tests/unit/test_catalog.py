@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cacheserver.catalog import Catalog, validate_name
+from cacheserver.catalog import Catalog
 from cacheserver.errors import (
     CacheNotFound,
     CacheWriting,
@@ -14,6 +14,7 @@ from cacheserver.errors import (
     FingerprintMismatch,
     InvalidArgument,
 )
+from cacheserver.records import validate_name
 
 
 def _write(cat: Catalog, name: str, n: int, fp: str = "fp1", shard_bytes: int = 0) -> None:
