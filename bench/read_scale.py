@@ -11,13 +11,12 @@ child's peak ``RssAnon`` sampled as bench/measure.py does. Each point runs
 ``--repeat`` times, round robin over the modes, and the fastest run counts: on
 a shared machine, other load only ever slows a run down. Modes:
 
-* ``readshard``: the ReadShard path reads used before ReadElements existed
-  (client/_reader.py), the baseline every ratio is taken against;
-* ``sequential``: cc.dataset(name) (ReadElements, stored order);
+* ``sequential``: cc.dataset(name), the stored order (one ReadShard stream per
+  shard), the baseline every ratio is taken against;
 * ``shuffle``: shuffle=True (exact global shuffle); ``shards``: shuffle="shards";
 * ``shuffle-p2``/``-p4``, ``sequential-p4``: the same with parallel_shards=2/4.
 
-Prints one Markdown table per workload: elements/s, ratio to readshard, peak
+Prints one Markdown table per workload: elements/s, ratio to sequential, peak
 RssAnon, and the ratio of the peak at 4x the data to the peak at 1x. CPU
 µs/element is the client's plus the daemon's CPU time over the epoch, per
 element (the least over the runs): unlike wall time it barely moves when other
@@ -40,7 +39,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 MODES: dict[str, dict[str, Any]] = {
-    "readshard": {},
     "sequential": {},
     "sequential-p4": {"parallel_shards": 4},
     "shards": {"shuffle": "shards", "seed": 1},
@@ -48,7 +46,7 @@ MODES: dict[str, dict[str, Any]] = {
     "shuffle-p2": {"shuffle": True, "seed": 1, "parallel_shards": 2},
     "shuffle-p4": {"shuffle": True, "seed": 1, "parallel_shards": 4},
 }
-MEMORY_MODES = ("readshard", "sequential", "shuffle", "shuffle-p4")
+MEMORY_MODES = ("sequential", "shuffle", "shuffle-p4")
 PREFETCH_BYTES = 64 << 20
 BATCHES = {"small": 256, "image": 16}  # image batches of 256 would hold 154 MB each
 SHARD_BYTES = 32 << 20  # several shards even at these modest sizes
@@ -105,16 +103,7 @@ def measure(socket: str, workload: str, n: int, mode: str, daemon_pid: int) -> d
     baseline = kib_to_mb(sampler.sample())
     name = f"{workload}-{n}"
     with CacheClient("unix://" + socket) as cc:
-        if mode == "readshard":
-            from client import _tf
-            from client.codec import Layout
-
-            cache = cc._get(name)
-            wire = _tf.WireFormat(_tf.decode_spec(cache.element_spec),
-                                  Layout.from_json(cache.layout_json))
-            ds = wire.dataset(lambda: cc._read(cache, wire, PREFETCH_BYTES), cache.num_elements)
-        else:
-            ds = cc.dataset(name, prefetch_bytes=PREFETCH_BYTES, **MODES[mode])
+        ds = cc.dataset(name, prefetch_bytes=PREFETCH_BYTES, **MODES[mode])
         ds = ds.batch(BATCHES[workload])
         for _ in ds.take(1):  # start TF's machinery untimed
             pass
@@ -186,9 +175,9 @@ def table(results: list[dict[str, Any]]) -> str:
     for workload in dict.fromkeys(r["workload"] for r in results):
         rows = [r for r in results if r["workload"] == workload]
         n = min(r["n"] for r in rows)
-        base = next(r for r in rows if r["mode"] == "readshard" and r["n"] == n)
+        base = next(r for r in rows if r["mode"] == "sequential" and r["n"] == n)
         lines += [f"\n**{workload}** ({n:,} and {4 * n:,} elements)\n",
-                  "| mode | elements/s (1x) | vs readshard | CPU µs/element | vs readshard "
+                  "| mode | elements/s (1x) | vs sequential | CPU µs/element | vs sequential "
                   "| all once | peak RssAnon 1x (MB) | peak 4x (MB) | 4x / 1x |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in rows if r["n"] == n):

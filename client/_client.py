@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from client import _malloc, _plan
-from client._gather import read_epoch
-from client._reader import DEFAULT_PREFETCH_BYTES, read_batches
+from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._writer import CacheWriter
 from client.codec import Compressor, Layout, encode_batch
@@ -281,13 +280,6 @@ class CacheClient:
         return self.info(name)
 
     # ------------------------------------------------------------------ epochs
-
-    def _read(self, cache: pb.Cache, wire: WireFormat, prefetch_bytes: int) -> Iterator[Any]:
-        if self._tune_malloc:  # from_generator has applied its own setting by now
-            _malloc.tune()
-        for n, batch in read_batches(self._transport, cache, wire.layout,
-                                     prefetch_bytes=prefetch_bytes):
-            yield wire.to_wire(batch, n)
 
     def _read_next(self, cache: pb.Cache, wire: WireFormat, epochs: _plan.Epochs,
                    prefetch_bytes: int, taken: tuple[int, int] | None = None) -> Iterator[Any]:

@@ -47,6 +47,7 @@ from client.errors import (
 
 log = logging.getLogger("client")
 CHUNK_BYTES = 1 << 20
+DEFAULT_PREFETCH_BYTES = 256 << 20
 MAX_REQUEST_INDICES = 65536  # the daemon's limit (cacheserver/gather.py)
 _MIN_REQUEST_BYTES, _MAX_REQUEST_BYTES = 256 << 10, 8 << 20
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
