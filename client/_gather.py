@@ -63,7 +63,8 @@ def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
 
 
 class _Fetcher:
-    """Fetches one request's records whole, reconnecting on UNAVAILABLE; thread-safe."""
+    """Fetches records by index, whole or as they arrive, reconnecting on UNAVAILABLE;
+    thread-safe."""
 
     def __init__(self, transport: Transport, cache: pb.Cache, reconnect_timeout: float,
                  closing: threading.Event) -> None:
@@ -126,6 +127,7 @@ class _Fetcher:
                         "reconnect_timeout=") from err
                 self._closing.wait(min(delay, left))  # backoff; wakes at once on close
                 delay = min(delay * 2, _MAX_BACKOFF)
+                epoch_start = False  # the failed try was sent: its hit is counted
 
     def _attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Chunk]:
         """One try at indices: (position in indices, lengths, data) chunks, in order.
