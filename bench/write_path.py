@@ -1,0 +1,224 @@
+"""Epoch 1 only: the bare pipeline vs the ways of caching it, as ratios to bare, in one run.
+
+Run from the repository root::
+
+    .venv/bin/python bench/write_path.py --workload jpeg --n 600 --repeat 3
+    .venv/bin/python bench/write_path.py --workload image --n 1000 \\
+        --strategies none memory file shardcache --baseline-root ../wt-base
+
+Strategies (epoch 1 of each, batch 256 after the cache op, as ``run.py``):
+``none`` (the bare pipeline), ``memory`` (``ds.cache()``), ``file``
+(``ds.cache(filename)``), ``save`` (``Dataset.save``), ``shardcache``
+(``CacheClient.cache`` write-through, committed before the clock stops).
+``--baseline-root DIR`` adds ``shardcache@base``: the same, with the client
+and the daemon imported from another checkout (A/B of a change in one run).
+
+Every measurement runs in its own process (TensorFlow imported, two batches
+of zeros iterated untimed, ``sync``), round-robin over the strategies for
+each repeat, so that a noisy neighbour hits all of them alike; a row's ratio
+is the median over repeats of (its time / bare's time in the same repeat).
+Peak RssAnon is the process's over the epoch; client and daemon CPU seconds
+are summed over all their threads. Prints markdown on stdout, progress on
+stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+STRATEGIES = ("none", "memory", "file", "save", "shardcache")
+RESULT = "RESULT "
+MB = 1_000_000
+
+
+def _cpu_of(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One epoch 1 of one strategy in this process."""
+    sys.path.insert(0, str(BENCH_DIR))
+    import tensorflow as tf
+    from measure import RssSampler, kib_to_mb
+    from strategies import timed_iteration
+    from workloads import WORKLOADS, expected_label_sum, make_source, make_warmup
+
+    sampler = RssSampler().start()
+    workload = WORKLOADS[args.workload]
+    timed_iteration(make_warmup(workload, min(2 * 256, args.n)).batch(256))
+    src = make_source(workload, args.n)
+    tmp = Path(args.tmp_dir)
+    keep: list[Any] = []
+    strategy = args.strategy.split("@")[0]
+    if strategy == "none":
+        ds = src.batch(256)
+    elif strategy == "memory":
+        ds = src.cache().batch(256)
+    elif strategy == "file":
+        ds = src.cache(str(tmp / "cache")).batch(256)
+    elif strategy == "shardcache":
+        from client import CacheClient
+
+        cc = CacheClient("unix://" + args.socket)
+        keep.append(cc)
+        ds = cc.cache(src, name=args.cache_name).batch(256)
+    os.sync()
+    sampler.reset_window()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    daemon_before = _cpu_of(args.daemon_pid) if args.daemon_pid else 0.0
+    if strategy == "save":
+        start = time.perf_counter()
+        src.save(str(tmp / "saved"))
+        seconds, elements, label_sum = time.perf_counter() - start, args.n, None
+    else:
+        result = timed_iteration(ds)
+        seconds, elements, label_sum = result.seconds, result.elements, result.label_sum
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    record: dict[str, Any] = {
+        "strategy": args.strategy, "seconds": seconds,
+        "ok": elements == args.n and label_sum in (None, expected_label_sum(workload, args.n)),
+        "client_cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+        "daemon_cpu": (_cpu_of(args.daemon_pid) - daemon_before) if args.daemon_pid else 0.0,
+        "peak_rss_anon_mb": kib_to_mb(sampler.window_anon_kib),
+        "payload_mb": workload.dataset_bytes(args.n) / MB,
+    }
+    if strategy == "shardcache":
+        info = keep[0].info(args.cache_name)
+        record["committed"] = info.state == "READY" and info.num_elements == args.n
+        keep[0].delete(args.cache_name)
+        keep[0].close()
+    sampler.stop()
+    del tf
+    return record
+
+
+class _Daemon:
+    def __init__(self, root: Path, scratch: Path, label: str) -> None:
+        self.root = root
+        self.socket = scratch / f"{label}.sock"
+        data = scratch / f"data-{label}"
+        data.mkdir()
+        env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
+        self.log = open(scratch / f"{label}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(data),
+             "--listen", "unix://" + str(self.socket)],
+            cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        from cacheserver.probe import wait_healthy
+
+        wait_healthy("unix://" + str(self.socket), 60,
+                     still_starting=lambda: self.proc.poll() is None)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def _measure(args: argparse.Namespace, strategy: str, scratch: Path,
+             daemons: dict[str, _Daemon], repeat: int) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"{strategy}-", dir=scratch))
+    daemon = daemons.get(strategy)
+    root = daemon.root if daemon else REPO_ROOT
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workload", args.workload,
+           "--n", str(args.n), "--strategy", strategy, "--tmp-dir", str(tmp),
+           "--cache-name", f"write-path-{repeat}"]
+    if daemon is not None:
+        cmd += ["--socket", str(daemon.socket), "--daemon-pid", str(daemon.proc.pid)]
+    env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
+                         timeout=args.timeout, check=False)
+    shutil.rmtree(tmp, ignore_errors=True)
+    for line in out.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])  # type: ignore[no-any-return]
+    raise RuntimeError(f"{strategy} failed (exit {out.returncode}): {out.stderr[-2000:]}")
+
+
+def _table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> str:
+    bare = [r["seconds"] for r in runs["none"]]
+    payload = runs["none"][0]["payload_mb"]
+    lines = [
+        f"`{args.workload}`, {args.n:,} elements ({payload:,.0f} MB), epoch 1, "
+        f"{args.repeat} repeat(s); bare pipeline: {payload / statistics.median(bare):,.0f} MB/s",
+        "",
+        "| strategy | epoch 1 s (median, min-max) | ratio to bare (median) | MB/s | "
+        "client CPU s | daemon CPU s | peak RssAnon MB | checks |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for strategy, records in runs.items():
+        secs = [r["seconds"] for r in records]
+        ratios = [s / b for s, b in zip(secs, bare)]
+        ok = all(r["ok"] and r.get("committed", True) for r in records)
+        lines.append(
+            f"| {strategy} | {statistics.median(secs):.2f} ({min(secs):.2f}-{max(secs):.2f}) | "
+            f"{statistics.median(ratios):.2f}x | {payload / statistics.median(secs):,.0f} | "
+            f"{statistics.median(r['client_cpu'] for r in records):.2f} | "
+            f"{statistics.median(r['daemon_cpu'] for r in records):.2f} | "
+            f"{max(r['peak_rss_anon_mb'] for r in records):,.0f} | {'ok' if ok else 'FAILED'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="jpeg")
+    parser.add_argument("--n", type=int, default=600)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    parser.add_argument("--baseline-root", type=Path, default=None,
+                        help="another checkout: adds shardcache@base, run from its code")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--strategy", "--tmp-dir", "--socket", "--cache-name"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--daemon-pid", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(RESULT + json.dumps(child(args)), flush=True)
+        return 0
+    sys.path.insert(0, str(REPO_ROOT))
+    if "none" not in args.strategies:
+        args.strategies.insert(0, "none")
+    strategies = list(args.strategies)
+    scratch = Path(tempfile.mkdtemp(prefix="wp-"))
+    daemons: dict[str, _Daemon] = {}
+    try:
+        if "shardcache" in strategies:
+            daemons["shardcache"] = _Daemon(REPO_ROOT, scratch, "head")
+            if args.baseline_root is not None:
+                daemons["shardcache@base"] = _Daemon(args.baseline_root.resolve(), scratch,
+                                                     "base")
+                strategies.append("shardcache@base")
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
+        print(f"load average at start: {os.getloadavg()}", file=sys.stderr)
+        for repeat in range(args.repeat):
+            for strategy in strategies:
+                record = _measure(args, strategy, scratch, daemons, repeat)
+                runs[strategy].append(record)
+                print(f"{repeat} {strategy}: {record['seconds']:.2f} s", file=sys.stderr)
+        end_load = os.getloadavg()
+    finally:
+        for daemon in daemons.values():
+            daemon.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(_table(args, runs))
+    print(f"\nLoad average (1/5/15 min) at the end: {' '.join(f'{x:.2f}' for x in end_load)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
