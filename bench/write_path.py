@@ -13,6 +13,15 @@ Strategies (epoch 1 of each, batch 256 after the cache op, as ``run.py``):
 ``--baseline-root DIR`` adds ``shardcache@base``: the same, with the client
 and the daemon imported from another checkout (A/B of a change in one run).
 
+``--layers`` measures the write path's layers instead, on synthetic 602 KB
+float32 records without TensorFlow (``ceilings.py``'s records): per layer the
+wall MB/s and the CPU seconds per GB of the client and the daemon, for this
+checkout and (with ``--baseline-root``) the other one, alternating:
+``encode+pack`` (codec: records from a stacked batch, CRC, stored values),
+``WriteCache`` (those values through CacheWriter to a daemon, committed), and
+``LMDB append, in-process`` (store.ShardWriter appending the same values and
+committing with fsync: what a same-host write path without gRPC would pay).
+
 Every measurement runs in its own process (TensorFlow imported, two batches
 of zeros iterated untimed, ``sync``), round-robin over the strategies for
 each repeat, so that a noisy neighbour hits all of them alike; a row's ratio
@@ -106,6 +115,104 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+def child_layers(args: argparse.Namespace) -> dict[str, Any]:
+    """The write path's layers, each timed on the same records (one process)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    import numpy as np
+    from ceilings import RECORD_SHAPE, image_record
+
+    from client._transport import Transport, pb
+    from client._writer import CacheWriter
+    from client.codec import Compressor, Layout, Leaf, encode_batch
+
+    records = [image_record(seed) for seed in range(16)]
+    batch = np.stack([np.frombuffer(r, np.float32).reshape(RECORD_SHAPE) for r in records[:6]])
+    layout = Layout((Leaf("float32", RECORD_SHAPE),))
+    count = max(6, args.mb * MB // len(records[0]) // 6 * 6)
+    rows: dict[str, Any] = {}
+
+    def measure(name: str, fn: Any) -> Any:
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        daemon_before = _cpu_of(args.daemon_pid) if args.daemon_pid else 0.0
+        start = time.perf_counter()
+        out = fn()
+        seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        gb = count * len(records[0]) / 1e9
+        rows[name] = {
+            "mb_per_s": gb * 1000 / seconds,
+            "client_cpu_per_gb": (after.ru_utime + after.ru_stime - before.ru_utime
+                                  - before.ru_stime) / gb,
+            "daemon_cpu_per_gb": ((_cpu_of(args.daemon_pid) - daemon_before) / gb
+                                  if args.daemon_pid and name == "WriteCache" else 0.0)}
+        return out
+
+    compressor = Compressor()
+    for _ in range(Compressor.GIVE_UP):  # past the probes, as in a long epoch
+        compressor.pack(records[0])
+
+    def encode() -> list[Any]:
+        values: list[Any] = []
+        for _ in range(count // 6):
+            values = [compressor.pack(b) for b in encode_batch(layout, [batch], 6)]
+        return values
+
+    values = measure("encode+pack", encode)
+    transport = Transport("unix://" + args.socket)
+
+    def write() -> None:
+        writer = CacheWriter(transport, pb.WriteBegin(
+            name=args.cache_name, fingerprint="write_path", layout_json=layout.to_json()))
+        writer.begin()
+        for _ in range(count // 6):
+            writer.add(values, 6 * len(records[0]))
+        writer.finish()
+
+    measure("WriteCache", write)
+    transport.stub.DeleteCache(pb.DeleteCacheRequest(name=args.cache_name))
+    transport.close()
+    from cacheserver.store import ShardWriter
+
+    def direct() -> None:
+        shard = ShardWriter(Path(args.tmp_dir) / "direct", count * len(values[0]))
+        for _ in range(count // 6):
+            shard.append(values, 6 * len(records[0]))
+        shard.commit()
+
+    measure("LMDB append, in-process", direct)
+    return {"rows": rows}
+
+
+def _layers(args: argparse.Namespace, scratch: Path, daemons: dict[str, _Daemon]) -> str:
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label in daemons}
+    for repeat in range(args.repeat):
+        for label, daemon in daemons.items():
+            tmp = Path(tempfile.mkdtemp(dir=scratch))
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child-layers",
+                   "--mb", str(args.mb), "--tmp-dir", str(tmp), "--socket", str(daemon.socket),
+                   "--daemon-pid", str(daemon.proc.pid), "--cache-name", f"layers-{repeat}"]
+            env = dict(os.environ, PYTHONPATH=str(daemon.root))
+            out = subprocess.run(cmd, cwd=daemon.root, env=env, capture_output=True, text=True,
+                                 timeout=args.timeout, check=False)
+            shutil.rmtree(tmp, ignore_errors=True)
+            lines = [x for x in out.stdout.splitlines() if x.startswith(RESULT)]
+            if not lines:
+                raise RuntimeError(f"layers ({label}) failed: {out.stderr[-2000:]}")
+            results[label].append(json.loads(lines[0][len(RESULT):])["rows"])
+            print(f"{repeat} {label}: done", file=sys.stderr)
+    table = [f"{args.mb} MB of 602 KB float32 records per layer, {args.repeat} repeat(s), "
+             "medians", "",
+             "| checkout | layer | MB/s | client CPU s/GB | daemon CPU s/GB |",
+             "|---|---|---|---|---|"]
+    for label, runs in results.items():
+        for layer in runs[0]:
+            def med(key: str, layer: str = layer, runs: list[Any] = runs) -> float:
+                return statistics.median(r[layer][key] for r in runs)
+            table.append(f"| {label} | {layer} | {med('mb_per_s'):,.0f} | "
+                         f"{med('client_cpu_per_gb'):.2f} | {med('daemon_cpu_per_gb'):.2f} |")
+    return "\n".join(table)
+
+
 class _Daemon:
     def __init__(self, root: Path, scratch: Path, label: str) -> None:
         self.root = root
@@ -182,13 +289,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-root", type=Path, default=None,
                         help="another checkout: adds shardcache@base, run from its code")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--layers", action="store_true",
+                        help="measure the write path's layers (see above) instead")
+    parser.add_argument("--mb", type=int, default=256, help="--layers: MB per layer")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-layers", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--strategy", "--tmp-dir", "--socket", "--cache-name"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--daemon-pid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        print(RESULT + json.dumps(child(args)), flush=True)
+    if args.child or args.child_layers:
+        print(RESULT + json.dumps(child_layers(args) if args.child_layers else child(args)),
+              flush=True)
         return 0
     sys.path.insert(0, str(REPO_ROOT))
     if "none" not in args.strategies:
@@ -197,6 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="wp-"))
     daemons: dict[str, _Daemon] = {}
     try:
+        if args.layers:
+            daemons["head"] = _Daemon(REPO_ROOT, scratch, "head")
+            if args.baseline_root is not None:
+                daemons["base"] = _Daemon(args.baseline_root.resolve(), scratch, "base")
+            print(_layers(args, scratch, daemons))
+            print(f"\nLoad average (1/5/15 min) at the end: "
+                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            return 0
         if "shardcache" in strategies:
             daemons["shardcache"] = _Daemon(REPO_ROOT, scratch, "head")
             if args.baseline_root is not None:
