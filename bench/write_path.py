@@ -10,6 +10,11 @@ Strategies (epoch 1 of each, batch 256 after the cache op, as ``run.py``):
 ``none`` (the bare pipeline), ``memory`` (``ds.cache()``), ``file``
 (``ds.cache(filename)``), ``save`` (``Dataset.save``), ``shardcache``
 (``CacheClient.cache`` write-through, committed before the clock stops).
+Named only: ``passthrough`` (the write epoch's element path with nothing
+written: the source batched for Python, through ``from_generator`` and
+``unbatch``, as when the daemon is down) and ``tap`` (the same batches through
+a stateful ``map(numpy_function)`` that does nothing, then ``unbatch``: the
+element path of a write epoch without ``from_generator``, docs/writing.md).
 ``--baseline-root DIR`` adds ``shardcache@base``: the same, with the client
 and the daemon imported from another checkout (A/B of a change in one run).
 
@@ -49,6 +54,8 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 STRATEGIES = ("none", "memory", "file", "save", "shardcache")
+#: Not run unless named: where the write epoch's element path costs go.
+EXTRA_STRATEGIES = ("passthrough", "tap")
 RESULT = "RESULT "
 MB = 1_000_000
 
@@ -85,6 +92,25 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         cc = CacheClient("unix://" + args.socket)
         keep.append(cc)
         ds = cc.cache(src, name=args.cache_name).batch(256)
+    elif strategy == "passthrough":
+        from client import CacheClient, _tf
+
+        wire = _tf.WireFormat(src.element_spec, _tf.layout_of(src.element_spec))
+        cc = CacheClient("unix:///nonexistent")
+        ds = wire.dataset(lambda: cc._write_through(src, wire, None), args.n).batch(256)
+    elif strategy == "tap":
+        import numpy as np
+
+        def nothing(*_leaves: Any) -> Any:
+            return np.int64(0)
+
+        def tap(*leaves: Any) -> Any:
+            token = tf.numpy_function(nothing, leaves, tf.int64, stateful=True)
+            with tf.control_dependencies([token]):
+                return tuple(tf.identity(x) for x in leaves)
+
+        per_batch = max(1, (4 << 20) // workload.element_bytes)
+        ds = src.batch(per_batch).prefetch(2).map(tap).unbatch().batch(256)
     os.sync()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -111,7 +137,6 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         keep[0].delete(args.cache_name)
         keep[0].close()
     sampler.stop()
-    del tf
     return record
 
 
@@ -285,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="jpeg")
     parser.add_argument("--n", type=int, default=600)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
+                        choices=STRATEGIES + EXTRA_STRATEGIES)
     parser.add_argument("--baseline-root", type=Path, default=None,
                         help="another checkout: adds shardcache@base, run from its code")
     parser.add_argument("--timeout", type=float, default=600.0)
