@@ -27,6 +27,7 @@ from cacheserver.security import load_tls, load_token, warn_if_exposed
 from cacheserver.service import CacheService
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+from cacheserver.write_stream import write_cache_handler
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class CacheServer:
         self._calls = ServerInterceptor(token, config.max_streams_per_client)
         self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
                                    options=options, interceptors=[self._calls])
+        self._server.add_generic_rpc_handlers((write_cache_handler(self.service),))  # first
         pb_grpc.add_CacheServiceServicer_to_server(self.service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(

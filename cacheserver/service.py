@@ -207,7 +207,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
             for req in requests:
                 kind = req.WhichOneof("request")
                 if kind == "chunk":
-                    data = req.chunk.data  # each access of a bytes field copies it
+                    data = req.chunk.data  # a view (client/write_wire.py), or a copy from protobuf
                     try:
                         values = split_chunk(req.chunk.lengths, data)
                     except ValueError as exc:

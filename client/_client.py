@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import builtins
 import functools
 import gc
 import logging
@@ -15,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 from client import _malloc, _plan
 from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
+from client._write_behind import WriteBehind
 from client._writer import CacheWriter
-from client.codec import Compressor, Layout, encode_batch
+from client.codec import Layout
 from client.errors import (
     CacheNotFoundError,
     CacheNotReadyError,
     FingerprintMismatchError,
     InvalidArgumentError,
     ServerUnavailableError,
-    ShardcacheError,
 )
 
 if TYPE_CHECKING:
@@ -325,23 +324,17 @@ class CacheClient:
         layout = wire.layout
         record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
         batch_elements = max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
-        compressor = Compressor()
-        committed = False
+        behind = WriteBehind(writer, layout) if writer is not None else None
         try:
             for n, batch in _tf.source_batches(dataset, wire, batch_elements):
-                if writer is not None:
-                    writer = self._write(writer, encode_batch(layout, batch, n), compressor)
+                if behind is not None:
+                    behind.put(n, batch)  # encoded and sent while the source runs on
                 yield wire.to_wire(batch, n)
-            if writer is not None:
-                cache = writer.finish()
-                committed = True
+            if behind is not None and (cache := behind.finish()) is not None:
                 log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
-        except ShardcacheError as exc:
-            log.warning("cache was not committed: %s; training continues from the source "
-                        "pipeline", exc)
         finally:
-            if writer is not None and not committed:
-                writer.abort()
+            if behind is not None:
+                behind.close()
 
     def read_state(self, name: str, *, elements_seen: int, shuffle: bool | str = False,
                    seed: int | None = None, worker_index: int = 0, num_workers: int = 1
@@ -357,20 +350,6 @@ class CacheClient:
         if options.shuffle and seed is None:
             raise InvalidArgumentError("a shuffled read's state needs its seed=")
         return _plan.state_of(self._get(name), options, elements_seen)
-
-    @staticmethod
-    def _write(writer: CacheWriter, bodies: builtins.list[Any], compressor: Compressor
-               ) -> CacheWriter | None:
-        """Send bodies; on a daemon-side failure, abort the write and keep going."""
-        raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
-        try:
-            writer.add([compressor.pack(b) for b in bodies], raw)
-            return writer
-        except ShardcacheError as exc:
-            writer.abort()
-            log.warning("stopped writing cache (%s); this epoch continues from the source "
-                        "pipeline and the next one will try again", exc)
-            return None
 
 
 def _check_prefetch(prefetch_bytes: int) -> None:

@@ -284,6 +284,11 @@ def _with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
     return restructure(ds, spec)
 
 
+#: Batches the source computes ahead of the write-through generator, which spends
+#: time between two of its calls handing batches over (docs/writing.md).
+SOURCE_PREFETCH_BATCHES = 2
+
+
 def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
                    batch_elements: int) -> Iterator[tuple[int, list[Any]]]:
     """Iterate a source pipeline for write-through, batched in TF.
@@ -295,7 +300,7 @@ def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
     per element.
     """
     if wire.batchable_source:
-        for batch in dataset.batch(batch_elements):
+        for batch in dataset.batch(batch_elements).prefetch(SOURCE_PREFETCH_BATCHES):
             arrays = [t.numpy() for t in tf.nest.flatten(batch)]
             yield len(arrays[0]), arrays
         return
@@ -313,7 +318,8 @@ def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
             out.append(tf.zeros((), tf.uint8))
         return tuple(out)
 
-    for batch in dataset.map(flatten).ragged_batch(batch_elements):
+    batches = dataset.map(flatten).ragged_batch(batch_elements)
+    for batch in batches.prefetch(SOURCE_PREFETCH_BATCHES):
         n = int(batch[0].nrows() if isinstance(batch[0], tf.RaggedTensor)
                 else batch[0].shape[0])
         parts = iter(batch)

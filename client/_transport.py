@@ -53,6 +53,11 @@ class Transport:
         self.stub = pb_grpc.CacheServiceStub(self._channel)
         self._connected = False
 
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel, for calls made with their own (de)serializers."""
+        return self._channel
+
     def connect(self) -> None:
         """Wait (up to connect_timeout) for the daemon, or raise ServerUnavailableError."""
         if self._connected:

@@ -11,8 +11,10 @@ import grpc
 
 from client._transport import Transport, pb
 from client.errors import ShardcacheError, from_rpc_error
+from client.write_wire import encode_chunk_request, serialize_request
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+_WRITE_CACHE = "/cacheserver.v1.CacheService/WriteCache"
 _SEND_QUEUE = 4
 
 
@@ -28,16 +30,18 @@ class CacheWriter:
         self._transport = transport
         self._begin = begin
         self._chunk_bytes = chunk_bytes
-        self._requests: queue.Queue[pb.WriteCacheRequest | None] = queue.Queue(_SEND_QUEUE)
+        # requests, or chunks already serialized (client/write_wire.py)
+        self._requests: queue.Queue[pb.WriteCacheRequest | bytes | None] = queue.Queue(
+            _SEND_QUEUE)
         self._lengths: list[int] = []
-        self._data: list[bytes] = []
+        self._data: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self._raw_bytes = 0
         self.num_elements = 0
         self._call: grpc.Call | None = None
         self._responses: Iterator[pb.WriteCacheResponse] | None = None
 
-    def _request_stream(self) -> Iterator[pb.WriteCacheRequest]:
+    def _request_stream(self) -> Iterator[pb.WriteCacheRequest | bytes]:
         yield pb.WriteCacheRequest(begin=self._begin)
         while (req := self._requests.get()) is not None:
             yield req
@@ -47,14 +51,17 @@ class CacheWriter:
 
     def begin(self) -> pb.WriteBegun:
         self._transport.connect()
-        call = self._transport.stub.WriteCache(self._request_stream())
+        write_cache = self._transport.channel.stream_stream(
+            _WRITE_CACHE, request_serializer=serialize_request,
+            response_deserializer=pb.WriteCacheResponse.FromString)
+        call = write_cache(self._request_stream())
         self._call = self._responses = call
         try:
             return next(call).begun
         except grpc.RpcError as err:
             raise self._fail(err) from err
 
-    def _send(self, request: pb.WriteCacheRequest) -> None:
+    def _send(self, request: pb.WriteCacheRequest | bytes) -> None:
         assert self._call is not None
         while True:
             try:
@@ -70,7 +77,7 @@ class CacheWriter:
                         pass
                     raise ShardcacheError("the daemon closed the write stream early") from None
 
-    def add(self, values: Sequence[bytes], raw_bytes: int) -> None:
+    def add(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
         for v in values:
             self._lengths.append(len(v))
             self._pending_bytes += len(v)
@@ -83,10 +90,10 @@ class CacheWriter:
     def _flush(self) -> None:
         if not self._lengths:
             return
-        chunk = pb.WriteChunk(lengths=struct.pack(f"<{len(self._lengths)}I", *self._lengths),
-                              data=b"".join(self._data), raw_bytes=self._raw_bytes)
+        request = encode_chunk_request(struct.pack(f"<{len(self._lengths)}I", *self._lengths),
+                                       self._data, self._raw_bytes)
         self._lengths, self._data, self._pending_bytes, self._raw_bytes = [], [], 0, 0
-        self._send(pb.WriteCacheRequest(chunk=chunk))
+        self._send(request)
 
     def finish(self) -> pb.Cache:
         """Commit: returns the READY cache."""

@@ -322,7 +322,7 @@ class Compressor:
 
     @staticmethod
     def _raw(body: bytes | memoryview) -> bytes:
-        return b"\x00" + _CRC.pack(zlib.crc32(body)) + bytes(body)
+        return b"".join((b"\x00", _CRC.pack(zlib.crc32(body)), body))  # one copy of body
 
 
 # --------------------------------------------------------------------------- decode

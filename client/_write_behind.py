@@ -1,0 +1,123 @@
+"""Write-behind for write-through epochs: encode, compress and send in a thread of its own.
+
+The epoch's generator hands each source batch to :class:`WriteBehind` and
+yields it to TensorFlow at once; the thread turns it into records and sends
+them to the daemon while the generator fetches the next batch. Without it the
+generator did all of that between two yields and the source pipeline, which
+runs only a few elements ahead of its consumer, stood still meanwhile (epoch 1
+used 1.2 of 2 cores; docs/writing.md has the profile).
+
+A bounded queue of batches sits between the two (google/grain's prefetch
+pattern): a daemon slower than the source makes put() wait, so memory stays
+bounded. A failure of the write itself (daemon gone, disk full) ends the write
+with a warning and the epoch goes on from the source; any other error (a bug,
+an element the codec refuses) reaches the epoch at its next put() or finish().
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from client._transport import pb
+from client._writer import CacheWriter
+from client.codec import Compressor, Layout, encode_batch
+from client.errors import ShardcacheError
+
+log = logging.getLogger("client")
+
+#: Source batches waiting for the writer thread (each at most ~4 MiB, see _client.py).
+QUEUE_BATCHES = 2
+_DONE = None
+
+
+class WriteBehind:
+    """Sends a write-through epoch's batches to writer from a background thread.
+
+    put() every batch, then finish() to commit; close() always (it aborts an
+    uncommitted write and joins the thread).
+    """
+
+    def __init__(self, writer: CacheWriter, layout: Layout,
+                 queue_batches: int = QUEUE_BATCHES) -> None:
+        self._writer: CacheWriter | None = writer
+        self._layout = layout
+        self._queue: queue.Queue[tuple[int, Sequence[Any]] | None] = queue.Queue(queue_batches)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None  # not a write failure: re-raised to the epoch
+        self._committed = False
+        self._thread = threading.Thread(target=self._run, name="shardcache-write-behind",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def writing(self) -> bool:
+        """False once the write has failed or stopped: put() then drops batches."""
+        return self._writer is not None and not self._stop.is_set()
+
+    def put(self, n: int, batch: Sequence[Any]) -> None:
+        """Queue a batch of n elements (decode_batch's form); waits while the queue is full."""
+        self._raise_error()
+        if self.writing:
+            self._queue.put((n, batch))
+
+    def finish(self) -> pb.Cache | None:
+        """Send the rest and commit; None when the write failed (already logged)."""
+        self._queue.put(_DONE)
+        self._thread.join()
+        self._raise_error()
+        if self._writer is None:
+            return None
+        try:
+            cache = self._writer.finish()
+        except ShardcacheError as exc:
+            self._give_up(exc)
+            return None
+        self._committed = True
+        return cache
+
+    def close(self) -> None:
+        """Stop the thread; an uncommitted write is cancelled (the daemon discards it)."""
+        self._stop.set()
+        writer = self._writer
+        if writer is not None and not self._committed:
+            writer.abort()  # also unblocks the thread if it waits on the stream
+        while self._thread.is_alive():
+            try:  # the thread discards what is queued once _stop is set
+                self._queue.put(_DONE, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        self._thread.join()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _give_up(self, exc: ShardcacheError) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.abort()
+        log.warning("stopped writing cache (%s); this epoch continues from the source "
+                    "pipeline and the next one will try again", exc)
+
+    def _run(self) -> None:
+        compressor = Compressor()
+        while (item := self._queue.get()) is not _DONE:
+            writer = self._writer
+            if writer is None or self._stop.is_set() or self._error is not None:
+                continue  # failed or closing: drain so that put() never waits forever
+            n, batch = item
+            try:
+                bodies = encode_batch(self._layout, batch, n)
+                raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
+                writer.add([compressor.pack(b) for b in bodies], raw)
+            except ShardcacheError as exc:
+                if not self._stop.is_set():  # close() cancels the stream: not a failure
+                    self._give_up(exc)
+            except BaseException as exc:
+                self._error = exc
