@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from cacheserver.blocks import Extractor
 from cacheserver.catalog import DEFAULT_CHUNK_BYTES, Catalog
 from cacheserver.errors import InvalidArgument
 from cacheserver.records import CacheRecord
@@ -51,7 +52,8 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
 def _chunks(catalog: Catalog, record: CacheRecord, wanted: np.ndarray, firsts: np.ndarray,
             window: int) -> Iterator[tuple[int, bytes, bytes]]:
     shard_of = np.searchsorted(firsts, wanted, side="right") - 1
-    keys = (wanted - firsts[shard_of]).astype(">u8")
+    local = wanted - firsts[shard_of]
+    extract = Extractor(record.layout_json)  # blocks: elements cut out of their blocks
     with contextlib.ExitStack() as stack:
         open_shards: dict[int, ShardGetter] = {}
         for start in range(0, wanted.size, window):
@@ -65,7 +67,8 @@ def _chunks(catalog: Catalog, record: CacheRecord, wanted: np.ndarray, firsts: n
                     getter = open_shards[int(shard)] = stack.enter_context(
                         catalog.readers.opened(path))
                 where = np.flatnonzero(shards == shard)
-                got = getter.get_many(keys[start:stop][where].tobytes())
+                got = extract.get(getter, local[start:stop][where],
+                                  f"cache {record.name!r} shard {int(shard)}")
                 for i, value in zip(where.tolist(), got):
                     values[i] = value
             lengths = struct.pack(f"<{len(values)}I", *map(len, values))

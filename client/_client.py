@@ -8,7 +8,7 @@ import functools
 import gc
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,8 @@ from client import _malloc, _plan
 from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._writer import CacheWriter
-from client.codec import Compressor, Layout, encode_batch
+from client.blocks import BlockPacker, blocked
+from client.codec import Layout
 from client.errors import (
     CacheNotFoundError,
     CacheNotReadyError,
@@ -229,7 +230,7 @@ class CacheClient:
         options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
         spec = dataset.element_spec
-        layout = _tf.layout_of(spec)
+        layout = blocked(_tf.layout_of(spec))
         wire = _tf.WireFormat(spec, layout)
         fingerprint = _tf.fingerprint_of(dataset, version)
         cardinality = _tf.cardinality_of(dataset)
@@ -325,13 +326,15 @@ class CacheClient:
         layout = wire.layout
         record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
         batch_elements = max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
-        compressor = Compressor()
+        packer = BlockPacker(layout)
         committed = False
         try:
             for n, batch in _tf.source_batches(dataset, wire, batch_elements):
                 if writer is not None:
-                    writer = self._write(writer, encode_batch(layout, batch, n), compressor)
+                    writer = self._write(writer, packer.add, batch, n)
                 yield wire.to_wire(batch, n)
+            if writer is not None:
+                writer = self._write(writer, lambda _b, _n: packer.flush(), [], 0)
             if writer is not None:
                 cache = writer.finish()
                 committed = True
@@ -359,12 +362,13 @@ class CacheClient:
         return _plan.state_of(self._get(name), options, elements_seen)
 
     @staticmethod
-    def _write(writer: CacheWriter, bodies: builtins.list[Any], compressor: Compressor
-               ) -> CacheWriter | None:
-        """Send bodies; on a daemon-side failure, abort the write and keep going."""
-        raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
+    def _write(writer: CacheWriter, pack: Callable[[Any, int], tuple[builtins.list[bytes], int,
+                                                                        int]],
+               batch: Any, n: int) -> CacheWriter | None:
+        """Pack a batch and send it; on a daemon-side failure, abort the write and keep going."""
+        values, raw, elements = pack(batch, n)
         try:
-            writer.add([compressor.pack(b) for b in bodies], raw)
+            writer.add(values, raw, elements)
             return writer
         except ShardcacheError as exc:
             writer.abort()
@@ -379,7 +383,9 @@ def _check_prefetch(prefetch_bytes: int) -> None:
 
 
 def _check_same_source(cache: pb.Cache, fingerprint: str, layout: Layout) -> None:
-    if cache.fingerprint != fingerprint or cache.layout_json != layout.to_json():
+    # leaves, not block_elements: a cache of format 1 (or other blocks) is read as it is
+    if cache.fingerprint != fingerprint or (
+            Layout.from_json(cache.layout_json).leaves != layout.leaves):
         raise FingerprintMismatchError(
             f"cache {cache.name!r} holds elements of a different pipeline (fingerprint "
             f"{cache.fingerprint}, this pipeline {fingerprint}); delete it with "

@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 import zstandard
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Layouts of format 1 (no blocks: one element per stored value) are still read.
+_READABLE_FORMATS = (1, 2)
 TAG_RAW = 0x00
 TAG_ZSTD = 0x01
 #: Keep the zstd frame only when it is at least this much smaller than the body.
@@ -139,6 +141,16 @@ class Layout:
     """The flattened leaves of a cache's elements."""
 
     leaves: tuple[Leaf, ...]
+    #: Elements per stored value (client/blocks.py); 1 for every non-fixed layout.
+    block_elements: int = 1
+
+    def __post_init__(self) -> None:
+        if type(self.block_elements) is not int or self.block_elements < 1:
+            raise ValueError(f"block_elements must be a positive int, got "
+                             f"{self.block_elements!r}")
+        if self.block_elements > 1 and not self.fixed_numeric:
+            raise ValueError("only layouts of fixed-shape numeric leaves pack elements into "
+                             "blocks")
 
     @property
     def numeric_known_ranks(self) -> bool:
@@ -159,7 +171,10 @@ class Layout:
             {"dtype": leaf.dtype, "shape": None if leaf.shape is None else list(leaf.shape)}
             for leaf in self.leaves
         ]
-        return json.dumps({"format": FORMAT_VERSION, "leaves": leaves}, separators=(",", ":"))
+        if self.block_elements == 1:  # exactly format 1: one element per value
+            return json.dumps({"format": 1, "leaves": leaves}, separators=(",", ":"))
+        return json.dumps({"format": FORMAT_VERSION, "block_elements": self.block_elements,
+                           "leaves": leaves}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Layout:
@@ -167,8 +182,10 @@ class Layout:
             doc = json.loads(text)
             if not isinstance(doc, dict):
                 raise TypeError(f"expected an object, got {type(doc).__name__}")
-            if doc.get("format") != FORMAT_VERSION:
-                raise ValueError(f"record format {doc.get('format')!r}, expected {FORMAT_VERSION}")
+            if doc.get("format") not in _READABLE_FORMATS:
+                raise ValueError(f"record format {doc.get('format')!r}, this version reads "
+                                 f"{_READABLE_FORMATS}: upgrade shardcache or rebuild the cache")
+            block = doc["block_elements"] if doc["format"] >= 2 else 1
             leaves = doc["leaves"]
             if not isinstance(leaves, list):
                 raise TypeError("leaves must be a list")
@@ -180,7 +197,7 @@ class Layout:
                 if shape is not None and not all(x is None or type(x) is int for x in shape):
                     raise TypeError(f"shape {shape!r} holds a non-integer dimension")
                 out.append(Leaf(d["dtype"], None if shape is None else tuple(shape)))
-            return cls(tuple(out))
+            return cls(tuple(out), block)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"invalid layout description: {exc}") from exc
 
@@ -412,21 +429,25 @@ def decode_batch(layout: Layout, bodies: Sequence[memoryview | bytes]) -> list[A
         if lengths.count(size) != n:
             bad = next(i for i, ln in enumerate(lengths) if ln != size)
             raise RecordError(f"record {bad} has {lengths[bad]} bytes, layout says {size}")
-        joined = b"".join(bodies)
-        rows = np.frombuffer(joined, np.uint8).reshape(n, size)
-        out, off = [], 0
-        for leaf in layout.leaves:
-            col = rows[:, off:off + leaf.nbytes]
-            if len(layout.leaves) > 1:
-                col = np.ascontiguousarray(col)
-            out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
-            off += leaf.nbytes
-        return out
+        return decode_fixed(layout, b"".join(bodies), n)
     if n and layout.numeric_known_ranks:
         fast = _decode_known_ranks(layout, bodies)
         if fast is not None:
             return fast
     return _decode_general(layout, bodies)
+
+
+def decode_fixed(layout: Layout, joined: Any, n: int) -> list[np.ndarray]:
+    """n records of a fixed-numeric layout, back to back in joined: one array per leaf."""
+    rows = np.frombuffer(joined, np.uint8).reshape(n, layout.record_size)
+    out, off = [], 0
+    for leaf in layout.leaves:
+        col = rows[:, off:off + leaf.nbytes]
+        if len(layout.leaves) > 1:
+            col = np.ascontiguousarray(col)
+        out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
+        off += leaf.nbytes
+    return out
 
 
 def _ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
