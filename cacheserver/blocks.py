@@ -18,6 +18,7 @@ import numpy as np
 
 from cacheserver.errors import DataLoss
 from cacheserver.store import ShardGetter
+from client.blocks import unshuffle_into
 from client.codec import TAG_RAW, Decompressor, Layout, RecordError
 
 _CRC = struct.Struct("<I")
@@ -42,7 +43,8 @@ class Extractor:
     def __init__(self, layout_json: str) -> None:
         layout = _layout(layout_json)
         self.k = layout.block_elements
-        self._size = layout.record_size
+        self._stride = layout.block_shuffle
+        self._size = layout.record_size if self.k > 1 else 0
         self._dec = Decompressor()
 
     def get(self, getter: ShardGetter, local: np.ndarray, where: str) -> list[bytes]:
@@ -50,20 +52,26 @@ class Extractor:
         if self.k == 1:
             return getter.get_many(local.astype(">u8").tobytes())
         blocks, inverse = np.unique(local // self.k, return_inverse=True)
-        bodies = []
+        size, bodies = self._size, []
         for block, value in zip(blocks.tolist(),
                                 getter.get_many(blocks.astype(">u8").tobytes())):
             try:
-                bodies.append(self._dec.unpack(value))
+                body = self._dec.unpack(value)
+                if len(body) % size or len(body) > size * self.k:
+                    raise RecordError(f"block of {len(body)} bytes is not a whole number of "
+                                      f"at most {self.k} {size}-byte records")
             except RecordError as exc:
                 raise DataLoss(f"{where} block {block} is corrupt: {exc}; delete the cache "
                                "and build it again") from exc
-        size, out = self._size, []
-        for b, off in zip(inverse.tolist(), (local % self.k * self._size).tolist()):
-            body = bodies[b][off:off + size]
-            if len(body) != size:
-                raise DataLoss(f"{where} block {int(blocks[b])} is {len(bodies[b])} bytes, too "
-                               f"short for element {off // size} of {size} bytes; delete the "
-                               "cache and build it again")
+            rows = np.empty((len(body) // size, size), np.uint8)
+            unshuffle_into(body, rows, self._stride)
+            bodies.append(rows)
+        out = []
+        for b, i in zip(inverse.tolist(), (local % self.k).tolist()):
+            if i >= len(bodies[b]):
+                raise DataLoss(f"{where} block {int(blocks[b])} holds {len(bodies[b])} "
+                               f"elements, not element {i}; delete the cache and build it "
+                               "again")
+            body = bodies[b][i].data
             out.append(bytes((TAG_RAW,)) + _CRC.pack(zlib.crc32(body)) + bytes(body))
         return out

@@ -189,8 +189,9 @@ class _Decoder:
     def __init__(self, cache: pb.Cache, layout: Layout) -> None:
         self._name = cache.name
         self._firsts = np.array([s.first_element for s in cache.shards], np.int64)
-        # block_elements is the cache's own (a format 1 cache has 1), whatever the caller's
-        self._layout = Layout(layout.leaves, Layout.from_json(cache.layout_json).block_elements)
+        # blocks as the cache has them (a format 1 cache has none), whatever the caller's
+        stored = Layout.from_json(cache.layout_json)
+        self._layout = Layout(layout.leaves, stored.block_elements, stored.block_shuffle)
         self._local = threading.local()
 
     def _where(self, index: int) -> str:

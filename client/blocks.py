@@ -11,6 +11,13 @@ elements except the last block of each shard.
 On ~1 KB records this removes LMDB's per-value overhead (~25% of the file) and
 one compression call, one LMDB put/get and one Python loop iteration per
 element on both sides; zstd also compresses 64 KiB far better than 1 KB.
+
+A block's body is *byte-shuffled* with stride s = ``block_shuffle`` (the
+smallest itemsize of the leaves): the block's bytes, seen as an (m, s) array,
+are stored transposed, all first bytes of each s-byte word, then all second
+bytes, ... (the Blosc/HDF5 shuffle filter). Exponents and high-order bytes of
+numbers then sit together and compress: 1 KB float32 records 1.12x -> 1.16x,
+2 KB int32 token ids 2.1x -> 2.7x with zstd-1 (docs/blocks.md).
 """
 
 from __future__ import annotations
@@ -34,6 +41,26 @@ from client.codec import (
 
 #: Raw bytes per block aimed at (docs/blocks.md measures 16, 64 and 256 KiB).
 BLOCK_TARGET_BYTES = int(os.environ.get("SHARDCACHE_BLOCK_BYTES", 64 << 10))
+#: A block keeps its zstd frame when at least this much smaller (one value per element:
+#: codec.MIN_COMPRESSION_RATIO). Lower, since one decompression call now serves k
+#: elements and the issue asks for GZIP's ratio (docs/blocks.md).
+BLOCK_MIN_RATIO = 1.1
+
+
+def shuffle(rows: np.ndarray, stride: int) -> np.ndarray:
+    """The stored body of the block rows (a C-contiguous uint8 (k, record) array)."""
+    if stride == 1:
+        return rows
+    return np.ascontiguousarray(rows.reshape(-1, stride).T)
+
+
+def unshuffle_into(body: Any, out: np.ndarray, stride: int) -> None:
+    """Write the records of a stored block body into out, a C-contiguous uint8 (m, record)."""
+    src = np.frombuffer(body, np.uint8)
+    if stride == 1:
+        out.reshape(-1)[:] = src
+    else:
+        out.reshape(-1, stride)[:] = src.reshape(stride, -1).T
 
 
 def blocked(layout: Layout, target: int = BLOCK_TARGET_BYTES) -> Layout:
@@ -44,7 +71,9 @@ def blocked(layout: Layout, target: int = BLOCK_TARGET_BYTES) -> Layout:
     """
     if not layout.fixed_numeric or layout.record_size == 0:
         return Layout(layout.leaves, 1)
-    return Layout(layout.leaves, max(1, target // layout.record_size))
+    k = max(1, target // layout.record_size)
+    stride = min(leaf.np_dtype.itemsize for leaf in layout.leaves) if k > 1 else 1
+    return Layout(layout.leaves, k, stride)
 
 
 class BlockPacker:
@@ -58,7 +87,7 @@ class BlockPacker:
     def __init__(self, layout: Layout, compressor: Compressor | None = None) -> None:
         self.layout = layout
         self._k = layout.block_elements
-        self._compressor = compressor or Compressor()
+        self._compressor = compressor or Compressor(min_ratio=BLOCK_MIN_RATIO)
         self._pending = np.empty((0, layout.record_size if layout.fixed_numeric else 0),
                                  np.uint8)
 
@@ -80,8 +109,8 @@ class BlockPacker:
         return self._pack(rows)
 
     def _pack(self, rows: np.ndarray) -> tuple[list[bytes], int, int]:
-        k, pack = self._k, self._compressor.pack
-        values = [pack(np.ascontiguousarray(rows[i:i + k]).data.cast("B"))
+        k, pack, stride = self._k, self._compressor.pack, self.layout.block_shuffle
+        values = [pack(shuffle(np.ascontiguousarray(rows[i:i + k]), stride).data.cast("B"))
                   for i in range(0, len(rows), k)]
         return values, rows.nbytes, len(rows)
 
@@ -95,21 +124,27 @@ def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
     """
     bodies: list[Any] = []
     before = 0
-    rs = layout.record_size if layout.fixed_numeric else 0
     try:
+        if layout.block_elements == 1:  # one element per value (format 1)
+            for value in values:
+                bodies.append(dec.unpack(value))
+                before += 1
+            return len(bodies), decode_batch(layout, bodies)
+        rs = layout.record_size
         for value in values:
             body = dec.unpack(value)
+            if len(body) % rs or len(body) > rs * layout.block_elements:
+                raise RecordError(f"block of {len(body)} bytes is not a whole number "
+                                  f"of at most {layout.block_elements} {rs}-byte records")
             bodies.append(body)
-            if rs:
-                if len(body) % rs:
-                    raise RecordError(f"block of {len(body)} bytes is not a whole number "
-                                      f"of {rs}-byte records")
-                before += len(body) // rs
-            else:
-                before += 1
+            before += len(body) // rs
     except RecordError as exc:
         exc.elements_before = before  # type: ignore[attr-defined]
         raise
-    if layout.block_elements == 1:
-        return len(bodies), decode_batch(layout, bodies)
-    return before, decode_fixed(layout, b"".join(bodies), before)
+    rows = np.empty((before, rs), np.uint8)  # every block lands here, unshuffled
+    at = 0
+    for body in bodies:
+        m = len(body) // rs
+        unshuffle_into(body, rows[at:at + m], layout.block_shuffle)
+        at += m
+    return before, decode_fixed(layout, rows, before)

@@ -143,14 +143,21 @@ class Layout:
     leaves: tuple[Leaf, ...]
     #: Elements per stored value (client/blocks.py); 1 for every non-fixed layout.
     block_elements: int = 1
+    #: Byte-shuffle stride of a block's body (1: none); see client/blocks.py.
+    block_shuffle: int = 1
 
     def __post_init__(self) -> None:
-        if type(self.block_elements) is not int or self.block_elements < 1:
-            raise ValueError(f"block_elements must be a positive int, got "
-                             f"{self.block_elements!r}")
+        for name in ("block_elements", "block_shuffle"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.block_elements > 1 and not self.fixed_numeric:
             raise ValueError("only layouts of fixed-shape numeric leaves pack elements into "
                              "blocks")
+        if self.block_shuffle > 1 and (self.block_elements == 1
+                                       or self.record_size % self.block_shuffle):
+            raise ValueError(f"block_shuffle {self.block_shuffle} needs blocks of records "
+                             "whose size it divides")
 
     @property
     def numeric_known_ranks(self) -> bool:
@@ -174,7 +181,8 @@ class Layout:
         if self.block_elements == 1:  # exactly format 1: one element per value
             return json.dumps({"format": 1, "leaves": leaves}, separators=(",", ":"))
         return json.dumps({"format": FORMAT_VERSION, "block_elements": self.block_elements,
-                           "leaves": leaves}, separators=(",", ":"))
+                           "block_shuffle": self.block_shuffle, "leaves": leaves},
+                          separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Layout:
@@ -185,7 +193,8 @@ class Layout:
             if doc.get("format") not in _READABLE_FORMATS:
                 raise ValueError(f"record format {doc.get('format')!r}, this version reads "
                                  f"{_READABLE_FORMATS}: upgrade shardcache or rebuild the cache")
-            block = doc["block_elements"] if doc["format"] >= 2 else 1
+            block = (doc["block_elements"], doc["block_shuffle"]) if doc["format"] >= 2 \
+                else (1, 1)
             leaves = doc["leaves"]
             if not isinstance(leaves, list):
                 raise TypeError("leaves must be a list")
@@ -197,7 +206,7 @@ class Layout:
                 if shape is not None and not all(x is None or type(x) is int for x in shape):
                     raise TypeError(f"shape {shape!r} holds a non-integer dimension")
                 out.append(Leaf(d["dtype"], None if shape is None else tuple(shape)))
-            return cls(tuple(out), block)
+            return cls(tuple(out), *block)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"invalid layout description: {exc}") from exc
 
@@ -316,7 +325,8 @@ class Compressor:
     GIVE_UP = 16
     PROBE_EVERY = 64
 
-    def __init__(self, level: int = 1) -> None:
+    def __init__(self, level: int = 1, min_ratio: float = MIN_COMPRESSION_RATIO) -> None:
+        self._min_ratio = min_ratio
         self._zstd = zstandard.ZstdCompressor(level=level, write_checksum=True,
                                               write_content_size=True)
         self._misses = 0
@@ -331,7 +341,7 @@ class Compressor:
             self._since_probe = 0
         self.attempts += 1
         frame = self._zstd.compress(body)
-        if len(frame) * MIN_COMPRESSION_RATIO <= len(body):
+        if len(frame) * self._min_ratio <= len(body):
             self._misses = 0
             return b"\x01" + frame
         self._misses += 1
