@@ -4,14 +4,14 @@ The daemon never decodes elements; it needs only k (``block_elements`` in the
 cache's layout) to map an element to its value, and, for ReadElements (records
 by global index, any order), to cut single elements out of their blocks: each
 block a request touches is decompressed once, its checksum verified, and each
-wanted element is sent as a value of its own (tag ``0x00``, CRC-32, body), so
-the client sees one element per value as it does for format 1 caches.
+wanted element is sent as a value of its own: a block of one element (tag
+``0x00``, CRC-32, the element byte-shuffled as a one-element block is), which
+the client decodes like any block.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 import zlib
 
 import numpy as np
@@ -20,8 +20,6 @@ from cacheserver.errors import DataLoss
 from cacheserver.store import ShardGetter
 from client.blocks import unshuffle_into
 from client.codec import TAG_RAW, Decompressor, Layout, RecordError
-
-_CRC = struct.Struct("<I")
 
 
 @functools.lru_cache(maxsize=256)
@@ -66,12 +64,18 @@ class Extractor:
             rows = np.empty((len(body) // size, size), np.uint8)
             unshuffle_into(body, rows, self._stride)
             bodies.append(rows)
-        out = []
-        for b, i in zip(inverse.tolist(), (local % self.k).tolist()):
+        rows = np.empty((len(local), size), np.uint8)
+        for j, (b, i) in enumerate(zip(inverse.tolist(), (local % self.k).tolist())):
             if i >= len(bodies[b]):
                 raise DataLoss(f"{where} block {int(blocks[b])} holds {len(bodies[b])} "
                                f"elements, not element {i}; delete the cache and build it "
                                "again")
-            body = bodies[b][i].data
-            out.append(bytes((TAG_RAW,)) + _CRC.pack(zlib.crc32(body)) + bytes(body))
-        return out
+            rows[j] = bodies[b][i]
+        # each row as a one-element block: shuffled on its own
+        out = np.empty((len(local), 5 + size), np.uint8)
+        out[:, 5:] = rows.reshape(len(local), -1, self._stride).transpose(0, 2, 1).reshape(
+            len(local), size)
+        out[:, 0] = TAG_RAW
+        out[:, 1:5] = np.fromiter((zlib.crc32(r) for r in out[:, 5:]), "<u4",
+                                  len(local)).view(np.uint8).reshape(-1, 4)
+        return list(out)
