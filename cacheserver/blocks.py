@@ -35,6 +35,11 @@ def block_elements(layout_json: str) -> int:
         return 1  # not ours to judge here: a reader of the layout reports it
 
 
+#: A ReadElements request on blocks decodes up to this many bytes of elements at once.
+SPAN_BYTES = 32 << 20
+_GET_BLOCKS = 256
+
+
 class Extractor:
     """Cuts elements out of their blocks for one request (not thread-safe)."""
 
@@ -45,32 +50,42 @@ class Extractor:
         self._size = layout.record_size if self.k > 1 else 0
         self._dec = Decompressor()
 
+    def span(self, window: int, wanted: int) -> int:
+        """Elements of a request to fetch together (sent in chunks of window): every block
+        they touch is decompressed once. Blocks: up to SPAN_BYTES of elements, as a shuffled
+        request visits a block several times; one element per value: window."""
+        if self.k == 1:
+            return window
+        return max(window, min(wanted, SPAN_BYTES // self._size))
+
     def get(self, getter: ShardGetter, local: np.ndarray, where: str) -> list[bytes]:
         """The elements at shard-local indices local, each as a value of its own."""
         if self.k == 1:
             return getter.get_many(local.astype(">u8").tobytes())
         blocks, inverse = np.unique(local // self.k, return_inverse=True)
-        size, bodies = self._size, []
-        for block, value in zip(blocks.tolist(),
-                                getter.get_many(blocks.astype(">u8").tobytes())):
-            try:
-                body = self._dec.unpack(value)
-                if len(body) % size or len(body) > size * self.k:
-                    raise RecordError(f"block of {len(body)} bytes is not a whole number of "
-                                      f"at most {self.k} {size}-byte records")
-            except RecordError as exc:
-                raise DataLoss(f"{where} block {block} is corrupt: {exc}; delete the cache "
-                               "and build it again") from exc
-            rows = np.empty((len(body) // size, size), np.uint8)
-            unshuffle_into(body, rows, self._stride)
-            bodies.append(rows)
-        rows = np.empty((len(local), size), np.uint8)
-        for j, (b, i) in enumerate(zip(inverse.tolist(), (local % self.k).tolist())):
-            if i >= len(bodies[b]):
-                raise DataLoss(f"{where} block {int(blocks[b])} holds {len(bodies[b])} "
-                               f"elements, not element {i}; delete the cache and build it "
-                               "again")
-            rows[j] = bodies[b][i]
+        order = np.argsort(inverse, kind="stable")  # positions grouped by block
+        bounds = np.searchsorted(inverse[order], np.arange(len(blocks) + 1))
+        size, rows = self._size, np.empty((len(local), self._size), np.uint8)
+        for group in range(0, len(blocks), _GET_BLOCKS):  # bounded memory: a group at a time
+            keys = blocks[group:group + _GET_BLOCKS].astype(">u8").tobytes()
+            for b, value in enumerate(getter.get_many(keys), group):
+                try:
+                    body = self._dec.unpack(value)
+                    if len(body) % size or len(body) > size * self.k:
+                        raise RecordError(f"block of {len(body)} bytes is not a whole number "
+                                          f"of at most {self.k} {size}-byte records")
+                except RecordError as exc:
+                    raise DataLoss(f"{where} block {int(blocks[b])} is corrupt: {exc}; delete "
+                                   "the cache and build it again") from exc
+                block = np.empty((len(body) // size, size), np.uint8)
+                unshuffle_into(body, block, self._stride)
+                at = order[bounds[b]:bounds[b + 1]]
+                within = local[at] % self.k
+                if within.max() >= len(block):
+                    raise DataLoss(f"{where} block {int(blocks[b])} holds {len(block)} "
+                                   f"elements, not element {int(within.max())}; delete the "
+                                   "cache and build it again")
+                rows[at] = block[within]
         # each row as a one-element block: shuffled on its own
         out = np.empty((len(local), 5 + size), np.uint8)
         out[:, 5:] = rows.reshape(len(local), -1, self._stride).transpose(0, 2, 1).reshape(
