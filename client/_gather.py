@@ -57,9 +57,16 @@ Indices = np.ndarray | range  # global element indices; a range is the stored or
 
 
 def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
-    """Indices per request: k requests in flight hold about prefetch_bytes / 4 stored bytes."""
+    """Indices per request: k requests in flight hold about prefetch_bytes / 4 stored bytes.
+
+    On a cache of blocks a request may be 4x larger: the daemon decompresses each block
+    a request touches once, so a shuffled read decompresses less per element the more
+    elements a request holds (docs/blocks.md).
+    """
     avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
-    budget = min(max(prefetch_bytes // (4 * parallel), _MIN_REQUEST_BYTES), _MAX_REQUEST_BYTES)
+    most = _MAX_REQUEST_BYTES * (4 if Layout.from_json(cache.layout_json).block_elements > 1
+                                 else 1)
+    budget = min(max(prefetch_bytes // (4 * parallel), _MIN_REQUEST_BYTES), most)
     return int(min(max(budget // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
 
 

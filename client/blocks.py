@@ -141,6 +141,10 @@ def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
     except RecordError as exc:
         exc.elements_before = before  # type: ignore[attr-defined]
         raise
+    stride = layout.block_shuffle
+    if before and before == len(bodies) and stride > 1:  # one element per value: at once
+        rows = np.frombuffer(b"".join(bodies), np.uint8).reshape(before, stride, -1)
+        return before, decode_fixed(layout, rows.transpose(0, 2, 1).copy(), before)
     rows = np.empty((before, rs), np.uint8)  # every block lands here, unshuffled
     at = 0
     for body in bodies:
