@@ -203,7 +203,8 @@ def tf_table(raw: dict[str, Any], against: str) -> str:
         e2 = r["epochs"][1]
         mine = ours["epochs"][1]["elements_per_s"] if ours else float("nan")
         payload = WORKLOADS[r["workload"]].dataset_bytes(r["n"])
-        disk = f"{payload / r['disk_bytes']:.2f}" if r.get("disk_bytes") else "-"
+        stored = r.get("disk_bytes") or r.get("daemon_disk_bytes")
+        disk = f"{payload / stored:.2f}" if stored else "-"
         lines.append(f"| {r['workload']} | {r['strategy']} | {e2['seconds']:.2f} | "
                      f"{e2['elements_per_s']:,.0f} | {e2['elements_per_s'] / mine:.2f}x | "
                      f"{mine / e2['elements_per_s']:.2f}x | {disk} |")
