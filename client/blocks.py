@@ -87,7 +87,9 @@ class BlockPacker:
     def __init__(self, layout: Layout, compressor: Compressor | None = None) -> None:
         self.layout = layout
         self._k = layout.block_elements
-        self._compressor = compressor or Compressor(min_ratio=BLOCK_MIN_RATIO)
+        # one element per value (images): exactly as format 1, kept only at >= 1.2x
+        self._compressor = compressor or (Compressor(min_ratio=BLOCK_MIN_RATIO)
+                                          if self._k > 1 else Compressor())
         self._pending = np.empty((0, layout.record_size if layout.fixed_numeric else 0),
                                  np.uint8)
 

@@ -99,3 +99,19 @@ def test_a_block_that_is_not_whole_records_is_a_record_error_naming_where() -> N
     oversized = Compressor().pack(b"\x00" * 16 * 5)
     with pytest.raises(RecordError, match="at most 4"):
         decode_values(layout, Decompressor(), [oversized])
+
+
+def test_elements_of_one_per_value_keep_format_1s_compression_threshold() -> None:
+    """Images (k = 1) are written as before: a frame only when >= 1.2x smaller."""
+    layout = blocked(Layout((Leaf("uint8", (70000,)),)))
+    assert layout.block_elements == 1
+    rng = np.random.default_rng(0)
+    # ~1.17x with zstd-1: one byte in four is a constant, the rest random
+    data = rng.integers(0, 256, size=(4, 70000), dtype=np.uint8)
+    data[:, ::4] = 0
+    values, _, n = BlockPacker(layout).add([data], 4)
+    assert n == 4 and all(v[0] == 0x00 for v in values)  # raw + CRC-32, as format 1 writes
+    blocks = blocked(Layout((Leaf("uint8", (7000,)),)))
+    values, _, _ = BlockPacker(blocks).add([data.reshape(40, 7000)], 40)
+    assert all(v[0] == 0x01 for v in values)  # a block keeps its frame at >= 1.1x
+
