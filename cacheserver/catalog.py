@@ -34,6 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cacheserver import metrics
+from cacheserver.blocks import block_elements
 from cacheserver.capacity import Capacity, expired_names, pick_victim, retained_summary
 from cacheserver.errors import (
     CacheExists,
@@ -64,35 +65,44 @@ class WriteSession:
         self._shard_bytes = shard_bytes
         self._writer: ShardWriter | None = None
         self._done = False
+        self._k = block_elements(record.layout_json)
 
     def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
+        if self._writer is not None and self._writer.stored_bytes >= self._shard_bytes:
+            self._commit_shard()  # the last shard stays open until finish(): see there
         if self._writer is None:
             index = len(self.record.shards)
             self._writer = ShardWriter(self._dir / f"shard-{index:05d}", self._shard_bytes)
         self._catalog.capacity.reserve(self.record.name, sum(len(v) for v in values))
-        self._writer.append(values, raw_bytes)
-        if self._writer.stored_bytes >= self._shard_bytes:
-            self._commit_shard()
+        self._writer.append(values, raw_bytes, len(values) * self._k)
 
     def _commit_shard(self) -> None:
         writer, self._writer = self._writer, None
         assert writer is not None
         writer.commit()
         shard = ShardInfo(len(self.record.shards), self.record.num_elements,
-                          writer.num_records, writer.stored_bytes, writer.raw_bytes)
+                          writer.num_elements, writer.stored_bytes, writer.raw_bytes)
         write_atomic(self._dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
         self.record.shards.append(shard)
 
     @property
     def num_elements(self) -> int:
-        pending = self._writer.num_records if self._writer else 0
+        pending = self._writer.num_elements if self._writer else 0
         return self.record.num_elements + pending
 
     def finish(self, num_elements: int) -> CacheRecord:
-        """Commit the last shard and the manifest: the cache becomes READY."""
-        if num_elements != self.num_elements:
-            raise InvalidArgument(f"writer says {num_elements} elements, sent {self.num_elements}")
+        """Commit the last shard and the manifest: the cache becomes READY.
+
+        Blocks of k elements: every value sent counted k elements; only the very
+        last one may hold fewer, which the writer's total says (docs/blocks.md).
+        """
+        short = self.num_elements - num_elements
+        if not 0 <= short < self._k or (short and self._writer is None):
+            raise InvalidArgument(f"writer says {num_elements} elements, sent "
+                                  f"{self.num_elements}" + (
+                                      f" in blocks of {self._k}" if self._k > 1 else ""))
         if self._writer is not None:
+            self._writer.num_elements -= short
             self._commit_shard()
         self.record.state = "READY"
         self.record.commit_time = time.time()
@@ -342,7 +352,8 @@ class Catalog:
                                   f"{shard} ({info.num_elements} elements)")
         chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
         return self.readers.read_chunks(self.shard_path(record, shard), start,
-                                        start + count if count else info.num_elements, chunk)
+                                        start + count if count else info.num_elements, chunk,
+                                        block_elements(record.layout_json))
 
     # ------------------------------------------------------------ materializing
     # A materialized cache's directory also holds materialize.json (what runs);

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from cacheserver.blocks import Extractor
 from cacheserver.catalog import DEFAULT_CHUNK_BYTES, Catalog
 from cacheserver.errors import InvalidArgument
 from cacheserver.records import CacheRecord
@@ -51,22 +52,35 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
 def _chunks(catalog: Catalog, record: CacheRecord, wanted: np.ndarray, firsts: np.ndarray,
             window: int) -> Iterator[tuple[int, bytes, bytes]]:
     shard_of = np.searchsorted(firsts, wanted, side="right") - 1
-    keys = (wanted - firsts[shard_of]).astype(">u8")
+    local = wanted - firsts[shard_of]
+    extract = Extractor(record.layout_json)  # blocks: elements cut out of their blocks
+    span = extract.span(window, wanted.size)
     with contextlib.ExitStack() as stack:
         open_shards: dict[int, ShardGetter] = {}
-        for start in range(0, wanted.size, window):
-            stop = min(start + window, wanted.size)
-            shards = shard_of[start:stop]
-            values: list[bytes] = [b""] * (stop - start)
-            for shard in np.unique(shards):
-                getter = open_shards.get(int(shard))
-                if getter is None:
-                    path = catalog.shard_path(record, int(shard))
-                    getter = open_shards[int(shard)] = stack.enter_context(
-                        catalog.readers.opened(path))
-                where = np.flatnonzero(shards == shard)
-                got = getter.get_many(keys[start:stop][where].tobytes())
-                for i, value in zip(where.tolist(), got):
-                    values[i] = value
-            lengths = struct.pack(f"<{len(values)}I", *map(len, values))
-            yield start, lengths, b"".join(values)
+        for first in range(0, wanted.size, span):
+            stop = min(first + span, wanted.size)
+            values = _fetch(catalog, record, stack, open_shards, extract,
+                            shard_of[first:stop], local[first:stop])
+            for start in range(first, stop, window):
+                part = values[start - first:min(start + window, stop) - first]
+                lengths = struct.pack(f"<{len(part)}I", *map(len, part))
+                yield start, lengths, b"".join(part)
+
+
+def _fetch(catalog: Catalog, record: CacheRecord, stack: contextlib.ExitStack,
+           open_shards: dict[int, ShardGetter], extract: Extractor, shards: np.ndarray,
+           local: np.ndarray) -> list[bytes]:
+    """The values of the elements at (shard, shard-local index) pairs, in that order."""
+    values: list[bytes] = [b""] * len(local)
+    for shard in np.unique(shards):
+        getter = open_shards.get(int(shard))
+        if getter is None:
+            path = catalog.shard_path(record, int(shard))
+            getter = open_shards[int(shard)] = stack.enter_context(
+                catalog.readers.opened(path))
+        where = np.flatnonzero(shards == shard)
+        got = extract.get(getter, local[where],
+                          f"cache {record.name!r} shard {int(shard)}")
+        for i, value in zip(where.tolist(), got):
+            values[i] = value
+    return values

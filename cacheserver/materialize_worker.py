@@ -129,7 +129,7 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
     from cacheserver.store import ShardWriter
     from client import _tf
     from client._client import _WRITE_BATCH_BYTES, _WRITE_BATCH_ELEMENTS
-    from client.codec import Compressor, encode_batch
+    from client.blocks import BlockPacker, blocked
 
     cache_dir = Path(job.cache_dir)
     path, marker = shard_path(cache_dir, shard), marker_path(cache_dir, shard)
@@ -140,26 +140,28 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
         raise BadPipeline(f"shard {shard}'s dataset is infinite; drop the .repeat() from the "
                           "pipeline (a cache holds one epoch)")
     spec = ds.element_spec
-    layout = _tf.layout_of(spec)
+    layout = blocked(_tf.layout_of(spec))
     wire = _tf.WireFormat(spec, layout)
     spec_bytes = _tf.encode_spec(spec)
     results.put(("begin", worker, shard, layout.to_json(), spec_bytes))
     record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
     batch_elements = max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
-    compressor = Compressor()
+    packer = BlockPacker(layout)
     writer = ShardWriter(path, 0)
+
+    def store(values: list[bytes], raw: int, elements: int) -> None:
+        writer.append(values, raw, elements)
+        results.put(("progress", worker, shard, elements, raw, sum(len(v) for v in values)))
+
     try:
         for n, batch in _tf.source_batches(ds, wire, batch_elements):
             if should_stop():
                 raise Stopped
-            bodies = encode_batch(layout, batch, n)
-            raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
-            values = [compressor.pack(b) for b in bodies]
-            writer.append(values, raw)
-            results.put(("progress", worker, shard, n, raw, sum(len(v) for v in values)))
+            store(*packer.add(batch, n))
+        store(*packer.flush())
         writer.commit()
         write_atomic(marker, json.dumps({
-            "index": shard, "num_elements": writer.num_records,
+            "index": shard, "num_elements": writer.num_elements,
             "stored_bytes": writer.stored_bytes, "raw_bytes": writer.raw_bytes,
             "layout_json": layout.to_json(),
             "element_spec": base64.b64encode(spec_bytes).decode()}))
@@ -167,7 +169,7 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
         writer.abort()  # releases the shard's space now
         marker.unlink(missing_ok=True)
         raise
-    results.put(("done", worker, shard, writer.num_records, writer.raw_bytes,
+    results.put(("done", worker, shard, writer.num_elements, writer.raw_bytes,
                  writer.stored_bytes))
 
 

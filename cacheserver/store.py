@@ -1,9 +1,10 @@
 """Shard storage: one LMDB environment per shard. The only module importing lmdb.
 
-Keys are shard-local element indices as big-endian u64, so a cursor walks in
-order and any element can be fetched by index. Values are stored records
-(client/codec.py); the store never looks inside them. Environments are opened
-without ``writemap`` (a full disk must raise, not SIGBUS) and with syncing
+Keys are shard-local value indices as big-endian u64, so a cursor walks in
+order and any value can be fetched by index. A value is a stored record or, in
+format 2, a block of ``block_elements`` (k) consecutive elements (client/blocks.py):
+element e of a shard is in value e // k. The store never looks inside values.
+Environments are opened without ``writemap`` (a full disk must raise, not SIGBUS) and with syncing
 deferred to :meth:`ShardWriter.commit`, which fsyncs before the caller writes
 the commit marker: an uncommitted shard may be lost in a crash, a committed
 one may not.
@@ -54,7 +55,8 @@ class ShardWriter:
 
     def __init__(self, path: Path, expected_bytes: int) -> None:
         self.path = path
-        self.num_records = 0
+        self.num_records = 0  # values (blocks)
+        self.num_elements = 0
         self.stored_bytes = 0
         self.raw_bytes = 0
         try:
@@ -74,8 +76,10 @@ class ShardWriter:
         # open committed shards with lock=False, so they take no slots at all).
         self._env.reader_check()
 
-    def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
-        """Store values as the next records, in one transaction."""
+    def append(self, values: Sequence[bytes | memoryview], raw_bytes: int,
+               num_elements: int | None = None) -> None:
+        """Store values (holding num_elements elements; default one each) as the next
+        records, in one transaction."""
         items = [(_KEY.pack(self.num_records + i), v) for i, v in enumerate(values)]
         size = sum(len(v) for v in values)
         while True:
@@ -89,6 +93,7 @@ class ShardWriter:
             except lmdb.Error as exc:
                 raise _translate(exc, self.path, size) from exc
         self.num_records += len(values)
+        self.num_elements += len(values) if num_elements is None else num_elements
         self.stored_bytes += size
         self.raw_bytes += raw_bytes
 
@@ -224,13 +229,17 @@ class ReaderPool:
                 if path.is_relative_to(directory):
                     self._close(path, ent)
 
-    def read_chunks(self, path: Path, start: int, stop: int,
-                    chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:
-        """Yield (first index, u32 lengths, data) for records [start, stop).
+    def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
+                    block_elements: int = 1) -> Iterator[tuple[int, bytes, bytes]]:
+        """Yield (first element, u32 lengths, data) for the values holding elements
+        [start, stop), k = block_elements per value: whole blocks, so the first chunk
+        may start before start and the last end after stop (the client trims).
 
         Each chunk is read in its own short transaction, so a slow consumer never
         pins an old snapshot.
         """
+        k = block_elements
+        start, stop = start // k, -(-stop // k)  # the values holding them
         ent = self._acquire(path)
         ahead = _ReadAhead(path, ent.file_bytes, ent.num_records)
         try:
@@ -257,7 +266,7 @@ class ReaderPool:
                         blob = b"".join(data)
                 except lmdb.Error as exc:
                     raise _translate(exc, path) from exc
-                yield first, struct.pack(f"<{len(lengths)}I", *lengths), blob
+                yield first * k, struct.pack(f"<{len(lengths)}I", *lengths), blob
         finally:
             ahead.close()
             self._release(path, ent)

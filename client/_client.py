@@ -16,6 +16,7 @@ from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._write_behind import WriteBehind
 from client._writer import CacheWriter
+from client.blocks import blocked
 from client.codec import Layout
 from client.errors import (
     CacheNotFoundError,
@@ -228,7 +229,7 @@ class CacheClient:
         options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
         spec = dataset.element_spec
-        layout = _tf.layout_of(spec)
+        layout = blocked(_tf.layout_of(spec))
         wire = _tf.WireFormat(spec, layout)
         fingerprint = _tf.fingerprint_of(dataset, version)
         cardinality = _tf.cardinality_of(dataset)
@@ -358,7 +359,9 @@ def _check_prefetch(prefetch_bytes: int) -> None:
 
 
 def _check_same_source(cache: pb.Cache, fingerprint: str, layout: Layout) -> None:
-    if cache.fingerprint != fingerprint or cache.layout_json != layout.to_json():
+    # leaves, not block_elements: a cache of format 1 (or other blocks) is read as it is
+    if cache.fingerprint != fingerprint or (
+            Layout.from_json(cache.layout_json).leaves != layout.leaves):
         raise FingerprintMismatchError(
             f"cache {cache.name!r} holds elements of a different pipeline (fingerprint "
             f"{cache.fingerprint}, this pipeline {fingerprint}); delete it with "

@@ -37,7 +37,8 @@ from client._order import EpochOrder
 from client._plan import ReadOptions, epoch_range
 from client._prefetch import Closed, Prefetcher
 from client._transport import Transport, pb
-from client.codec import Decompressor, Layout, RecordError, decode_batch, split_chunk
+from client.blocks import decode_values
+from client.codec import Decompressor, Layout, RecordError, split_chunk
 from client.errors import (
     DataLossError,
     ReconnectTimeoutError,
@@ -56,9 +57,16 @@ Indices = np.ndarray | range  # global element indices; a range is the stored or
 
 
 def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
-    """Indices per request: k requests in flight hold about prefetch_bytes / 4 stored bytes."""
+    """Indices per request: k requests in flight hold about prefetch_bytes / 4 stored bytes.
+
+    On a cache of blocks a request may be 4x larger: the daemon decompresses each block
+    a request touches once, so a shuffled read decompresses less per element the more
+    elements a request holds (docs/blocks.md).
+    """
     avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
-    budget = min(max(prefetch_bytes // (4 * parallel), _MIN_REQUEST_BYTES), _MAX_REQUEST_BYTES)
+    most = _MAX_REQUEST_BYTES * (4 if Layout.from_json(cache.layout_json).block_elements > 1
+                                 else 1)
+    budget = min(max(prefetch_bytes // (4 * parallel), _MIN_REQUEST_BYTES), most)
     return int(min(max(budget // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
 
 
@@ -70,6 +78,7 @@ class _Fetcher:
                  closing: threading.Event) -> None:
         self._transport = transport
         self._cache = cache
+        self._k = Layout.from_json(cache.layout_json).block_elements
         self._timeout = reconnect_timeout
         self._closing = closing
         self._lock = threading.Lock()
@@ -100,9 +109,10 @@ class _Fetcher:
                 raise Closed()
             base = got
             try:
-                for position, lengths, data in self._attempt(indices[got:], epoch_start):
+                for position, count, lengths, data in self._attempt(indices[got:],
+                                                                    epoch_start):
                     epoch_start = False
-                    got = base + position + len(lengths) // 4
+                    got = base + position + count
                     failing_since, delay = None, _FIRST_BACKOFF
                     yield base + position, lengths, data
             except grpc.RpcError as err:
@@ -129,19 +139,22 @@ class _Fetcher:
                 delay = min(delay * 2, _MAX_BACKOFF)
                 epoch_start = False  # the failed try was sent: its hit is counted
 
-    def _attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Chunk]:
-        """One try at indices: (position in indices, lengths, data) chunks, in order.
+    def _attempt(self, indices: Indices, epoch_start: bool
+                 ) -> Iterator[tuple[int, int, bytes, bytes]]:
+        """One try at indices: (position in indices, elements, lengths, data) chunks, in order.
 
         A run of consecutive indices (stored order: every unshuffled read) goes
-        over ReadShard, a cursor walk with read-ahead; any other list over
-        ReadElements, one key lookup per record.
+        over ReadShard, a cursor walk with read-ahead, in whole blocks: a chunk
+        may start before the first index (negative position) and end after the
+        last; _Decoder trims. Any other list goes over ReadElements, one key
+        lookup per record, one element per value.
         """
         first = int(indices[0])
         if isinstance(indices, np.ndarray) and not np.all(np.diff(indices) == 1):
             yield from self._stream(self._transport.stub.ReadElements(pb.ReadElementsRequest(
                 name=self._cache.name, fingerprint=self._cache.fingerprint,
                 indices=indices.astype("<u8").tobytes(), chunk_bytes=CHUNK_BYTES,
-                epoch_start=epoch_start)), 0, "position")
+                epoch_start=epoch_start)), 0, "position", None)
             return
         stop = first + len(indices)
         for shard in self._cache.shards:
@@ -154,17 +167,24 @@ class _Fetcher:
                 count=min(stop, end) - start, chunk_bytes=CHUNK_BYTES,
                 fingerprint=self._cache.fingerprint, epoch_start=epoch_start))
             epoch_start = False
-            yield from self._stream(call, shard.first_element - first, "start")
+            yield from self._stream(call, shard.first_element - first, "start",
+                                    shard.num_elements)
 
-    def _stream(self, call: Any, offset: int, field: str) -> Iterator[Chunk]:
-        """Chunks of one call as (offset + chunk.<field>, lengths, data); cancel() stops it."""
+    def _stream(self, call: Any, offset: int, field: str, shard_elements: int | None
+                ) -> Iterator[tuple[int, int, bytes, bytes]]:
+        """Chunks of one call as (offset + chunk.<field>, elements, lengths, data);
+        cancel() stops it. shard_elements: the call is a ReadShard of whole blocks
+        (k elements each, the shard's last one possibly short)."""
         with self._lock:
             self._calls.add(call)
         try:
             if self._closing.is_set():
                 call.cancel()
             for chunk in call:
-                yield offset + getattr(chunk, field), chunk.lengths, chunk.data
+                start, values = getattr(chunk, field), len(chunk.lengths) // 4
+                count = values if shard_elements is None else min(
+                    values * self._k, shard_elements - start)
+                yield offset + start, count, chunk.lengths, chunk.data
         finally:
             with self._lock:
                 self._calls.discard(call)
@@ -176,36 +196,45 @@ class _Decoder:
     def __init__(self, cache: pb.Cache, layout: Layout) -> None:
         self._name = cache.name
         self._firsts = np.array([s.first_element for s in cache.shards], np.int64)
-        self._layout = layout
+        # blocks as the cache has them (a format 1 cache has none), whatever the caller's
+        stored = Layout.from_json(cache.layout_json)
+        self._layout = Layout(layout.leaves, stored.block_elements, stored.block_shuffle)
         self._local = threading.local()
 
     def _where(self, index: int) -> str:
         shard = int(np.searchsorted(self._firsts, index, side="right")) - 1
-        return (f"shard {shard} record {index - int(self._firsts[shard])} (element "
-                f"{index})")
+        local, k = index - int(self._firsts[shard]), self._layout.block_elements
+        if k > 1:
+            return (f"shard {shard} block {local // k} (elements {local - local % k}-"
+                    f"{local - local % k + k - 1} of the shard, element {index})")
+        return f"shard {shard} record {local} (element {index})"
 
     def __call__(self, indices: Indices, chunk: Chunk) -> tuple[int, list[Any]]:
+        """Decode chunk, keeping only its elements at positions [0, len(indices))."""
         dec = getattr(self._local, "dec", None)
         if dec is None:
             dec = self._local.dec = Decompressor()
         position, lengths, data = chunk
-        bodies: list[Any] = []
         values: list[memoryview] = []
         try:
             values = split_chunk(lengths, data)
-            unpack, append = dec.unpack, bodies.append
-            for value in values:  # no per-element work beyond the unpack itself
-                append(unpack(value))
-            return len(bodies), decode_batch(self._layout, bodies)
+            n, batch = decode_values(self._layout, dec, values)
         except RecordError as exc:
+            before = getattr(exc, "elements_before", None)
             if not values:
                 where = f"chunk at position {position}"
-            elif len(bodies) < len(values):
-                where = self._where(int(indices[position + len(bodies)]))
-            else:
+            elif before is None:
                 where = f"elements at positions {position}-{position + len(values) - 1}"
+            elif position >= 0:
+                where = self._where(int(indices[min(position + before, len(indices) - 1)]))
+            else:
+                where = self._where(int(indices[0]) + position + before)
             raise DataLossError(f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
                                 "cache and build it again") from exc
+        lo, hi = max(0, -position), min(n, len(indices) - position)
+        if lo or hi < n:  # a ReadShard chunk of whole blocks: trim to the request
+            batch = [column[lo:hi] for column in batch]
+        return hi - lo, batch
 
 
 def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order: EpochOrder,

@@ -1,7 +1,8 @@
 """Write-behind for write-through epochs: encode, compress and send in a thread of its own.
 
 The epoch's generator hands each source batch to :class:`WriteBehind` and
-yields it to TensorFlow at once; the thread turns it into records and sends
+yields it to TensorFlow at once; the thread packs it into stored values
+(client/blocks.py: blocks of small elements, one value per large one) and sends
 them to the daemon while the generator fetches the next batch. Without it the
 generator did all of that between two yields and the source pipeline, which
 runs only a few elements ahead of its consumer, stood still meanwhile (epoch 1
@@ -24,7 +25,8 @@ from typing import Any
 
 from client._transport import pb
 from client._writer import CacheWriter
-from client.codec import Compressor, Layout, encode_batch
+from client.blocks import BlockPacker
+from client.codec import Layout
 from client.errors import ShardcacheError
 
 log = logging.getLogger("client")
@@ -106,18 +108,20 @@ class WriteBehind:
                     "pipeline and the next one will try again", exc)
 
     def _run(self) -> None:
-        compressor = Compressor()
-        while (item := self._queue.get()) is not _DONE:
+        packer = BlockPacker(self._layout)
+        while True:
+            item = self._queue.get()
             writer = self._writer
             if writer is None or self._stop.is_set() or self._error is not None:
+                if item is _DONE:
+                    return
                 continue  # failed or closing: drain so that put() never waits forever
-            n, batch = item
-            try:
-                bodies = encode_batch(self._layout, batch, n)
-                raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
-                writer.add([compressor.pack(b) for b in bodies], raw)
+            try:  # _DONE: the last, short block
+                writer.add(*(packer.flush() if item is _DONE else packer.add(item[1], item[0])))
             except ShardcacheError as exc:
                 if not self._stop.is_set():  # close() cancels the stream: not a failure
                     self._give_up(exc)
             except BaseException as exc:
                 self._error = exc
+            if item is _DONE:
+                return

@@ -77,13 +77,15 @@ class CacheWriter:
                         pass
                     raise ShardcacheError("the daemon closed the write stream early") from None
 
-    def add(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
+    def add(self, values: Sequence[bytes | memoryview], raw_bytes: int,
+            num_elements: int | None = None) -> None:
+        """Queue values (num_elements elements; default one per value) for sending."""
         for v in values:
             self._lengths.append(len(v))
             self._pending_bytes += len(v)
         self._data.extend(values)
         self._raw_bytes += raw_bytes
-        self.num_elements += len(values)
+        self.num_elements += len(values) if num_elements is None else num_elements
         if self._pending_bytes >= self._chunk_bytes:
             self._flush()
 

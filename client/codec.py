@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 import zstandard
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Layouts of format 1 (no blocks: one element per stored value) are still read.
+_READABLE_FORMATS = (1, 2)
 TAG_RAW = 0x00
 TAG_ZSTD = 0x01
 #: Keep the zstd frame only when it is at least this much smaller than the body.
@@ -139,6 +141,23 @@ class Layout:
     """The flattened leaves of a cache's elements."""
 
     leaves: tuple[Leaf, ...]
+    #: Elements per stored value (client/blocks.py); 1 for every non-fixed layout.
+    block_elements: int = 1
+    #: Byte-shuffle stride of a block's body (1: none); see client/blocks.py.
+    block_shuffle: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_elements", "block_shuffle"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.block_elements > 1 and not self.fixed_numeric:
+            raise ValueError("only layouts of fixed-shape numeric leaves pack elements into "
+                             "blocks")
+        if self.block_shuffle > 1 and (self.block_elements == 1
+                                       or self.record_size % self.block_shuffle):
+            raise ValueError(f"block_shuffle {self.block_shuffle} needs blocks of records "
+                             "whose size it divides")
 
     @property
     def numeric_known_ranks(self) -> bool:
@@ -159,7 +178,11 @@ class Layout:
             {"dtype": leaf.dtype, "shape": None if leaf.shape is None else list(leaf.shape)}
             for leaf in self.leaves
         ]
-        return json.dumps({"format": FORMAT_VERSION, "leaves": leaves}, separators=(",", ":"))
+        if self.block_elements == 1:  # exactly format 1: one element per value
+            return json.dumps({"format": 1, "leaves": leaves}, separators=(",", ":"))
+        return json.dumps({"format": FORMAT_VERSION, "block_elements": self.block_elements,
+                           "block_shuffle": self.block_shuffle, "leaves": leaves},
+                          separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Layout:
@@ -167,8 +190,11 @@ class Layout:
             doc = json.loads(text)
             if not isinstance(doc, dict):
                 raise TypeError(f"expected an object, got {type(doc).__name__}")
-            if doc.get("format") != FORMAT_VERSION:
-                raise ValueError(f"record format {doc.get('format')!r}, expected {FORMAT_VERSION}")
+            if doc.get("format") not in _READABLE_FORMATS:
+                raise ValueError(f"record format {doc.get('format')!r}, this version reads "
+                                 f"{_READABLE_FORMATS}: upgrade shardcache or rebuild the cache")
+            block = (doc["block_elements"], doc["block_shuffle"]) if doc["format"] >= 2 \
+                else (1, 1)
             leaves = doc["leaves"]
             if not isinstance(leaves, list):
                 raise TypeError("leaves must be a list")
@@ -180,7 +206,7 @@ class Layout:
                 if shape is not None and not all(x is None or type(x) is int for x in shape):
                     raise TypeError(f"shape {shape!r} holds a non-integer dimension")
                 out.append(Leaf(d["dtype"], None if shape is None else tuple(shape)))
-            return cls(tuple(out))
+            return cls(tuple(out), *block)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"invalid layout description: {exc}") from exc
 
@@ -299,7 +325,8 @@ class Compressor:
     GIVE_UP = 16
     PROBE_EVERY = 64
 
-    def __init__(self, level: int = 1) -> None:
+    def __init__(self, level: int = 1, min_ratio: float = MIN_COMPRESSION_RATIO) -> None:
+        self._min_ratio = min_ratio
         self._zstd = zstandard.ZstdCompressor(level=level, write_checksum=True,
                                               write_content_size=True)
         self._misses = 0
@@ -314,7 +341,7 @@ class Compressor:
             self._since_probe = 0
         self.attempts += 1
         frame = self._zstd.compress(body)
-        if len(frame) * MIN_COMPRESSION_RATIO <= len(body):
+        if len(frame) * self._min_ratio <= len(body):
             self._misses = 0
             return b"\x01" + frame
         self._misses += 1
@@ -412,21 +439,25 @@ def decode_batch(layout: Layout, bodies: Sequence[memoryview | bytes]) -> list[A
         if lengths.count(size) != n:
             bad = next(i for i, ln in enumerate(lengths) if ln != size)
             raise RecordError(f"record {bad} has {lengths[bad]} bytes, layout says {size}")
-        joined = b"".join(bodies)
-        rows = np.frombuffer(joined, np.uint8).reshape(n, size)
-        out, off = [], 0
-        for leaf in layout.leaves:
-            col = rows[:, off:off + leaf.nbytes]
-            if len(layout.leaves) > 1:
-                col = np.ascontiguousarray(col)
-            out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
-            off += leaf.nbytes
-        return out
+        return decode_fixed(layout, b"".join(bodies), n)
     if n and layout.numeric_known_ranks:
         fast = _decode_known_ranks(layout, bodies)
         if fast is not None:
             return fast
     return _decode_general(layout, bodies)
+
+
+def decode_fixed(layout: Layout, joined: Any, n: int) -> list[np.ndarray]:
+    """n records of a fixed-numeric layout, back to back in joined: one array per leaf."""
+    rows = np.frombuffer(joined, np.uint8).reshape(n, layout.record_size)
+    out, off = [], 0
+    for leaf in layout.leaves:
+        col = rows[:, off:off + leaf.nbytes]
+        if len(layout.leaves) > 1:
+            col = np.ascontiguousarray(col)
+        out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
+        off += leaf.nbytes
+    return out
 
 
 def _ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

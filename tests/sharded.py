@@ -2,7 +2,9 @@
 
 cc.cache() lets the daemon pick the shard size (1 GiB), so small test caches
 have one shard; reads across shard boundaries need several. This writes like
-cc.cache()'s first epoch, with WriteBegin.shard_bytes and a small chunk size.
+cc.cache()'s first epoch, with WriteBegin.shard_bytes and a small chunk size:
+one element per stored value (format 1, as earlier versions wrote), or, with
+block_bytes, blocks of about that many raw bytes (format 2).
 """
 
 from __future__ import annotations
@@ -12,24 +14,27 @@ from typing import Any
 from client import CacheClient
 from client._transport import pb
 from client._writer import CacheWriter
-from client.codec import Compressor, encode_batch
+from client.blocks import BlockPacker, blocked
+from client.codec import Compressor
 
 
 def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
-                  chunk_bytes: int = 4096, version: str | None = None) -> pb.Cache:
+                  chunk_bytes: int = 4096, version: str | None = None,
+                  block_bytes: int | None = None) -> pb.Cache:
     from client import _tf
 
     spec = ds.element_spec
     layout = _tf.layout_of(spec)
+    if block_bytes is not None:
+        layout = blocked(layout, block_bytes)
     wire = _tf.WireFormat(spec, layout)
     begin = pb.WriteBegin(name=name, fingerprint=f"version:{version or name}",
                           layout_json=layout.to_json(), element_spec=_tf.encode_spec(spec),
                           shard_bytes=shard_bytes)
     writer = CacheWriter(cc._transport, begin, chunk_bytes=chunk_bytes)
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
-    compressor = Compressor()
+    packer = BlockPacker(layout, None if block_bytes else Compressor())
     for n, batch in _tf.source_batches(ds, wire, 64):
-        bodies = encode_batch(layout, batch, n)
-        raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
-        writer.add([compressor.pack(b) for b in bodies], raw)
+        writer.add(*packer.add(batch, n))
+    writer.add(*packer.flush())
     return writer.finish()

@@ -397,3 +397,23 @@ def test_materialization_counts_against_max_bytes_evicts_to_fit_and_shows_in_met
             assert metric("shardcache_disk_bytes") <= 20 << 20
     finally:
         daemon.close()
+
+
+def test_materialized_shards_of_small_elements_end_in_short_blocks_and_read_back_exactly(
+        mc: CacheClient, name: str) -> None:
+    info = mc.materialize("mat_pipelines:fixed", name=name, num_shards=3, workers=2)
+    assert info.num_elements == 130 + 131 + 132
+    assert '"block_elements":63' in mc._get(name).layout_json
+    want = [s * 1000 + i for s in range(3) for i in range(130 + s)]
+
+    def ids(ds: tf.data.Dataset) -> list[int]:
+        out = []
+        for e in ds.as_numpy_iterator():
+            assert (e["x"] == e["id"]).all()
+            out.append(int(e["id"]))
+        return out
+
+    assert ids(mc.dataset(name)) == want
+    assert [i for w in range(4) for i in ids(mc.dataset(name, worker_index=w, num_workers=4))
+            ] == want
+    assert sorted(ids(mc.dataset(name, shuffle=True, seed=2))) == want

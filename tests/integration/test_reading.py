@@ -26,11 +26,16 @@ def source(n: int = N) -> tf.data.Dataset:
                                                    "i": i})
 
 
-@pytest.fixture(scope="module")
-def sharded(daemon) -> str:
+@pytest.fixture(scope="module", params=[None, 400], ids=["format1", "blocks"])
+def sharded(daemon, request) -> str:
+    """One element per value (as earlier versions wrote), or blocks of 10 elements."""
     with CacheClient(daemon.unix_target) as cc:
-        cache = write_sharded(cc, source(), "reading-sharded", shard_bytes=3000)
+        cache = write_sharded(cc, source(), f"reading-sharded-{request.param}",
+                              shard_bytes=3000 if request.param is None else 400,
+                              chunk_bytes=4096 if request.param is None else 100,
+                              block_bytes=request.param)
     assert len(cache.shards) > 5
+    assert (request.param is None) == ('"format":1' in cache.layout_json)
     return cache.name
 
 
@@ -167,7 +172,8 @@ def test_stopping_a_parallel_shuffled_read_early_leaves_no_thread(cc, sharded,
 def read_elements(cc: CacheClient, cache: str, indices: list[int], fingerprint: str = ""
                   ) -> list[int]:
     """Call ReadElements directly; decode the "i" component of every record it returns."""
-    from client.codec import Decompressor, Layout, decode_batch, split_chunk
+    from client.blocks import decode_values
+    from client.codec import Decompressor, Layout, split_chunk
     from client.errors import from_rpc_error
 
     info = cc._get(cache)
@@ -179,8 +185,10 @@ def read_elements(cc: CacheClient, cache: str, indices: list[int], fingerprint: 
     try:
         for chunk in cc._transport.stub.ReadElements(request):
             assert chunk.position == len(out)
-            bodies = [dec.unpack(v) for v in split_chunk(chunk.lengths, chunk.data)]
-            out += decode_batch(layout, bodies)[0].tolist()  # leaves sorted: "i", then "x"
+            values = split_chunk(chunk.lengths, chunk.data)
+            n, batch = decode_values(layout, dec, values)
+            assert n == len(values)  # one element per value
+            out += batch[0].tolist()  # leaves sorted: "i", then "x"
     except grpc.RpcError as exc:
         raise from_rpc_error(exc, cc.target) from exc
     return out

@@ -82,3 +82,10 @@ def big(shard: int, num_shards: int) -> tf.data.Dataset:
 
 def infinite(shard: int, num_shards: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(3).repeat()
+
+
+def fixed(shard: int, num_shards: int) -> tf.data.Dataset:
+    """Shard s holds 130 + s ~1 KB fixed-shape elements: blocks of 63, the last one short."""
+    first = shard * 1000
+    ids = tf.data.Dataset.range(first, first + 130 + shard)
+    return ids.map(lambda i: {"id": i, "x": tf.fill([256], tf.cast(i, tf.float32))})

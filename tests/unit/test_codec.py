@@ -220,7 +220,12 @@ def test_fixed_batch_encoding_agrees_with_per_element_encoding(
 def test_layout_survives_its_json_description(layout: Layout) -> None:
     text = layout.to_json()
     assert Layout.from_json(text) == layout
-    assert json.loads(text)["format"] == codec.FORMAT_VERSION
+    assert json.loads(text)["format"] == 1  # one element per value: exactly format 1
+    if layout.fixed_numeric:
+        packed = Layout(layout.leaves, 7)
+        text = packed.to_json()
+        assert Layout.from_json(text) == packed
+        assert json.loads(text)["format"] == codec.FORMAT_VERSION == 2
 
 
 @pytest.mark.parametrize("dtype", codec._DTYPES)
@@ -466,13 +471,16 @@ def test_malformed_chunk_framing_is_rejected(lengths: bytes, data: bytes) -> Non
 def test_an_unsupported_dtype_is_a_clear_value_error(dtype: str) -> None:
     with pytest.raises(ValueError, match=f"unsupported dtype '{dtype}'.*bfloat16"):
         Leaf(dtype, (2,))
-    text = json.dumps({"format": codec.FORMAT_VERSION, "leaves": [{"dtype": dtype, "shape": []}]})
+    text = json.dumps({"format": 1, "leaves": [{"dtype": dtype, "shape": []}]})
     with pytest.raises(ValueError, match="unsupported dtype"):
         Layout.from_json(text)
 
 
 @pytest.mark.parametrize("text", [
-    "", "[]", "null", '{"format": 2, "leaves": []}', '{"format": 1}',
+    "", "[]", "null", '{"format": 3, "leaves": []}', '{"format": 1}',
+    '{"format": 2, "leaves": []}', '{"format": 2, "block_elements": 0, "leaves": []}',
+    '{"format": 2, "block_elements": true, "leaves": []}',
+    '{"format": 2, "block_elements": 4, "leaves": [{"dtype": "string", "shape": []}]}',
     '{"format": 1, "leaves": [{"dtype": "int8"}]}',
     '{"format": 1, "leaves": [{"dtype": "int8", "shape": [-1]}]}',
     '{"format": 1, "leaves": [{"dtype": "int8", "shape": ["2"]}]}',
