@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import numpy as np
 
 from cacheserver.catalog import DEFAULT_CHUNK_BYTES, Catalog
 from cacheserver.errors import InvalidArgument
-from cacheserver.records import CacheRecord
 from cacheserver.store import ShardGetter
 
 MAX_INDICES = 65536
@@ -39,17 +39,27 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
         bad = int(wanted[np.argmax(wanted >= total)])
         raise InvalidArgument(f"element index {bad} is out of range: cache {name!r} has "
                               f"{total} elements")
-    chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
-    stored = sum(s.stored_bytes for s in record.shards)
-    # records per window: enough to reach chunk bytes (two 600 KB images per
-    # 1 MiB chunk, as ReadShard sends them: half the generator yields of one)
-    window = max(1, -(-chunk * total // stored)) if stored else 1
+    window = window_records(chunk_bytes, total, sum(s.stored_bytes for s in record.shards))
     firsts = np.array([s.first_element for s in record.shards], np.uint64)
-    return _chunks(catalog, record, wanted, firsts, window)
+    return gather_chunks(lambda shard: catalog.readers.opened(catalog.shard_path(record, shard)),
+                         wanted, firsts, window)
 
 
-def _chunks(catalog: Catalog, record: CacheRecord, wanted: np.ndarray, firsts: np.ndarray,
-            window: int) -> Iterator[tuple[int, bytes, bytes]]:
+def window_records(chunk_bytes: int, num_elements: int, stored_bytes: int) -> int:
+    """Records per chunk: enough to reach chunk_bytes (two 600 KB images per 1 MiB
+    chunk, as ReadShard sends them: half the generator yields of one)."""
+    chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
+    return max(1, -(-chunk * num_elements // stored_bytes)) if stored_bytes else 1
+
+
+def gather_chunks(open_shard: Callable[[int], AbstractContextManager[ShardGetter]],
+                  wanted: np.ndarray, firsts: np.ndarray, window: int
+                  ) -> Iterator[tuple[int, bytes, bytes]]:
+    """(position, lengths, data) chunks of the records at global indices wanted, in order.
+
+    open_shard(i) opens shard i for random reads; firsts are the shards' first
+    global indices. Shared by ReadElements and the client's direct reads.
+    """
     shard_of = np.searchsorted(firsts, wanted, side="right") - 1
     keys = (wanted - firsts[shard_of]).astype(">u8")
     with contextlib.ExitStack() as stack:
@@ -61,9 +71,8 @@ def _chunks(catalog: Catalog, record: CacheRecord, wanted: np.ndarray, firsts: n
             for shard in np.unique(shards):
                 getter = open_shards.get(int(shard))
                 if getter is None:
-                    path = catalog.shard_path(record, int(shard))
                     getter = open_shards[int(shard)] = stack.enter_context(
-                        catalog.readers.opened(path))
+                        open_shard(int(shard)))
                 where = np.flatnonzero(shards == shard)
                 got = getter.get_many(keys[start:stop][where].tobytes())
                 for i, value in zip(where.tolist(), got):
