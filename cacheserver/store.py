@@ -155,7 +155,10 @@ class _ReadAhead:
     """
 
     def __init__(self, path: Path, file_bytes: int, num_records: int) -> None:
-        self._fd = os.open(path / "data.mdb", os.O_RDONLY)
+        try:
+            self._fd = os.open(path / "data.mdb", os.O_RDONLY)
+        except FileNotFoundError:  # deleted under a reader that holds it (hold()): no hints
+            self._fd, file_bytes = -1, 0
         self._size = file_bytes
         self._records = max(num_records, 1)
         self._until = 0
@@ -171,7 +174,8 @@ class _ReadAhead:
         self._until = end
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
 
 
 class ReaderPool:

@@ -203,15 +203,15 @@ def test_a_killed_readers_lease_expires_and_its_cache_becomes_evictable() -> Non
             assert reason(err.value) == "CAPACITY_EXCEEDED"
             assert "1 being read" in err.value.details(), "the leased cache was evictable"
             holder.kill()  # SIGKILL: no release, no more renewals
-            holder.wait(30)
+            holder.communicate(timeout=30)
             wait_until(lambda: cc.info("a").direct_leases == 0, "the lease's expiry")
             write_cache(ch, "d", records(8, 128 << 10, 9))
             assert sorted(c.name for c in cc.list()) == ["b", "c", "d"]
             assert "read lease on cache 'a' expired" in d.log()
     finally:
-        if holder is not None and holder.poll() is None:
+        if holder is not None:
             holder.kill()
-            holder.wait(30)
+            holder.communicate(timeout=30)  # also closes its pipes
         d.close()
 
 
