@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(seconds["load"]) if "load" in seconds else None
     print(f"Reproduce: `.venv/bin/python bench/direct_ab.py --workload {args.workload} "
           f"--n {args.n} --rounds {args.rounds}` (load average at the end: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cache: {len(info.shards)} shards, "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cache: {info.num_shards} shards, "
           f"{info.direct_reads} direct passes)\n")
     print("| epoch 2 of | median s | min-max s | elements/s | MB/s | vs `Dataset.load` |")
     print("|---|---|---|---|---|---|")

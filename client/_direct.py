@@ -82,6 +82,9 @@ def _pool() -> Any:
             from cacheserver.store import ReaderPool
 
             _POOL = ReaderPool()  # one open per shard per process, shared by every pass
+            # Nothing stays mapped between passes: an idle map of a cache the daemon evicts
+            # later would keep its unlinked files' disk space from being freed.
+            _POOL.MAX_IDLE = 0
         return _POOL
 
 

@@ -275,3 +275,26 @@ def test_a_data_dir_mounted_elsewhere_is_read_through_local_data_dir(daemon, nam
             mount.rmdir()
         else:
             mount.unlink()
+
+
+def test_a_finished_pass_leaves_no_shard_file_open_in_the_client(daemon, name) -> None:
+    with CacheClient(daemon.unix_target) as cc:
+        write_sharded(cc, source(), name, shard_bytes=1000, chunk_bytes=1000)
+        shards = daemon.data_dir / "caches" / name
+
+        def open_shard_files() -> list[str]:
+            fds = Path("/proc/self/fd")
+            return [t for t in (os.readlink(fds / fd) for fd in os.listdir(fds)
+                                if (fds / fd).exists()) if t.startswith(str(shards))]
+
+        def mapped() -> list[str]:
+            return [line for line in Path("/proc/self/maps").read_text().splitlines()
+                    if str(shards) in line]
+
+        it = cc.dataset(name, direct=True, prefetch_bytes=1).as_numpy_iterator()
+        next(it)
+        assert mapped(), "the pass does not map the shard files"
+        for _ in it:
+            pass
+        assert open_shard_files() == [] and mapped() == [], \
+            "a deleted cache's space would stay allocated"
