@@ -12,6 +12,8 @@ one warm epoch each of: ``Dataset.load``, ``cc.dataset(direct=False)`` (gRPC),
 order every round, all batched by 256 like bench/run.py. Interleaving in one process puts the
 strategies under the same machine load (the machine is shared), so the ratios (median epoch
 time of load / of the strategy) are what to read; the absolute rates move with the load.
+The CPU seconds each epoch cost the client process and the daemon (medians, from
+/proc/PID/stat) move much less with the load than wall time does.
 Prints a markdown table on stdout. Under ``py-spy record --threads --idle -f raw``, a
 ``--only direct`` run gives the profile of the direct path alone.
 """
@@ -35,6 +37,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from cacheserver.probe import wait_healthy  # noqa: E402
 
 ORDER = ("load", "grpc", "direct", "file")
+
+
+def _cpu(pid: int) -> float:
+    """User + system CPU seconds of process pid so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +83,17 @@ def main(argv: list[str] | None = None) -> int:
                     "file": file_ds,
                 }
                 seconds: dict[str, list[float]] = {k: [] for k in args.only}
+                cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in args.only}
                 for _round in range(args.rounds):
                     for key in args.only:
+                        before = (_cpu(os.getpid()), _cpu(daemon.pid))
                         result = timed_iteration(datasets[key])
+                        after = (_cpu(os.getpid()), _cpu(daemon.pid))
                         assert result.elements == args.n, (key, result.elements)
                         seconds[key].append(result.seconds)
-                        print(f"{key}: {result.seconds:.3f}s", file=sys.stderr, flush=True)
+                        cpu[key].append((after[0] - before[0], after[1] - before[1]))
+                        print(f"{key}: {result.seconds:.3f}s, CPU s client {cpu[key][-1][0]:.2f} "
+                              f"daemon {cpu[key][-1][1]:.2f}", file=sys.stderr, flush=True)
                 info = cc.info("ab")
         finally:
             daemon.terminate()
@@ -91,15 +104,19 @@ def main(argv: list[str] | None = None) -> int:
           f"--n {args.n} --rounds {args.rounds}` (load average at the end: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cache: {info.num_shards} shards, "
           f"{info.direct_reads} direct passes)\n")
-    print("| epoch 2 of | median s | min-max s | elements/s | MB/s | vs `Dataset.load` |")
-    print("|---|---|---|---|---|---|")
+    print("| epoch 2 of | median s | min-max s | elements/s | MB/s | vs `Dataset.load` | "
+          "CPU s client + daemon |")
+    print("|---|---|---|---|---|---|---|")
     labels = {"load": "`Dataset.load`", "grpc": "shardcache over gRPC",
               "direct": "shardcache direct", "file": "`cache(file)`"}
     for key, values in seconds.items():
         med = statistics.median(values)
         ratio = f"{base / med:.2f}x" if base else "-"
+        client_cpu = statistics.median(c for c, _ in cpu[key])
+        daemon_cpu = statistics.median(d for _, d in cpu[key])
         print(f"| {labels[key]} | {med:.3f} | {min(values):.3f}-{max(values):.3f} | "
-              f"{args.n / med:,.0f} | {args.n * element / med / 1e6:,.0f} | {ratio} |")
+              f"{args.n / med:,.0f} | {args.n * element / med / 1e6:,.0f} | {ratio} | "
+              f"{client_cpu:.2f} + {daemon_cpu:.2f} |")
     return 0
 
 
