@@ -18,6 +18,9 @@ single-threaded, so the rows bound what the full path (docs/benchmarks.md) can r
   records (``cold``: right after dropping the page cache, which needs root; then warm), and
   accepting and committing them (LMDB writes plus fsync), without any decoding or TensorFlow
   on the client;
+- ``shardcache direct read``: the same records read by the client itself from the shard
+  files under a read lease (client/_direct.py: the daemon's ReaderPool.read_chunks on a
+  read-only mmap), warm, without decoding: what the same-host path moves before TensorFlow;
 - ``file read cold``: plain sequential ``read()`` of a file of the same size after dropping
   the page cache: what the disk gives a reader that asks for sequential blocks.
 
@@ -32,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -46,6 +50,7 @@ REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from cacheserver.probe import wait_healthy  # noqa: E402
+from client._direct import DirectReads  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client._writer import CacheWriter  # noqa: E402
 
@@ -189,10 +194,21 @@ def daemon_rows(tmp: Path, records: list[bytes], total: int) -> dict[str, tuple[
                     moved += len(chunk.data)
             return moved
 
+        def read_direct() -> int:
+            cache = transport.stub.GetCache(pb.GetCacheRequest(name="ceiling")).cache
+            lease, _ = DirectReads(transport, True, None).lease(cache)
+            assert lease is not None
+            try:
+                fetch = lease.fetcher(threading.Event())
+                return sum(len(data) for _, _, data in fetch.stream(range(cache.num_elements)))
+            finally:
+                lease.close()
+
         rows = {"shardcache WriteCache": timed(write)}
         drop_page_cache()
         rows["shardcache ReadShard cold"] = timed(read)
         rows["shardcache ReadShard"] = timed(read)  # now warm: the page cache holds the shard
+        rows["shardcache direct read (lease, mmap)"] = timed(read_direct)
         transport.close()
         return rows
     finally:

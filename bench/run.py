@@ -156,7 +156,7 @@ class Benchmark:
         try:
             for n in sizes:
                 for strategy in self.args.strategies:
-                    if strategy == "shardcache" and daemon_info is None:
+                    if strategy.startswith("shardcache") and daemon_info is None:
                         daemon = Daemon(
                             data_dir=self.scratch_root / f"cacheserver-{name}",
                             socket_path=self.socket_root / f"{name}.sock",
@@ -174,7 +174,7 @@ class Benchmark:
                             file=sys.stderr,
                             flush=True,
                         )
-                        if strategy != "shardcache":
+                        if not strategy.startswith("shardcache"):
                             run = self.measure(name, n, strategy, None, repeat)
                         elif daemon is not None and daemon.alive():
                             run = self.measure(name, n, strategy, daemon, repeat)
@@ -234,7 +234,7 @@ class Benchmark:
                 "--socket",
                 str(daemon.socket_path),
                 "--cache-name",
-                f"{workload}-{n}-r{repeat}",
+                f"{workload}-{n}-{strategy}-r{repeat}",
             ]
         base: dict[str, Any] = {
             "workload": workload,

@@ -13,6 +13,9 @@ strategy       epoch 1 / epoch 2
 ``save_load``  ``Dataset.save`` (timed as epoch 1) / iterate ``Dataset.load``
 ``save_load_gzip``  the same with ``compression="GZIP"`` (not run unless named)
 ``shardcache`` ``CacheClient.cache`` write-through to the daemon / read from the daemon
+               over gRPC (``direct=False``)
+``shardcache_direct``  the same, epoch 2 reading the shard files directly under a read
+               lease (``direct=True``, docs/direct.md)
 =============  ==========================================================================
 
 These functions run inside the per-strategy measurement subprocess (``measure.py``).
@@ -31,7 +34,8 @@ if TYPE_CHECKING:
     import tensorflow as tf
     from workloads import Workload
 
-STRATEGIES: tuple[str, ...] = ("none", "memory", "file", "save_load", "shardcache")
+STRATEGIES: tuple[str, ...] = ("none", "memory", "file", "save_load", "shardcache",
+                               "shardcache_direct")
 EXTRA_STRATEGIES: tuple[str, ...] = ("save_load_gzip",)
 
 
@@ -134,8 +138,9 @@ def plan_save_load_gzip(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
     return plan_save_load(src, ctx, compression="GZIP")
 
 
-def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
-    """``CacheClient.cache``: epoch 1 writes through to the daemon, epoch 2 reads from it."""
+def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext, direct: bool = False) -> Plan:
+    """``CacheClient.cache``: epoch 1 writes through to the daemon, epoch 2 reads from it
+    (over gRPC, or with direct the shard files themselves)."""
     try:
         from client import CacheClient
     except Exception as exc:  # any import-time failure means "not available here"
@@ -145,10 +150,15 @@ def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
     if ctx.socket_path is None:
         raise StrategyUnavailableError("no cacheserver daemon socket was provided")
     cc = CacheClient("unix://" + ctx.socket_path)
-    ds = cc.cache(src, name=ctx.cache_name).batch(ctx.batch_size)
+    ds = cc.cache(src, name=ctx.cache_name, direct=direct).batch(ctx.batch_size)
     plan = _same_dataset_twice(ds)
     plan.keep_alive.append(cc)
     return plan
+
+
+def plan_shardcache_direct(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
+    """``CacheClient.cache(direct=True)``: epoch 2 reads the leased shard files locally."""
+    return plan_shardcache(src, ctx, direct=True)
 
 
 PLANNERS: dict[str, Callable[[tf.data.Dataset, StrategyContext], Plan]] = {
@@ -158,4 +168,5 @@ PLANNERS: dict[str, Callable[[tf.data.Dataset, StrategyContext], Plan]] = {
     "save_load": plan_save_load,
     "save_load_gzip": plan_save_load_gzip,
     "shardcache": plan_shardcache,
+    "shardcache_direct": plan_shardcache_direct,
 }

@@ -126,6 +126,7 @@ def info(name: str, target: str | None) -> None:
         ("compression", f"{c.compression_ratio:.2f}x"), ("fingerprint", c.fingerprint),
         ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.create_time))),
         ("last read", _when(c.last_read_time)), ("hits", c.hits), ("retention", _retention(c)),
+        ("direct", f"{c.direct_leases} leases now, {c.direct_reads} passes since start"),
     ]
     for key, value in rows:
         click.echo(f"{key:<12} {value}")

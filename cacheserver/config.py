@@ -120,6 +120,9 @@ SETTINGS: tuple[Setting, ...] = (
             "refused) to keep it."),
     Setting("ttl_sweep_interval", click.FloatRange(min=0.05), 60.0,
             "Seconds between sweeps that delete caches idle for longer than their TTL."),
+    Setting("lease_ttl", click.FloatRange(min=0.1), 30.0,
+            "Seconds a same-host direct reader's lease lives unless renewed (the client "
+            "renews every third of it); a killed reader's cache is evictable after this."),
     Setting("metrics_listen", click.STRING, "",
             "HOST:PORT serving Prometheus metrics at /metrics (empty: off)."),
     Setting("tls_cert", _PATH, None, "PEM certificate chain: serve TCP addresses over TLS."),

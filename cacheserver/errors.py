@@ -104,3 +104,10 @@ class PipelineFailed(CacheServerError):
 class OperationCancelled(CacheServerError):
     code = grpc.StatusCode.CANCELLED
     reason = "OPERATION_CANCELLED"
+
+
+class LeaseNotFound(CacheServerError):
+    """A direct read lease expired (not renewed within its TTL) or was released."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "LEASE_NOT_FOUND"

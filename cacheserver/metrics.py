@@ -56,6 +56,12 @@ MATERIALIZED_SHARDS = Counter("shardcache_materialized_shards",
 MATERIALIZATIONS = Counter("shardcache_materializations",
                            "Materialization operations that ended, by final state.",
                            ["state"], registry=REGISTRY)
+DIRECT_LEASES = Gauge("shardcache_direct_leases",
+                      "Read leases of same-host clients reading shard files directly.",
+                      registry=REGISTRY)
+DIRECT_READS = Counter("shardcache_direct_reads",
+                       "Direct reader passes: read leases taken with epoch_start (docs/direct.md).",
+                       registry=REGISTRY)
 
 for _kind in ("read", "write"):
     ACTIVE_STREAMS.labels(_kind)

@@ -21,6 +21,7 @@ from cacheserver.capacity import Capacity, TtlSweeper
 from cacheserver.catalog import Catalog
 from cacheserver.config import DEFAULT_LISTEN
 from cacheserver.interceptors import ServerInterceptor
+from cacheserver.leases import LeaseTable
 from cacheserver.materializer import Materializer
 from cacheserver.recovery import DataDirLock
 from cacheserver.security import load_tls, load_token, warn_if_exposed
@@ -72,6 +73,7 @@ class ServerConfig:
     max_bytes: int = 0
     min_free_bytes: int = 0
     ttl_sweep_interval: float = 60.0
+    lease_ttl: float = 30.0
     metrics_listen: str = ""
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -120,7 +122,8 @@ class CacheServer:
         metrics.watch_disk(capacity.in_use, config.max_bytes)
         self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
         self.materializer = Materializer(self.catalog, tuple(map(str, config.pythonpath)))
-        self.service = CacheService(self.catalog, self.materializer)
+        self.leases = LeaseTable(self.catalog, config.lease_ttl)
+        self.service = CacheService(self.catalog, self.materializer, self.leases)
         self.health = health.HealthServicer()
         options = [
             ("grpc.max_send_message_length", config.max_message_bytes),
@@ -168,6 +171,7 @@ class CacheServer:
     def start(self) -> None:
         self._server.start()
         self._sweeper.start()
+        self.leases.start()
         self.materializer.resume_interrupted()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -195,6 +199,7 @@ class CacheServer:
         if not self._calls.wait_idle(5.0):
             log.warning("some cancelled calls were still unwinding 5s after the drain")
         self._sweeper.stop()
+        self.leases.stop()
         self._stop_metrics()
         self._lock.release()
         self._stopped.set()

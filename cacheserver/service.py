@@ -18,6 +18,7 @@ import grpc
 from cacheserver import gather, metrics
 from cacheserver.catalog import Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
+from cacheserver.leases import LeaseTable
 from cacheserver.materializer import Materializer
 from cacheserver.operation_wire import operation_to_proto
 from cacheserver.records import CacheRecord
@@ -134,9 +135,11 @@ def _translating(method: F) -> F:
 class CacheService(pb_grpc.CacheServiceServicer):
     """Serves one catalog. Tracks open streams so shutdown can drain them."""
 
-    def __init__(self, catalog: Catalog, materializer: Materializer | None = None) -> None:
+    def __init__(self, catalog: Catalog, materializer: Materializer | None = None,
+                 leases: LeaseTable | None = None) -> None:
         self.catalog = catalog
         self.materializer = materializer or Materializer(catalog)
+        self.leases = leases or LeaseTable(catalog)
         self._draining = threading.Event()
 
     def drain(self) -> None:
@@ -224,7 +227,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
                     raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")
 
     def _proto(self, record: CacheRecord) -> pb.Cache:
-        return to_proto(record, self.catalog.retention_of(record.name))
+        cache = to_proto(record, self.catalog.retention_of(record.name))
+        cache.direct_leases, cache.direct_reads = self.leases.counts(record.name)
+        return cache
 
     @_translating
     def SetCacheRetention(self, request: pb.SetCacheRetentionRequest,
@@ -277,3 +282,26 @@ class CacheService(pb_grpc.CacheServiceServicer):
                 metrics.READ_BYTES.inc(len(data))
                 metrics.READ_ELEMENTS.inc(len(lengths) // 4)
                 yield pb.ReadElementsResponse(position=position, lengths=lengths, data=data)
+
+    # ------------------------------------------------------------ direct reads
+
+    @_translating
+    def AcquireReadLease(self, request: pb.AcquireReadLeaseRequest,
+                         context: grpc.ServicerContext) -> pb.AcquireReadLeaseResponse:
+        lease, record, paths = self.leases.acquire(request.name, request.fingerprint,
+                                                   request.epoch_start)
+        return pb.AcquireReadLeaseResponse(
+            lease_id=lease.id, ttl_seconds=self.leases.ttl, cache=self._proto(record),
+            data_dir=str(self.leases.data_dir), shard_dirs=[str(p) for p in paths],
+            instance_token=self.leases.token, instance_token_path=str(self.leases.token_path))
+
+    @_translating
+    def RenewReadLease(self, request: pb.RenewReadLeaseRequest,
+                       context: grpc.ServicerContext) -> pb.RenewReadLeaseResponse:
+        return pb.RenewReadLeaseResponse(ttl_seconds=self.leases.renew(request.lease_id))
+
+    @_translating
+    def ReleaseReadLease(self, request: pb.ReleaseReadLeaseRequest,
+                         context: grpc.ServicerContext) -> pb.ReleaseReadLeaseResponse:
+        self.leases.release(request.lease_id)
+        return pb.ReleaseReadLeaseResponse()

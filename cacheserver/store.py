@@ -105,6 +105,10 @@ class ShardWriter:
             raise _translate(exc, self.path, 1) from exc
         finally:
             self._env.close()
+        # Readers open committed shards with lock=False; a lock file left behind would only
+        # make py-lmdb's "already open" guard (keyed on file inodes) misfire once the inode
+        # of a deleted cache's lock file is reused by a new shard's data file.
+        (self.path / "lock.mdb").unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Close and delete the shard's files (space is released now)."""
@@ -133,6 +137,14 @@ class _Env:
                                       "(truncated)")
 
 
+def _same_file(path: Path, ent: _Env) -> bool:
+    """True while path's data.mdb is still the file ent maps (not deleted, not rebuilt)."""
+    try:
+        return (path / "data.mdb").stat().st_ino == ent.inode
+    except FileNotFoundError:
+        return False
+
+
 _READ_AHEAD_BYTES = 32 << 20
 
 
@@ -148,7 +160,10 @@ class _ReadAhead:
     """
 
     def __init__(self, path: Path, file_bytes: int, num_records: int) -> None:
-        self._fd = os.open(path / "data.mdb", os.O_RDONLY)
+        try:
+            self._fd = os.open(path / "data.mdb", os.O_RDONLY)
+        except FileNotFoundError:  # deleted under a reader that holds it (hold()): no hints
+            self._fd, file_bytes = -1, 0
         self._size = file_bytes
         self._records = max(num_records, 1)
         self._until = 0
@@ -164,7 +179,8 @@ class _ReadAhead:
         self._until = end
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
 
 
 class ReaderPool:
@@ -198,6 +214,22 @@ class ReaderPool:
             self._idle.pop(path, None)
             return ent
 
+    def hold(self, path: Path) -> _Env:
+        """Open the shard at path and keep it open until release(path, env).
+
+        The files stay mapped however the shard changes meanwhile: a direct
+        reader's snapshot (client/_direct.py). Raises DataLoss for a damaged shard.
+        """
+        return self._acquire(path)
+
+    def release(self, path: Path, ent: _Env) -> None:
+        self._release(path, ent)
+
+    def _retain(self, ent: _Env) -> _Env:
+        with self._lock:
+            ent.refs += 1
+            return ent
+
     def _release(self, path: Path, ent: _Env) -> None:
         """A stream is done with ent. It stays open while idle (a reader's next request
         would otherwise map the file again and page-fault it all in afresh), up to
@@ -206,7 +238,7 @@ class ReaderPool:
             ent.refs -= 1
             if ent.refs:
                 return
-            if self._envs.get(path) is not ent or not (path / "data.mdb").exists():
+            if self._envs.get(path) is not ent or not _same_file(path, ent):
                 self._close(path, ent)  # rebuilt or deleted meanwhile
                 return
             self._idle[path] = ent
@@ -230,17 +262,19 @@ class ReaderPool:
                     self._close(path, ent)
 
     def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
-                    block_elements: int = 1) -> Iterator[tuple[int, bytes, bytes]]:
+                    block_elements: int = 1, held: _Env | None = None
+                    ) -> Iterator[tuple[int, bytes, bytes]]:
         """Yield (first element, u32 lengths, data) for the values holding elements
         [start, stop), k = block_elements per value: whole blocks, so the first chunk
         may start before start and the last end after stop (the client trims).
 
         Each chunk is read in its own short transaction, so a slow consumer never
-        pins an old snapshot.
+        pins an old snapshot. held: an environment from hold(), read even if the
+        shard was deleted or rebuilt since.
         """
         k = block_elements
         start, stop = start // k, -(-stop // k)  # the values holding them
-        ent = self._acquire(path)
+        ent = self._acquire(path) if held is None else self._retain(held)
         ahead = _ReadAhead(path, ent.file_bytes, ent.num_records)
         try:
             index = start

@@ -9,9 +9,10 @@ import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client import _malloc, _plan
+from client import _direct, _malloc, _plan
 from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._write_behind import WriteBehind
@@ -59,6 +60,8 @@ class CacheInfo:
     ttl_seconds: float = 0.0  # 0: no TTL
     last_read_time: float = 0.0  # 0: never read
     hits: int = 0  # shard streams opened at a shard's first record
+    direct_leases: int = 0  # same-host direct readers now (docs/direct.md)
+    direct_reads: int = 0  # direct read passes since the daemon started
 
     @property
     def compression_ratio(self) -> float:
@@ -69,7 +72,8 @@ class CacheInfo:
     def from_proto(cls, c: pb.Cache) -> CacheInfo:
         return cls(c.name, _STATES.get(c.state, "UNSPECIFIED"), c.num_elements, len(c.shards),
                    c.disk_bytes, c.raw_bytes, c.stored_bytes, c.fingerprint, c.create_time,
-                   c.commit_time, c.pinned, c.ttl_seconds, c.last_read_time, c.hits)
+                   c.commit_time, c.pinned, c.ttl_seconds, c.last_read_time, c.hits,
+                   c.direct_leases, c.direct_reads)
 
 
 def _free_dangling_iterators() -> None:
@@ -101,6 +105,10 @@ class CacheClient:
     from_generator sets, which makes every large buffer page-fault afresh and
     halves read throughput (client/_malloc.py has the numbers).
 
+    local_data_dir is where the daemon's data dir is mounted in this process's
+    filesystem when not at the daemon's own path (a sidecar's volume mounted
+    elsewhere; default: $SHARDCACHE_LOCAL_DATA_DIR): direct reads (docs/direct.md).
+
     token is the daemon's bearer token (default: $CACHESERVER_TOKEN). tls_ca
     (a CA to trust), tls_cert and tls_key (a client certificate, for mutual
     TLS) are PEM file paths or PEM bytes; any of them turns TLS on.
@@ -108,11 +116,13 @@ class CacheClient:
 
     def __init__(self, target: str | None = None, *, connect_timeout: float = 5.0,
                  tune_malloc: bool = True, token: str | None = None, tls_ca: Pem | None = None,
-                 tls_cert: Pem | None = None, tls_key: Pem | None = None) -> None:
+                 tls_cert: Pem | None = None, tls_key: Pem | None = None,
+                 local_data_dir: str | Path | None = None) -> None:
         self.target = resolve_target(target)
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
         self._transport = Transport(self.target, connect_timeout, credentials=credentials)
         self._tune_malloc = _malloc.enabled(tune_malloc)
+        self._local_data_dir = _direct.resolve_local_data_dir(local_data_dir)
         _exit_hook()
 
     def __enter__(self) -> CacheClient:
@@ -174,7 +184,8 @@ class CacheClient:
                 shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,
                 num_workers: int = 1, parallel_shards: int = 1, epoch: int = 0, start: int = 0,
                 resume: _plan.ReadState | None = None,
-                reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT) -> tf.data.Dataset:
+                reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT,
+                direct: bool | str | None = None) -> tf.data.Dataset:
         """A tf.data.Dataset over an existing READY cache; needs no source pipeline.
 
         shuffle=True visits every element once per epoch in an order over the
@@ -187,10 +198,18 @@ class CacheClient:
         epoch. A daemon lost mid-epoch is reconnected to for up to
         reconnect_timeout seconds, continuing at the next undelivered element.
         See docs/reading.md.
+
+        direct: "auto" reads the shard files themselves when this process
+        runs on the daemon's host and sees its data dir (else over gRPC, logged
+        once at INFO); True insists (DirectReadUnavailableError says why not);
+        False always streams over gRPC. None: $SHARDCACHE_DIRECT, else "auto".
+        See docs/direct.md.
         """
         from client import _tf
 
         _check_prefetch(prefetch_bytes)
+        reads = _direct.DirectReads(self._transport, _direct.resolve_mode(direct),
+                                    self._local_data_dir)
         options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
         cache = self._get(name)
@@ -202,15 +221,18 @@ class CacheClient:
                               Layout.from_json(cache.layout_json))
         options = _plan.apply_resume(cache, options, resume).with_seed()
         _plan.check_start(cache, options)
+        reads.check(cache)
         epochs = _plan.Epochs(options)
-        return wire.dataset(lambda: self._read_next(cache, wire, epochs, prefetch_bytes),
+        return wire.dataset(lambda: self._read_next(cache, wire, epochs, prefetch_bytes,
+                                                    direct=reads),
                             _plan.cardinality(cache, options))
 
     def cache(self, dataset: tf.data.Dataset, name: str, *, version: str | None = None,
               prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
               seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
               parallel_shards: int = 1, epoch: int = 0, start: int = 0,
-              reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT) -> tf.data.Dataset:
+              reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT,
+              direct: bool | str | None = None) -> tf.data.Dataset:
         """The drop-in for ``dataset.cache()``, stored by the daemon under name.
 
         The first full iteration runs dataset and writes its elements through to
@@ -221,11 +243,13 @@ class CacheClient:
 
         The read options are cc.dataset()'s. They apply to iterations that read
         the cache; an iteration that writes it yields the whole source in source
-        order (see docs/reading.md).
+        order (see docs/reading.md); direct is cc.dataset()'s too.
         """
         from client import _tf
 
         _check_prefetch(prefetch_bytes)
+        reads = _direct.DirectReads(self._transport, _direct.resolve_mode(direct),
+                                    self._local_data_dir)
         options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
         spec = dataset.element_spec
@@ -245,6 +269,7 @@ class CacheClient:
             _check_same_source(existing, fingerprint, layout)
             if existing.state == pb.CACHE_STATE_READY:
                 _plan.check_start(existing, options)
+                reads.check(existing)
                 cardinality = _plan.cardinality(existing, options)
             elif not options.whole_epochs:
                 cardinality = -2  # a writing iteration yields all, reading ones a share
@@ -254,7 +279,8 @@ class CacheClient:
                               element_spec=_tf.encode_spec(spec))
         epochs = _plan.Epochs(options)
         return wire.dataset(
-            lambda: self._cache_epoch(dataset, wire, begin, prefetch_bytes, epochs), cardinality)
+            lambda: self._cache_epoch(dataset, wire, begin, prefetch_bytes, epochs, reads),
+            cardinality)
 
     def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -282,17 +308,19 @@ class CacheClient:
     # ------------------------------------------------------------------ epochs
 
     def _read_next(self, cache: pb.Cache, wire: WireFormat, epochs: _plan.Epochs,
-                   prefetch_bytes: int, taken: tuple[int, int] | None = None) -> Iterator[Any]:
+                   prefetch_bytes: int, taken: tuple[int, int] | None = None,
+                   direct: _direct.DirectReads | None = None) -> Iterator[Any]:
         """The next epoch of epochs (or the one already taken) over cache."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
             _malloc.tune()
         epoch, start = taken or epochs.take()
         for n, batch in read_epoch(self._transport, cache, wire.layout, epochs.options, epoch,
-                                   start, prefetch_bytes):
+                                   start, prefetch_bytes, direct):
             yield wire.to_wire(batch, n)
 
     def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat, begin: pb.WriteBegin,
-                     prefetch_bytes: int, epochs: _plan.Epochs) -> Iterator[Any]:
+                     prefetch_bytes: int, epochs: _plan.Epochs,
+                     direct: _direct.DirectReads | None = None) -> Iterator[Any]:
         """One iteration of a cc.cache() dataset: read, write through, or pass through."""
         if self._tune_malloc:
             _malloc.tune()
@@ -311,7 +339,7 @@ class CacheClient:
         writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             _plan.check_start(begun.cache, epochs.options)
-            yield from self._read_next(begun.cache, wire, epochs, prefetch_bytes, taken)
+            yield from self._read_next(begun.cache, wire, epochs, prefetch_bytes, taken, direct)
         else:
             log.info("cache %r is being written by another process; streaming the source "
                      "pipeline without writing", begin.name)

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -52,6 +52,9 @@ DEFAULT_PREFETCH_BYTES = 256 << 20
 MAX_REQUEST_INDICES = 65536  # the daemon's limit (cacheserver/gather.py)
 _MIN_REQUEST_BYTES, _MAX_REQUEST_BYTES = 256 << 10, 8 << 20
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
+if TYPE_CHECKING:
+    from client._direct import DirectReads, LocalFetcher, ReadLease
+
 Chunk = tuple[int, bytes, bytes]  # (position in the request, u32 lengths, data)
 Indices = np.ndarray | range  # global element indices; a range is the stored order
 
@@ -239,14 +242,19 @@ class _Decoder:
 
 def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order: EpochOrder,
                    first: int, stop: int, *, parallel: int = 1, prefetch_bytes: int,
-                   reconnect_timeout: float, decode_threads: int = 2
+                   reconnect_timeout: float, decode_threads: int = 2,
+                   lease: ReadLease | None = None, epoch_start: bool = True
                    ) -> Iterator[tuple[int, list[Any]]]:
-    """Yield the elements at positions [first, stop) of order as (count, decoded batch)."""
+    """Yield the elements at positions [first, stop) of order as (count, decoded batch).
+
+    With a lease, records come from the leased shard files (client/_direct.py).
+    epoch_start: the first request starts a pass (the daemon counts a hit)."""
     transport.connect()
     expansion = cache.raw_bytes / cache.stored_bytes if cache.stored_bytes else 1.0
     per_request = request_size(cache, parallel, prefetch_bytes)
     closing = threading.Event()
-    fetch = _Fetcher(transport, cache, reconnect_timeout, closing)
+    fetch: _Fetcher | LocalFetcher = (lease.fetcher(closing) if lease is not None else
+                                      _Fetcher(transport, cache, reconnect_timeout, closing))
     decode = _Decoder(cache, layout)
     fetch_pool = ThreadPoolExecutor(parallel, thread_name_prefix="shardcache-fetch")
     decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="shardcache-decode")
@@ -254,7 +262,7 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
     def produce_in_order(put: Callable[[Future[tuple[int, list[Any]]], int], None]) -> None:
         """The stored order: one ReadShard stream per shard, chunks decoded as they come."""
         indices = range(first, stop)
-        for chunk in fetch.stream(indices, epoch_start=True):
+        for chunk in fetch.stream(indices, epoch_start=epoch_start):
             put(decode_pool.submit(decode, indices, chunk), int(len(chunk[2]) * expansion))
 
     def produce(put: Callable[[Future[tuple[int, list[Any]]], int], None]) -> None:
@@ -266,7 +274,8 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
             p0 = next(starts, None)
             if p0 is not None:
                 indices = order.indices(np.arange(p0, min(p0 + per_request, stop)))
-                pending.append((indices, fetch_pool.submit(fetch, indices, p0 == first)))
+                pending.append((indices, fetch_pool.submit(fetch, indices,
+                                                               epoch_start and p0 == first)))
 
         for _ in range(parallel):
             submit()
@@ -291,9 +300,20 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
 
 
 def read_epoch(transport: Transport, cache: pb.Cache, layout: Layout, options: ReadOptions,
-               epoch: int, start: int, prefetch_bytes: int) -> Iterator[tuple[int, list[Any]]]:
-    """This worker's share of one epoch of cache, from position start of the share."""
+               epoch: int, start: int, prefetch_bytes: int, direct: DirectReads | None = None
+               ) -> Iterator[tuple[int, list[Any]]]:
+    """This worker's share of one epoch of cache, from position start of the share.
+
+    direct: read the shard files locally under a lease when it allows (client/_direct.py).
+    """
     order, first, stop = epoch_range(cache, options, epoch, start)
-    yield from read_positions(transport, cache, layout, order, first, stop,
-                              parallel=options.parallel_shards, prefetch_bytes=prefetch_bytes,
-                              reconnect_timeout=options.reconnect_timeout)
+    lease, counted = direct.lease(cache) if direct is not None and first < stop else (None,
+                                                                                     False)
+    try:
+        yield from read_positions(transport, cache, layout, order, first, stop,
+                                  parallel=options.parallel_shards, prefetch_bytes=prefetch_bytes,
+                                  reconnect_timeout=options.reconnect_timeout, lease=lease,
+                                  epoch_start=not counted)
+    finally:
+        if lease is not None:
+            lease.close()

@@ -183,3 +183,24 @@ class ResumeMismatchError(ShardcacheError, ValueError):
 
     code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "RESUME_MISMATCH"  # raised by the client itself, never sent by the daemon
+
+
+class LeaseNotFoundError(ShardcacheError, KeyError):
+    """A direct read lease expired (not renewed within its TTL) or was released."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "LEASE_NOT_FOUND"
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DirectReadUnavailableError(ShardcacheError):
+    """direct=True, but this process cannot read the daemon's files (another host, a
+    data dir mounted elsewhere or not at all, permissions); the message says which."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "DIRECT_READ_UNAVAILABLE"  # raised by the client itself, never sent by the daemon
+
+
+_BY_REASON[LeaseNotFoundError.reason] = LeaseNotFoundError

@@ -55,7 +55,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., first_element: _Optional[int] = ..., num_elements: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class Cache(_message.Message):
-    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time", "pinned", "ttl_seconds", "last_read_time", "hits")
+    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time", "pinned", "ttl_seconds", "last_read_time", "hits", "direct_leases", "direct_reads")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,8 @@ class Cache(_message.Message):
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LAST_READ_TIME_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_LEASES_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_READS_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: CacheState
     fingerprint: str
@@ -88,7 +90,9 @@ class Cache(_message.Message):
     ttl_seconds: float
     last_read_time: float
     hits: int
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ...) -> None: ...
+    direct_leases: int
+    direct_reads: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
     __slots__ = ()
@@ -363,3 +367,53 @@ class ReadElementsResponse(_message.Message):
     lengths: bytes
     data: bytes
     def __init__(self, position: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class AcquireReadLeaseRequest(_message.Message):
+    __slots__ = ("name", "fingerprint", "epoch_start")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_START_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fingerprint: str
+    epoch_start: bool
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., epoch_start: bool = ...) -> None: ...
+
+class AcquireReadLeaseResponse(_message.Message):
+    __slots__ = ("lease_id", "ttl_seconds", "cache", "data_dir", "shard_dirs", "instance_token", "instance_token_path")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    SHARD_DIRS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_TOKEN_PATH_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    ttl_seconds: float
+    cache: Cache
+    data_dir: str
+    shard_dirs: _containers.RepeatedScalarFieldContainer[str]
+    instance_token: str
+    instance_token_path: str
+    def __init__(self, lease_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ..., data_dir: _Optional[str] = ..., shard_dirs: _Optional[_Iterable[str]] = ..., instance_token: _Optional[str] = ..., instance_token_path: _Optional[str] = ...) -> None: ...
+
+class RenewReadLeaseRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class RenewReadLeaseResponse(_message.Message):
+    __slots__ = ("ttl_seconds",)
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ttl_seconds: float
+    def __init__(self, ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class ReleaseReadLeaseRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseReadLeaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

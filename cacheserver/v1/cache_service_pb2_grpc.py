@@ -90,6 +90,21 @@ class CacheServiceStub(object):
                 request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsRequest.SerializeToString,
                 response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsResponse.FromString,
                 _registered_method=True)
+        self.AcquireReadLease = channel.unary_unary(
+                '/cacheserver.v1.CacheService/AcquireReadLease',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.AcquireReadLeaseRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.AcquireReadLeaseResponse.FromString,
+                _registered_method=True)
+        self.RenewReadLease = channel.unary_unary(
+                '/cacheserver.v1.CacheService/RenewReadLease',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.RenewReadLeaseRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.RenewReadLeaseResponse.FromString,
+                _registered_method=True)
+        self.ReleaseReadLease = channel.unary_unary(
+                '/cacheserver.v1.CacheService/ReleaseReadLease',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer(object):
@@ -189,6 +204,33 @@ class CacheServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireReadLease(self, request, context):
+        """AcquireReadLease lets a client on the daemon's host read a READY cache's
+        committed shard files itself (read-only, mmap) instead of streaming them.
+        While the lease lives the cache counts as being read: capacity eviction
+        and the TTL sweeper skip it. The client renews the lease well within
+        ttl_seconds and releases it when its pass ends; a lease not renewed in
+        time expires (docs/direct.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewReadLease(self, request, context):
+        """RenewReadLease extends a lease by its TTL; NOT_FOUND (reason
+        LEASE_NOT_FOUND) once it expired or was released.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseReadLease(self, request, context):
+        """ReleaseReadLease ends a lease; an unknown or expired lease is not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +288,21 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.ReadElements,
                     request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsRequest.FromString,
                     response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsResponse.SerializeToString,
+            ),
+            'AcquireReadLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireReadLease,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.AcquireReadLeaseRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.AcquireReadLeaseResponse.SerializeToString,
+            ),
+            'RenewReadLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewReadLease,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.RenewReadLeaseRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.RenewReadLeaseResponse.SerializeToString,
+            ),
+            'ReleaseReadLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseReadLease,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -546,6 +603,87 @@ class CacheService(object):
             '/cacheserver.v1.CacheService/ReadElements',
             cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsRequest.SerializeToString,
             cacheserver_dot_v1_dot_cache__service__pb2.ReadElementsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireReadLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/AcquireReadLease',
+            cacheserver_dot_v1_dot_cache__service__pb2.AcquireReadLeaseRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.AcquireReadLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewReadLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/RenewReadLease',
+            cacheserver_dot_v1_dot_cache__service__pb2.RenewReadLeaseRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.RenewReadLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseReadLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/ReleaseReadLease',
+            cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -212,6 +212,7 @@ class Deployment:
     grace_period_s: float
     client_target: str
     root: Path
+    client_env: dict[str, str]
 
 
 def _volume_key(volume: dict[str, Any]) -> str:
@@ -246,7 +247,8 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
         argv=argv, env=env, probe_port=probe_port,
         probes={k: server[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")},
         grace_period_s=float(server_spec["terminationGracePeriodSeconds"]),
-        client_target=paths(client_env["SHARDCACHE_TARGET"]), root=root)
+        client_target=paths(client_env["SHARDCACHE_TARGET"]), root=root,
+        client_env={k: paths(v) for k, v in client_env.items()})
 
 
 @pytest.fixture
@@ -464,3 +466,37 @@ def test_the_image_runs_exactly_the_command_the_manifests_run() -> None:
     assert _flag(command, "--data-dir") in image["VOLUME"]
     user = image["USER"][0].split(":")[0]
     assert user not in ("root", "0")
+
+
+def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount(
+        scratch: Path) -> None:
+    from client import CacheClient
+    from client._direct import LOCAL_DATA_DIR_ENV, DirectReads, resolve_local_data_dir
+
+    spec = load_one(SIDECAR_JOB, "Job")["spec"]["template"]["spec"]
+    server, train = container(spec, "cacheserver"), container(spec, "train")
+    local = {e["name"]: e["value"] for e in train["env"]}[LOCAL_DATA_DIR_ENV]
+    [mount] = [m for m in train["volumeMounts"] if m["mountPath"] == local]
+    [served] = [m for m in server["volumeMounts"]
+                if m["mountPath"] == _flag(server["args"], "--data-dir")]
+    assert mount["name"] == served["name"] and mount["readOnly"] is True
+
+    dep = sidecar_deployment(scratch)  # both mounts map to one directory, as in the pod
+    # the console script would import the installed package; serve this checkout's code
+    env = {**os.environ, **dep.env,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with open(scratch / "daemon.log", "wb") as log:
+        proc = subprocess.Popen(dep.argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _kubelet_probe(dep.probe_port, dep.probes["startupProbe"], 60)
+        _write_cache(dep.client_target, "direct", chunks=2)
+        local_dir = resolve_local_data_dir(dep.client_env[LOCAL_DATA_DIR_ENV])
+        with CacheClient(dep.client_target, local_data_dir=local_dir) as cc:
+            reads = DirectReads(cc._transport, True, local_dir)
+            lease, counted = reads.lease(cc._get("direct"))
+            assert lease is not None and counted
+            assert all(str(p).startswith(str(local_dir)) for p in lease.paths)
+            lease.close()
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -51,7 +51,7 @@ def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_orde
     with CacheClient(fresh_daemon.unix_target) as cc:
         write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
         options = {"shuffle": True, "seed": 3, "parallel_shards": parallel,
-                   "prefetch_bytes": SMALL_PREFETCH}
+                   "prefetch_bytes": SMALL_PREFETCH, "direct": False}  # gRPC's reconnect
         expected = [check(e) for e in cc.dataset("big", **options).as_numpy_iterator()]
         it = cc.dataset("big", **options).as_numpy_iterator()
         got = [check(next(it)) for _ in range(500)]
@@ -83,7 +83,8 @@ def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon,
                                                                   no_thread_leak) -> None:
     with CacheClient(fresh_daemon.unix_target) as cc:
         write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
-        ds = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, reconnect_timeout=1)
+        ds = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, reconnect_timeout=1,
+                        direct=False)  # a direct pass needs no daemon once leased
         it = ds.as_numpy_iterator()
         for _ in range(100):
             next(it)
@@ -104,7 +105,8 @@ def test_a_cache_replaced_while_the_daemon_was_down_is_an_error_not_mixed_data(
         other.kill()
         with CacheClient(fresh_daemon.unix_target) as cc:
             write_sharded(cc, source(), "big", shard_bytes=1 << 20)
-            it = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH).as_numpy_iterator()
+            it = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH,
+                            direct=False).as_numpy_iterator()
             got = [check(next(it)) for _ in range(100)]
             fresh_daemon.kill()
             fresh_daemon.data_dir = other.data_dir

@@ -186,6 +186,6 @@ def test_oversized_messages_and_names_that_escape_the_data_dir_are_refused(
                     cc.info(bad)
             assert cc.list() == []
         assert sorted(p.name for p in d.data_dir.iterdir()) == [
-            "caches", "cacheserver.lock", "trash"]
+            "caches", "cacheserver.lock", "instance.token", "trash"]
     finally:
         d.close()
