@@ -13,7 +13,12 @@ strategy       epoch 1 / epoch 2
 ``save_load``  ``Dataset.save`` (timed as epoch 1) / iterate ``Dataset.load``
 ``save_load_gzip``  the same with ``compression="GZIP"`` (not run unless named)
 ``shardcache`` ``CacheClient.cache`` write-through to the daemon / read from the daemon
+``shardcache_read``  read an existing cache (``cc.dataset``) / read it again (not run unless
+               named; bench/scaling.py builds the cache first)
 =============  ==========================================================================
+
+``--client-option KEY=VALUE`` (measure.py) passes keyword arguments to ``cc.cache()`` /
+``cc.dataset()``, e.g. ``parallel_shards=4``.
 
 These functions run inside the per-strategy measurement subprocess (``measure.py``).
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
     from workloads import Workload
 
 STRATEGIES: tuple[str, ...] = ("none", "memory", "file", "save_load", "shardcache")
-EXTRA_STRATEGIES: tuple[str, ...] = ("save_load_gzip",)
+EXTRA_STRATEGIES: tuple[str, ...] = ("save_load_gzip", "shardcache_read")
 
 
 class StrategyUnavailableError(Exception):
@@ -58,6 +63,7 @@ class StrategyContext:
     tmp_dir: Path
     socket_path: str | None
     cache_name: str
+    client_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,7 +151,25 @@ def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
     if ctx.socket_path is None:
         raise StrategyUnavailableError("no cacheserver daemon socket was provided")
     cc = CacheClient("unix://" + ctx.socket_path)
-    ds = cc.cache(src, name=ctx.cache_name).batch(ctx.batch_size)
+    ds = cc.cache(src, name=ctx.cache_name, **ctx.client_options).batch(ctx.batch_size)
+    plan = _same_dataset_twice(ds)
+    plan.keep_alive.append(cc)
+    return plan
+
+
+def plan_shardcache_read(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
+    """``CacheClient.dataset``: both epochs read an existing cache named ``ctx.cache_name``."""
+    del src  # the cache was built beforehand (bench/scaling.py); the source is not needed
+    try:
+        from client import CacheClient
+    except Exception as exc:  # any import-time failure means "not available here"
+        raise StrategyUnavailableError(
+            f"import client failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if ctx.socket_path is None:
+        raise StrategyUnavailableError("no cacheserver daemon socket was provided")
+    cc = CacheClient("unix://" + ctx.socket_path)
+    ds = cc.dataset(ctx.cache_name, **ctx.client_options).batch(ctx.batch_size)
     plan = _same_dataset_twice(ds)
     plan.keep_alive.append(cc)
     return plan
@@ -158,4 +182,5 @@ PLANNERS: dict[str, Callable[[tf.data.Dataset, StrategyContext], Plan]] = {
     "save_load": plan_save_load,
     "save_load_gzip": plan_save_load_gzip,
     "shardcache": plan_shardcache,
+    "shardcache_read": plan_shardcache_read,
 }
