@@ -5,8 +5,9 @@ script) opens ``cc.dataset(name)``, reads one batch untimed, prints ``EPOCH_STAR
 the whole epoch and prints ``EPOCH_END <seconds> <elements>``. Between the two lines the
 parent has ``py-spy record --gil --nonblocking`` sampling the child and the daemon (100 Hz,
 only the thread holding the GIL: the Python-level work, which one core at most can do per
-process), and reads every thread's CPU time from ``/proc/<pid>/task/*/stat`` at both ends
-(Python threads are named after the process, ``python``; gRPC's and TensorFlow's C++
+process), and samples every thread's CPU time and run-queue wait from
+``/proc/<pid>/task/*/schedstat`` every 50 ms
+(Python threads, and TensorFlow's C++ threads that inherit the name, are ``python``; gRPC's
 threads have their own names). GIL samples are aggregated by leaf function ("self").
 """
 
@@ -31,18 +32,22 @@ RATE_HZ = 100
 _LINE = re.compile(r":\d+\)$")
 
 
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """CPU seconds so far of each thread of a process: {tid: (thread name, seconds)}."""
+def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
+    """Per thread of a process: {tid: (name, seconds on a CPU, seconds runnable but waiting).
+
+    Both from ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds): the wait is the time the
+    thread was ready to run while the CPUs ran something else, i.e. what other processes on
+    a shared machine took from it.
+    """
     threads = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            text = (task / "stat").read_text(errors="replace")
-        except OSError:  # the thread ended meanwhile
+            stat = (task / "stat").read_text(errors="replace")
+            on_cpu, waiting = (task / "schedstat").read_text().split()[:2]
+        except (OSError, ValueError):  # the thread ended meanwhile
             continue
-        name = text[text.index("(") + 1:text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        threads[int(task.name)] = (name, (int(fields[11]) + int(fields[12]))
-                                   / os.sysconf("SC_CLK_TCK"))
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        threads[int(task.name)] = (name, int(on_cpu) / 1e9, int(waiting) / 1e9)
     return threads
 
 
@@ -69,17 +74,20 @@ class ThreadCpuSampler:
         for role, pid in self._pids.items():
             self._last[role].update(thread_cpu(pid))
 
-    def stop(self) -> dict[str, dict[str, float]]:
-        """Stop sampling; CPU seconds since the start per process, summed per thread name."""
+    def stop(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """Stop sampling; per process and thread name, (CPU s, run-queue wait s) since start."""
         self._stop.set()
         self._thread.join()
         self._sample()
-        spent: dict[str, dict[str, float]] = {}
+        spent: dict[str, dict[str, tuple[float, float]]] = {}
         for role, last in self._last.items():
-            per_name: collections.Counter[str] = collections.Counter()
-            for tid, (name, seconds) in last.items():
-                per_name[name] += seconds - self.before[role].get(tid, (name, 0.0))[1]
-            spent[role] = dict(per_name.most_common())
+            cpu: collections.Counter[str] = collections.Counter()
+            wait: collections.Counter[str] = collections.Counter()
+            for tid, (name, on_cpu, waiting) in last.items():
+                _, cpu0, wait0 = self.before[role].get(tid, (name, 0.0, 0.0))
+                cpu[name] += on_cpu - cpu0
+                wait[name] += waiting - wait0
+            spent[role] = {name: (seconds, wait[name]) for name, seconds in cpu.most_common()}
         return spent
 
 
@@ -155,7 +163,9 @@ def profile_epoch(daemon: Any, name: str, n: int, batch_size: int,
             if raw.exists():
                 shutil.copy(raw, keep_dir / raw.name)
     return {"seconds": seconds, "elements": elements,
-            "cpu_seconds": {role: sum(t.values()) for role, t in threads.items()},
+            "cpu_seconds": {role: sum(c for c, _ in t.values()) for role, t in threads.items()},
+            "runqueue_wait_seconds": {role: sum(w for _, w in t.values())
+                                      for role, t in threads.items()},
             "thread_cpu_seconds": threads,
             "frames": {role: hottest(raw) for role, raw in raws.items()},
             "rate_hz": RATE_HZ}

@@ -146,13 +146,17 @@ def _profile(run: Any) -> list[str]:
              f"{wall:.2f} s ({p['elements'] / wall:,.0f} elements/s). CPU over the epoch: "
              f"client {p['cpu_seconds']['client']:.2f} s ({p['cpu_seconds']['client'] / wall:.2f}"
              f" cores), daemon {p['cpu_seconds']['daemon']:.2f} s "
-             f"({p['cpu_seconds']['daemon'] / wall:.2f} cores).", ""]
-    lines += ["CPU seconds over the epoch by thread name (Python threads are all named after "
-              "the process):", "", "| process | thread | CPU s | cores |", "|---|---|---|---|"]
+             f"({p['cpu_seconds']['daemon'] / wall:.2f} cores). Runnable but waiting for a CPU "
+             f"(other processes had it): client {p['runqueue_wait_seconds']['client']:.2f} s, "
+             f"daemon {p['runqueue_wait_seconds']['daemon']:.2f} s (summed over threads).", ""]
+    lines += ["By thread name (`python`: the Python threads and TensorFlow's, which inherit "
+              "the name; from `/proc/<pid>/task/*/schedstat`):", "",
+              "| process | thread | CPU s | cores | run-queue wait s |", "|---|---|---|---|---|"]
     for role in ("client", "daemon"):
-        for name, seconds in list(p["thread_cpu_seconds"][role].items())[:6]:
+        for name, (seconds, waiting) in list(p["thread_cpu_seconds"][role].items())[:6]:
             if seconds >= 0.01 * wall:
-                lines.append(f"| {role} | `{name}` | {seconds:.2f} | {seconds / wall:.2f} |")
+                lines.append(f"| {role} | `{name}` | {seconds:.2f} | {seconds / wall:.2f} | "
+                             f"{waiting:.2f} |")
     lines.append("")
     for role in ("client", "daemon"):
         frames = p["frames"][role]
