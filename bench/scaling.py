@@ -50,25 +50,23 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
-from measure import drop_page_cache, parse_client_option  # noqa: E402
+from measure import parse_client_option  # noqa: E402
 from report import GB, MB, add_derived  # noqa: E402
 from run import Benchmark, Daemon, machine_facts, reproducing_command  # noqa: E402
+from scaling_build import (  # noqa: E402
+    PLAN_ENV,
+    cold_sequential_read,
+    materialize,
+    project_build_seconds,
+    project_rss,
+)
 from scaling_report import render  # noqa: E402
-from workloads import FLAT_SHAPES, WORKLOADS, flat_source  # noqa: E402
+from workloads import FLAT_SHAPES, WORKLOADS  # noqa: E402
 
 GIB = 1 << 30
 SIZE_WORKLOAD = "flat-602k"
-PLAN_ENV = "SC_SCALING_PLAN"  # JSON file naming the workload and size the workers build
 STRATEGIES = ("shardcache", "memory", "file", "save_load")
 MEMORY_TOTAL = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def flat_shard(shard_index: int, num_shards: int) -> Any:
-    """Materialization entry point ``scaling:flat_shard``: one contiguous run of the plan."""
-    plan = json.loads(Path(os.environ[PLAN_ENV]).read_text())
-    n = plan["n"]
-    return flat_source(WORKLOADS[plan["workload"]], n * shard_index // num_shards,
-                       n * (shard_index + 1) // num_shards)
 
 
 def _log(message: str) -> None:
@@ -129,33 +127,9 @@ class Scaling:
 
     def materialize(self, name: str, workload: str, n: int) -> dict[str, Any]:
         """Build cache ``name`` with ``--workers`` daemon workers; describe the build."""
-        from client import CacheClient
-
-        self.plan_file.write_text(json.dumps({"workload": workload, "n": n}))
-        payload = n * WORKLOADS[workload].element_bytes
-        shards = max(2 * self.args.workers, -(-payload // (self.args.shard_mib << 20)))
-        _log(f"[build] materialize {name}: {n:,} elements, {shards} shards, "
-             f"{self.args.workers} workers ...")
-        start = time.perf_counter()
-        first: tuple[float, int] | None = None  # when the first elements were stored
-        with CacheClient(self.daemon.address) as cc:
-            op = cc.materialize("scaling:flat_shard", name=name, num_shards=shards,
-                                workers=self.args.workers, wait=False)
-            while not (progress := op.progress()).done:
-                if first is None and progress.raw_bytes:
-                    first = (time.perf_counter(), progress.raw_bytes)
-                time.sleep(0.25)  # a sampling period for the steady rate, not synchronisation
-            progress = op.wait()
-            seconds = time.perf_counter() - start
-            info = cc.info(name)
-        if info.num_elements != n:
-            raise RuntimeError(f"materialized {info.num_elements} elements, expected {n}")
-        steady = None
-        if first is not None and start + seconds - first[0] > 0.5:
-            steady = (progress.raw_bytes - first[1]) / (start + seconds - first[0])
-        return {"name": name, "n": n, "method": f"materialize, {self.args.workers} workers",
-                "seconds": seconds, "payload_bytes": payload, "steady_bytes_per_s": steady,
-                "stored_bytes": progress.stored_bytes, "shards": shards}
+        _log(f"[build] materialize {name}: {n:,} elements, {self.args.workers} workers ...")
+        return materialize(self.daemon.address, self.plan_file, name, workload, n,
+                           self.args.workers, self.args.shard_mib << 20)
 
     def build_and_read(self, section: str, gib: float, n: int) -> dict[str, Any] | None:
         """Build the shardcache cache of one size and measure reading it (epoch 2)."""
@@ -181,58 +155,36 @@ class Scaling:
             self._delete(f"{name}-wt")
             built = self.materialize(name, workload, n)
             self.builds.append(built)
-            self.build_method = self._faster_build(max(self.args.sizes_gib) * GIB)
+            largest = max(self.args.sizes_gib) * GIB
+            projected = project_build_seconds(self.builds, largest)
+            _log(f"[build] projected seconds for {largest / GB:.1f} GB: {projected}")
+            self.build_method = min(projected, key=lambda method: projected[method])
             _log(f"[build] the faster way, used for the larger sizes: {self.build_method}")
         elif self.build_method == "write-through":
             record = self.measure(section, workload, n, "shardcache", cache_name=name,
-                                  extra=cold, label="write-through", gib=gib)
+                                  extra=cold, gib=gib, label="write-through, cold epoch 2"
+                                  if above_ram else "write-through")
             if record.get("status") == "ok":
                 self.builds.append({"name": name, "n": n, "method": "write-through",
                                     "seconds": record["epochs"][0]["seconds"],
                                     "payload_bytes": payload,
                                     "stored_bytes": record.get("daemon_disk_bytes")})
                 if above_ram:
-                    self.ceiling(name, payload, record)
+                    self.ceiling(name, record)
             return record
         else:
             self.builds.append(self.materialize(name, workload, n))
         record = self.measure(section, workload, n, "shardcache_read", cache_name=name,
                               extra=cold, label="cold epoch 2" if above_ram else "", gib=gib)
         if above_ram and record.get("status") == "ok":
-            self.ceiling(name, payload, record)
+            self.ceiling(name, record)
         return record
 
-    def _faster_build(self, payload: float) -> str:
-        """The build method with the least projected time for ``payload`` bytes.
-
-        Write-through's time is proportional (its epoch 1 starts in a running process);
-        materialization pays a fixed start (workers importing TensorFlow), projected from its
-        wall time less its steady rate's share.
-        """
-        projected = {}
-        for build in self.builds:
-            rate = build["payload_bytes"] / build["seconds"]
-            if build["method"] == "write-through":
-                projected["write-through"] = payload / rate
-            else:
-                steady = build.get("steady_bytes_per_s") or rate
-                fixed = max(0.0, build["seconds"] - build["payload_bytes"] / steady)
-                projected["materialize"] = fixed + payload / steady
-        _log(f"[build] projected seconds for {payload / GB:.1f} GB: {projected}")
-        return min(projected, key=lambda method: projected[method])
-
-    def ceiling(self, name: str, payload: int, record: dict[str, Any]) -> None:
-        """Plain sequential read() of the cache's shard files after dropping the page cache."""
+    def ceiling(self, name: str, record: dict[str, Any]) -> None:
+        """Beside a cold epoch 2: a cold plain read of the same shard files, now."""
         files = sorted(self.daemon.data_dir.glob(f"caches/{name}/shard-*/data.mdb"))
         _log(f"[ceiling] cold sequential read of {len(files)} shard files ...")
-        drop_page_cache()
-        moved = 0
-        start = time.perf_counter()
-        for path in files:
-            with open(path, "rb", buffering=0) as handle:
-                while block := handle.read(1 << 20):
-                    moved += len(block)
-        seconds = time.perf_counter() - start
+        moved, seconds = cold_sequential_read(files)
         epoch = record["epochs"][1]
         self.ceilings.append({"name": name, "n": record["n"], "file_bytes": moved,
                               "file_mb_per_s": moved / MB / seconds,
@@ -312,7 +264,7 @@ class Scaling:
         points = [(k, False) for k in self.args.parallel]
         points += [(k, True) for k in self.args.shuffle_parallel]
         for k, shuffle in points:
-            extra = (f"--client-option=parallel_shards={k}",)
+            extra: tuple[str, ...] = (f"--client-option=parallel_shards={k}",)
             if shuffle:
                 extra += ("--client-option=shuffle=true", "--client-option=seed=1")
             self.measure("parallel", SIZE_WORKLOAD, n, "shardcache_read", cache_name=name,
@@ -329,18 +281,6 @@ class Scaling:
                                          self.args.profile_out)
         except Exception as exc:  # a missing py-spy must not lose the curves measured so far
             self.profile = {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def project_rss(points: list[tuple[int, float]], payload: int) -> float | None:
-    """Peak RssAnon (MB) at ``payload`` bytes, extrapolated from measured (bytes, MB) points."""
-    if not points:
-        return None
-    if len(points) == 1:
-        (x, y), = points
-        return y * payload / x  # proportional: the pessimistic guess from one point
-    (x0, y0), (x1, y1) = points[-2:]
-    slope = (y1 - y0) / (x1 - x0) if x1 != x0 else y1 / x1
-    return y1 + slope * (payload - x1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -395,7 +335,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.sizes_gib, args.parallel_gib = [0.1, 0.2, 0.4], 0.2
         args.elements, args.element_total_gib = ["flat-1k", "flat-602k"], 0.05
         args.parallel, args.shuffle_parallel = [1, 2], [2]
-        args.cold_from_gib = 0.4  # exercises the cold epoch and the plain-read ceiling
+        args.cold_from_gib = 0.35  # the 0.4 GiB size: exercises the cold epoch and the ceiling
     if "shardcache" not in args.strategies:
         args.sections = [s for s in args.sections if s not in ("parallel", "profile")]
     if {"parallel", "profile"} & set(args.sections) and (

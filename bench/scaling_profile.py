@@ -81,13 +81,14 @@ class ThreadCpuSampler:
         self._sample()
         spent: dict[str, dict[str, tuple[float, float]]] = {}
         for role, last in self._last.items():
-            cpu: collections.Counter[str] = collections.Counter()
-            wait: collections.Counter[str] = collections.Counter()
+            cpu: dict[str, float] = collections.defaultdict(float)
+            wait: dict[str, float] = collections.defaultdict(float)
             for tid, (name, on_cpu, waiting) in last.items():
                 _, cpu0, wait0 = self.before[role].get(tid, (name, 0.0, 0.0))
                 cpu[name] += on_cpu - cpu0
                 wait[name] += waiting - wait0
-            spent[role] = {name: (seconds, wait[name]) for name, seconds in cpu.most_common()}
+            spent[role] = {name: (cpu[name], wait[name])
+                           for name in sorted(cpu, key=lambda name: -cpu[name])}
         return spent
 
 
