@@ -3,7 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python bench/scaling.py --out scaling.json     # the docs/benchmarks.md run
-    .venv/bin/python bench/scaling.py --quick                # smoke run, about 2-3 minutes
+    .venv/bin/python bench/scaling.py --quick                # smoke run, 3-5 minutes
     .venv/bin/python bench/scaling.py --client-option direct=true     # any cc.dataset() option
 
 One daemon (``cacheserver serve --pythonpath bench``) holds the caches, in a temporary
@@ -286,7 +286,7 @@ class Scaling:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run (~3 min): sizes 0.1 0.2 0.4 GiB (0.4 read cold), "
+                        help="smoke run (3-5 min): sizes 0.1 0.2 0.4 GiB (0.4 read cold), "
                         "elements flat-1k and flat-602k at 0.05 GiB, parallel 1 2 at 0.2 GiB")
     parser.add_argument("--sections", nargs="+", default=["size", "element", "parallel",
                                                           "profile"],

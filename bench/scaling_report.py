@@ -89,9 +89,10 @@ def _builds(run: Any) -> list[str]:
 def _ceilings(run: Any) -> list[str]:
     if not run.ceilings:
         return []
-    lines = ["", "Above RAM (page cache dropped before epoch 2; the ceiling is a plain "
-             "sequential `read()` of the same shard files, 1 MiB at a time, after dropping "
-             "the page cache again, in the same run):", "",
+    lines = ["", "Read cold (sizes from `--cold-from-gib`, by default those above RAM; page "
+             "cache dropped before epoch 2; the ceiling is a plain sequential `read()` of the "
+             "same shard files, 1 MiB at a time, after dropping the page cache again, in the "
+             "same run):", "",
              "| dataset | plain read of the shard files MB/s | shardcache epoch 2, file MB/s | "
              "vs plain read | shardcache epoch 2, payload MB/s |", "|---|---|---|---|---|"]
     for c in run.ceilings:
