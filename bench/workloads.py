@@ -15,6 +15,7 @@ without paying for (or being measured with) a TensorFlow import.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -133,12 +134,13 @@ FLAT_SHAPES: dict[str, tuple[int, ...]] = {
 FLAT_BATCH_BYTES = 4 << 20  # the flat source makes elements in batches of about this size
 FLAT_POOL_BYTES = 16 << 20  # random float32 rows the flat elements are copied from
 for _name, _shape in FLAT_SHAPES.items():
+    _bytes = 4 * math.prod(_shape) + LABEL_BYTES
     WORKLOADS[_name] = Workload(
         name=_name,
         feature_shape=_shape,
         label_modulus=1000,
-        sizes=(),
-        quick_sizes=(),
+        sizes=(max(1, (1 << 30) // _bytes),),  # about 1 GiB
+        quick_sizes=(max(1, (1 << 26) // _bytes),),  # about 64 MiB
         description=(
             f"{'x'.join(map(str, _shape))} float32 + int64 label from a cheap source (~1 GB/s): "
             "a row of a fixed 16 MiB pool of uniform random floats (zstd-incompressible), its "
