@@ -176,6 +176,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             tmp_dir=Path(args.tmp_dir),
             socket_path=args.socket,
             cache_name=args.cache_name or f"{args.workload}-{args.n}",
+            client_options=dict(args.client_option),
         )
         expected = expected_label_sum(workload, args.n)
         try:
@@ -202,6 +203,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def parse_client_option(item: str) -> tuple[str, Any]:
+    """Parse ``KEY=VALUE`` into a keyword argument: true/false, an int, a float, else a string."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"bad client option {item!r}: expected KEY=VALUE, e.g. parallel_shards=4")
+    value: Any = text
+    if text.lower() in ("true", "false"):
+        value = text.lower() == "true"
+    else:
+        for kind in (int, float):
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                continue
+    return key, value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line of one measurement."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -212,6 +232,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--socket", default=None, help="cacheserver unix socket path")
     parser.add_argument("--cache-name", default=None, help="shardcache cache name")
+    parser.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                        type=parse_client_option,
+                        help="keyword argument for cc.cache()/cc.dataset() (shardcache "
+                        "strategies), e.g. parallel_shards=4; VALUE true/false/int/float/str")
     parser.add_argument("--cold", action="store_true",
                         help="drop the page cache before epoch 2 (needs root)")
     parser.add_argument(

@@ -53,11 +53,13 @@ class Daemon:
     repository root; ready once the socket file exists and a gRPC channel to it connects.
     """
 
-    def __init__(self, data_dir: Path, socket_path: Path, log_path: Path) -> None:
-        """Describe a daemon; nothing is started until :meth:`start`."""
+    def __init__(self, data_dir: Path, socket_path: Path, log_path: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        """Describe a daemon (``extra_args``: more ``serve`` flags); nothing starts yet."""
         self.data_dir = data_dir
         self.socket_path = socket_path
         self.log_path = log_path
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -78,6 +80,7 @@ class Daemon:
             str(self.data_dir),
             "--listen",
             self.address,
+            *self.extra_args,
         ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -202,11 +205,13 @@ class Benchmark:
                 shutil.rmtree(daemon.data_dir, ignore_errors=True)
 
     def measure(
-        self, workload: str, n: int, strategy: str, daemon: Daemon | None, repeat: int
+        self, workload: str, n: int, strategy: str, daemon: Daemon | None, repeat: int,
+        cache_name: str | None = None, extra_args: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """Run one measurement subprocess and return its result record.
 
         With a daemon, its RssAnon is sampled and its data-dir growth recorded meanwhile.
+        ``cache_name`` overrides the shardcache cache name; ``extra_args`` go to measure.py.
         """
         tmp_dir = Path(
             tempfile.mkdtemp(prefix=f"{workload}-{n}-{strategy}-", dir=self.scratch_root)
@@ -229,12 +234,13 @@ class Benchmark:
         ]
         if self.args.cold:
             cmd.append("--cold")
+        cmd += extra_args
         if daemon is not None:
             cmd += [
                 "--socket",
                 str(daemon.socket_path),
                 "--cache-name",
-                f"{workload}-{n}-{strategy}-r{repeat}",
+                cache_name or f"{workload}-{n}-{strategy}-r{repeat}",
             ]
         base: dict[str, Any] = {
             "workload": workload,

@@ -16,7 +16,13 @@ strategy       epoch 1 / epoch 2
                over gRPC (``direct=False``)
 ``shardcache_direct``  the same, epoch 2 reading the shard files directly under a read
                lease (``direct=True``, docs/direct.md)
+``shardcache_read``  read an existing cache (``cc.dataset``, over gRPC unless
+               ``--client-option direct=true``) / read it again (not run unless named;
+               bench/scaling.py builds the cache first)
 =============  ==========================================================================
+
+``--client-option KEY=VALUE`` (measure.py) passes keyword arguments to ``cc.cache()`` /
+``cc.dataset()``, e.g. ``parallel_shards=4``.
 
 These functions run inside the per-strategy measurement subprocess (``measure.py``).
 """
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,7 +42,7 @@ if TYPE_CHECKING:
 
 STRATEGIES: tuple[str, ...] = ("none", "memory", "file", "save_load", "shardcache",
                                "shardcache_direct")
-EXTRA_STRATEGIES: tuple[str, ...] = ("save_load_gzip",)
+EXTRA_STRATEGIES: tuple[str, ...] = ("save_load_gzip", "shardcache_read")
 
 
 class StrategyUnavailableError(Exception):
@@ -62,6 +68,7 @@ class StrategyContext:
     tmp_dir: Path
     socket_path: str | None
     cache_name: str
+    client_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,9 +145,8 @@ def plan_save_load_gzip(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
     return plan_save_load(src, ctx, compression="GZIP")
 
 
-def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext, direct: bool = False) -> Plan:
-    """``CacheClient.cache``: epoch 1 writes through to the daemon, epoch 2 reads from it
-    (over gRPC, or with direct the shard files themselves)."""
+def _client(ctx: StrategyContext) -> Any:
+    """A CacheClient on the runner's daemon, or StrategyUnavailableError saying why not."""
     try:
         from client import CacheClient
     except Exception as exc:  # any import-time failure means "not available here"
@@ -149,16 +155,34 @@ def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext, direct: bool = F
         ) from exc
     if ctx.socket_path is None:
         raise StrategyUnavailableError("no cacheserver daemon socket was provided")
-    cc = CacheClient("unix://" + ctx.socket_path)
-    ds = cc.cache(src, name=ctx.cache_name, direct=direct).batch(ctx.batch_size)
+    return CacheClient("unix://" + ctx.socket_path)
+
+
+def _plan_client(cc: Any, ds: tf.data.Dataset) -> Plan:
     plan = _same_dataset_twice(ds)
     plan.keep_alive.append(cc)
     return plan
 
 
+def plan_shardcache(src: tf.data.Dataset, ctx: StrategyContext, direct: bool = False) -> Plan:
+    """``CacheClient.cache``: epoch 1 writes through to the daemon, epoch 2 reads from it
+    (over gRPC, or with direct the shard files themselves)."""
+    cc = _client(ctx)
+    options = {"direct": direct, **ctx.client_options}
+    return _plan_client(cc, cc.cache(src, name=ctx.cache_name, **options).batch(ctx.batch_size))
+
+
 def plan_shardcache_direct(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
     """``CacheClient.cache(direct=True)``: epoch 2 reads the leased shard files locally."""
     return plan_shardcache(src, ctx, direct=True)
+
+
+def plan_shardcache_read(src: tf.data.Dataset, ctx: StrategyContext) -> Plan:
+    """``CacheClient.dataset``: both epochs read an existing cache named ``ctx.cache_name``."""
+    del src  # the cache was built beforehand (bench/scaling.py); the source is not needed
+    cc = _client(ctx)
+    options = {"direct": False, **ctx.client_options}
+    return _plan_client(cc, cc.dataset(ctx.cache_name, **options).batch(ctx.batch_size))
 
 
 PLANNERS: dict[str, Callable[[tf.data.Dataset, StrategyContext], Plan]] = {
@@ -169,4 +193,5 @@ PLANNERS: dict[str, Callable[[tf.data.Dataset, StrategyContext], Plan]] = {
     "save_load_gzip": plan_save_load_gzip,
     "shardcache": plan_shardcache,
     "shardcache_direct": plan_shardcache_direct,
+    "shardcache_read": plan_shardcache_read,
 }

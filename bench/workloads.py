@@ -15,6 +15,7 @@ without paying for (or being measured with) a TensorFlow import.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -121,6 +122,32 @@ WORKLOADS: dict[str, Workload] = {
     ),
 }
 
+#: Cheap, incompressible sources of several element sizes (bench/scaling.py): feature shape per
+#: workload name. ``flat-602k`` has the image workload's shape.
+FLAT_SHAPES: dict[str, tuple[int, ...]] = {
+    "flat-1k": (256,),
+    "flat-16k": (4096,),
+    "flat-150k": (112, 112, 3),
+    "flat-602k": (224, 224, 3),
+    "flat-2.4m": (448, 448, 3),
+}
+FLAT_BATCH_BYTES = 4 << 20  # the flat source makes elements in batches of about this size
+FLAT_POOL_BYTES = 16 << 20  # random float32 rows the flat elements are copied from
+for _name, _shape in FLAT_SHAPES.items():
+    _bytes = 4 * math.prod(_shape) + LABEL_BYTES
+    WORKLOADS[_name] = Workload(
+        name=_name,
+        feature_shape=_shape,
+        label_modulus=1000,
+        sizes=(max(1, (1 << 30) // _bytes),),  # about 1 GiB
+        quick_sizes=(max(1, (1 << 26) // _bytes),),  # about 64 MiB
+        description=(
+            f"{'x'.join(map(str, _shape))} float32 + int64 label from a cheap source (~1 GB/s): "
+            "a row of a fixed 16 MiB pool of uniform random floats (zstd-incompressible), its "
+            "first value replaced by the index so that no two elements are equal"
+        ),
+    )
+
 #: What bench/run.py measures unless --workloads says otherwise.
 DEFAULT_WORKLOADS: tuple[str, ...] = ("image", "small", "jpeg")
 
@@ -140,6 +167,8 @@ def make_source(workload: Workload, n: int) -> tf.data.Dataset:
     """
     import tensorflow as tf
 
+    if workload.name in FLAT_SHAPES:
+        return flat_source(workload, 0, n)
     builders = {"image": _image_element_fn, "small": _small_element_fn,
                 "jpeg": _jpeg_element_fn, "pixels": _jpeg_element_fn,
                 "tokens": _tokens_element_fn}
@@ -276,3 +305,32 @@ def _tokens_element_fn(workload: Workload) -> ElementFn:
         return ids, i % modulus
 
     return fn
+
+
+def flat_source(workload: Workload, start: int, stop: int) -> tf.data.Dataset:
+    """Elements ``start`` to ``stop`` of a flat workload: memory-speed, deterministic.
+
+    Elements are made in batches of ~4 MiB (one TF call per batch, then ``unbatch``), so that
+    even 1 KB elements cost well under a microsecond of Python each. Row ``i % P`` of a fixed
+    pool of P uniform random rows (numpy seed 0) is the body of element ``i``; its first value
+    is ``float(i)``. A record therefore compresses no better than random floats do.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    shape = workload.feature_shape
+    values = int(np.prod(shape))
+    pool_rows = max(2, FLAT_POOL_BYTES // (4 * values))
+    pool = tf.constant(np.random.default_rng(0).random((pool_rows, values), dtype=np.float32))
+    batch = max(1, FLAT_BATCH_BYTES // (4 * values))
+    modulus = tf.constant(workload.label_modulus, tf.int64)
+    end = tf.constant(stop, tf.int64)
+
+    def make(first: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        index = tf.range(first, tf.minimum(first + batch, end))
+        rows = tf.gather(pool, index % pool_rows)
+        rows = tf.concat([tf.cast(index, tf.float32)[:, None], rows[:, 1:]], axis=1)
+        return tf.reshape(rows, (-1, *shape)), index % modulus
+
+    return (tf.data.Dataset.range(start, stop, batch)
+            .map(make, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch())
