@@ -27,6 +27,7 @@ import lmdb
 from cacheserver.errors import DataLoss, DiskFull
 
 _KEY = struct.Struct(">Q")
+_REBUILD = "delete the cache and build it again"
 _MIN_MAP_SIZE = 64 << 20
 
 
@@ -46,7 +47,7 @@ def _translate(exc: lmdb.Error, path: Path, write_bytes: int = 0) -> Exception:
                                    < write_bytes + (1 << 20)):
         return disk_full(path)
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
-        return DataLoss(f"LMDB file under {path} is corrupt: {text}")
+        return DataLoss(f"LMDB file under {path} is corrupt: {text}; {_REBUILD}")
     return exc
 
 
@@ -285,12 +286,13 @@ class ReaderPool:
                     size = 0
                     with ent.env.begin(buffers=True) as txn, txn.cursor() as cur:
                         if not cur.set_key(_KEY.pack(index)):
-                            raise DataLoss(f"shard {path} is missing record {index}")
+                            raise DataLoss(f"shard {path} is missing record {index}; {_REBUILD}")
                         for key, value in cur:
                             if index >= stop:
                                 break
                             if bytes(key) != _KEY.pack(index):
-                                raise DataLoss(f"shard {path}: record {index} is missing")
+                                raise DataLoss(f"shard {path}: record {index} is missing; "
+                                               f"{_REBUILD}")
                             lengths.append(len(value))
                             data.append(value)
                             size += len(value)
@@ -332,5 +334,5 @@ class ShardGetter:
             raise _translate(exc, self._path) from exc
         if None in values:
             missing = _KEY.unpack_from(keys, 8 * values.index(None))[0]
-            raise DataLoss(f"shard {self._path} is missing record {missing}")
+            raise DataLoss(f"shard {self._path} is missing record {missing}; {_REBUILD}")
         return values  # type: ignore[return-value]

@@ -297,9 +297,8 @@ class LocalFetcher:
                 if self._closing.is_set():
                     raise Closed()
                 yield chunk
-        except DataLoss as exc:
-            raise DataLossError(f"cache {self._cache.name!r}: {exc}; delete the cache and "
-                                "build it again") from exc
+        except DataLoss as exc:  # the daemon's own words, as ReadShard would send them
+            raise DataLossError(str(exc)) from exc
         finally:
             chunks.close()  # ends the shard cursor now, not when collected
 
