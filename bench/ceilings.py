@@ -9,8 +9,8 @@ Each row moves the same payload (``--mb`` MB of 602,112-byte image records, floa
 single-threaded, so the rows bound what the full path (docs/benchmarks.md) can reach:
 
 - ``memcpy``: one ``bytes`` copy of a record, the unit of every copy the path makes;
-- ``crc32`` / ``zstd-1 compress`` / ``zstd decompress``: the per-record integrity and
-  compression work (zstd's frame checksum included);
+- ``crc32 (zlib)`` / ``crc32 (ISA-L)`` / ``zstd-1 compress`` / ``zstd decompress``: the
+  per-record integrity and compression work (zstd's frame checksum included);
 - ``grpc loopback read`` / ``write``: a bare Python gRPC server in another process streaming
   1 MiB messages over a unix socket (server-streaming for reads, client-streaming for
   writes), with nothing else done per message: what Python gRPC alone moves here;
@@ -53,6 +53,7 @@ from cacheserver.probe import wait_healthy  # noqa: E402
 from client._direct import DirectReads  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client._writer import CacheWriter  # noqa: E402
+from client.codec import crc32 as codec_crc32  # noqa: E402
 
 MB = 1_000_000
 RECORD_SHAPE = (224, 224, 3)
@@ -88,10 +89,12 @@ def cpu_rows(records: list[bytes], total: int) -> dict[str, tuple[float, int]]:
     def copy() -> int:
         return sum(len(bytes(bytearray(records[i % len(records)]))) for i in range(count))
 
-    def crc() -> int:
-        for i in range(count):
-            zlib.crc32(records[i % len(records)])
-        return count * len(records[0])
+    def crc(fn: Callable[[bytes], int]) -> Callable[[], int]:
+        def run() -> int:
+            for i in range(count):
+                fn(records[i % len(records)])
+            return count * len(records[0])
+        return run
 
     def compress() -> int:
         for i in range(count):
@@ -103,8 +106,9 @@ def cpu_rows(records: list[bytes], total: int) -> dict[str, tuple[float, int]]:
 
     ratio = sum(map(len, records)) / sum(map(len, frames))
     print(f"zstd level 1 ratio on these records: {ratio:.3f}", file=sys.stderr)
-    return {"memcpy": timed(copy), "crc32": timed(crc), "zstd-1 compress": timed(compress),
-            "zstd decompress": timed(decompress)}
+    return {"memcpy": timed(copy), "crc32 (zlib)": timed(crc(zlib.crc32)),
+            "crc32 (ISA-L, client/codec.py)": timed(crc(codec_crc32)),
+            "zstd-1 compress": timed(compress), "zstd decompress": timed(decompress)}
 
 
 # ------------------------------------------------------------------ bare gRPC loopback

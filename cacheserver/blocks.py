@@ -12,14 +12,13 @@ the client decodes like any block.
 from __future__ import annotations
 
 import functools
-import zlib
 
 import numpy as np
 
 from cacheserver.errors import DataLoss
 from cacheserver.store import ShardGetter
 from client.blocks import unshuffle_into
-from client.codec import TAG_RAW, Decompressor, Layout, RecordError
+from client.codec import TAG_RAW, Decompressor, Layout, RecordError, crc32
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,6 +90,6 @@ class Extractor:
         out[:, 5:] = rows.reshape(len(local), -1, self._stride).transpose(0, 2, 1).reshape(
             len(local), size)
         out[:, 0] = TAG_RAW
-        out[:, 1:5] = np.fromiter((zlib.crc32(r) for r in out[:, 5:]), "<u4",
+        out[:, 1:5] = np.fromiter((crc32(r) for r in out[:, 5:]), "<u4",
                                   len(local)).view(np.uint8).reshape(-1, 4)
         return list(out)
