@@ -182,7 +182,7 @@ def daemon_rows(tmp: Path, records: list[bytes], total: int) -> dict[str, tuple[
 
         def write() -> int:
             writer = CacheWriter(transport, pb.WriteBegin(
-                name="ceiling", fingerprint="ceilings", layout_json='{"leaves": []}'))
+                name="ceiling", fingerprint="ceilings", layout_json='{"format": 1, "leaves": []}'))
             writer.begin()
             for i in range(count):
                 writer.add([stored[i % len(stored)]], len(records[0]))
