@@ -303,7 +303,10 @@ def encode_fixed_batch(layout: Layout, leaves: Sequence[np.ndarray]) -> np.ndarr
         cols.append(np.ascontiguousarray(arr).reshape(n, leaf.size).view(np.uint8))
     if len(cols) == 1:
         return cols[0]
-    return np.concatenate(cols, axis=1) if cols else np.empty((n, 0), np.uint8)
+    # C order whatever the columns' shapes (n x 1 columns would make concatenate pick F
+    # order, and a row of that is not one contiguous record)
+    out = np.empty((n, sum(c.shape[1] for c in cols)), np.uint8)
+    return np.concatenate(cols, axis=1, out=out) if cols else out
 
 
 def encode_batch(layout: Layout, batch: Sequence[Any], n: int) -> list[Any]:

@@ -215,6 +215,16 @@ def test_fixed_batch_encoding_agrees_with_per_element_encoding(
     assert_elements(layout, round_trip(layout, [Compressor().pack(r) for r in rows]), elements)
 
 
+def test_fixed_batch_rows_of_one_byte_columns_are_contiguous_records() -> None:
+    # found by hypothesis in CI: n x 1 columns made np.concatenate return F order, and
+    # zstd refuses a row of that ("ndarray is not C-contiguous")
+    layout = Layout((Leaf("bool", ()), Leaf("bool", ()), Leaf("int16", (0,))))
+    rows = encode_fixed_batch(layout, [np.array([True, False]), np.array([False, True]),
+                                       np.zeros((2, 0), np.int16)])
+    assert rows.flags["C_CONTIGUOUS"]
+    assert [Compressor().pack(r)[0] for r in rows] == [0x00, 0x00]  # raw + CRC, packed
+
+
 @SETTINGS
 @given(layouts())
 def test_layout_survives_its_json_description(layout: Layout) -> None:
