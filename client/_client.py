@@ -17,7 +17,7 @@ from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._write_behind import WriteBehind
 from client._writer import CacheWriter
-from client.blocks import blocked
+from client.blocks import BLOCK_TARGET_BYTES, blocked
 from client.codec import Layout
 from client.errors import (
     CacheNotFoundError,
@@ -232,7 +232,8 @@ class CacheClient:
               seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
               parallel_shards: int = 1, epoch: int = 0, start: int = 0,
               reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT,
-              direct: bool | str | None = None) -> tf.data.Dataset:
+              direct: bool | str | None = None, block_bytes: int | None = None
+              ) -> tf.data.Dataset:
         """The drop-in for ``dataset.cache()``, stored by the daemon under name.
 
         The first full iteration runs dataset and writes its elements through to
@@ -244,6 +245,10 @@ class CacheClient:
         The read options are cc.dataset()'s. They apply to iterations that read
         the cache; an iteration that writes it yields the whole source in source
         order (see docs/reading.md); direct is cc.dataset()'s too.
+
+        block_bytes: raw bytes per stored block of small fixed-shape elements
+        (default $SHARDCACHE_BLOCK_BYTES, else 64 KiB); 0 stores one element per
+        value, cheaper for caches read mostly with shuffle=True (docs/blocks.md).
         """
         from client import _tf
 
@@ -252,8 +257,13 @@ class CacheClient:
                                     self._local_data_dir)
         options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
+        if block_bytes is None:
+            block_bytes = BLOCK_TARGET_BYTES
+        elif isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 0:
+            raise InvalidArgumentError(f"block_bytes must be an int >= 0 (0: one element per "
+                                       f"stored value), got {block_bytes!r}")
         spec = dataset.element_spec
-        layout = blocked(_tf.layout_of(spec))
+        layout = blocked(_tf.layout_of(spec), block_bytes)
         wire = _tf.WireFormat(spec, layout)
         fingerprint = _tf.fingerprint_of(dataset, version)
         cardinality = _tf.cardinality_of(dataset)

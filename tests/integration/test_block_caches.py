@@ -17,6 +17,7 @@ from wire import stub  # noqa: E402
 
 from client import CacheClient  # noqa: E402
 from client._transport import pb  # noqa: E402
+from client.errors import InvalidArgumentError  # noqa: E402
 
 N = 3000
 BASE = tf.linspace(0.0, 1.0, 256).numpy()
@@ -59,6 +60,22 @@ def test_small_elements_are_written_in_blocks_and_every_read_returns_them_exactl
     assert sorted(labels_and_check(cc.dataset(name, shuffle="shards", seed=3))) == list(range(N))
     fast = cc.dataset(name, shuffle=True, seed=3, parallel_shards=3)
     assert labels_and_check(fast) == labels_and_check(cc.dataset(name, shuffle=True, seed=3))
+
+
+def test_block_bytes_zero_stores_one_element_per_value_and_reads_the_same(
+        daemon, cc: CacheClient, name: str) -> None:
+    assert labels_and_check(cc.cache(source(), name=name, block_bytes=0)) == list(range(N))
+    assert json.loads(cc._get(name).layout_json)["format"] == 1
+    assert values_in(daemon.data_dir / "caches" / name / "shard-00000") == N
+    got = labels_and_check(cc.dataset(name, shuffle=True, seed=3))
+    assert sorted(got) == list(range(N)) and got != list(range(N))
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "64k"])
+def test_a_bad_block_bytes_is_refused_before_anything_runs(cc: CacheClient, name: str,
+                                                           bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="block_bytes must be an int >= 0"):
+        cc.cache(source(), name=name, block_bytes=bad)  # type: ignore[arg-type]
 
 
 def _flip_byte_in_block(shard: Path, block: int) -> None:
