@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from client._gather import CHUNK_BYTES, is_run, shard_runs
 from client._prefetch import Closed
 from client._transport import Transport, pb
 from client.codec import Layout
@@ -51,7 +52,6 @@ log = logging.getLogger("client")
 DIRECT_ENV = "SHARDCACHE_DIRECT"
 #: Where the daemon's data dir is mounted here, when not at the daemon's own path.
 LOCAL_DATA_DIR_ENV = "SHARDCACHE_LOCAL_DATA_DIR"
-CHUNK_BYTES = 1 << 20  # as the gRPC path asks ReadShard for
 _WORDS: dict[str, bool | str] = {"auto": "auto", "true": True, "1": True, "yes": True,
                                  "false": False, "0": False, "no": False}
 _POOL: Any = None  # cacheserver.store.ReaderPool, made on first use (imports lmdb)
@@ -306,7 +306,7 @@ class LocalFetcher:
         if not len(indices):
             return
         first = int(indices[0])
-        if isinstance(indices, np.ndarray) and not np.all(np.diff(indices) == 1):
+        if not is_run(indices):
             from cacheserver.gather import gather_chunks, window_records
 
             window = window_records(CHUNK_BYTES, self._cache.num_elements,
@@ -315,17 +315,11 @@ class LocalFetcher:
                                      window, self._cache.layout_json,
                                      f"cache {self._cache.name!r}")
             return
-        stop = first + len(indices)
         pool = _pool()
-        for shard in self._cache.shards:
-            end = shard.first_element + shard.num_elements
-            if end <= first or shard.first_element >= stop:
-                continue
-            start = max(first, shard.first_element)
+        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             offset = shard.first_element - first
             for local, lengths, data in pool.read_chunks(
-                    self._paths[shard.index], start - shard.first_element,
-                    min(stop, end) - shard.first_element, CHUNK_BYTES,
+                    self._paths[shard.index], start, start + count, CHUNK_BYTES,
                     block_elements=self._k, held=self._envs[shard.index]):
                 yield offset + local, lengths, data
 

@@ -73,6 +73,20 @@ def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
     return int(min(max(budget // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
 
 
+def is_run(indices: Indices) -> bool:
+    """True for consecutive indices (the stored order, a worker's share), read as a run."""
+    return not isinstance(indices, np.ndarray) or bool(np.all(np.diff(indices) == 1))
+
+
+def shard_runs(cache: pb.Cache, first: int, stop: int) -> Iterator[tuple[Any, int, int]]:
+    """(shard, shard-local start, count) of each shard holding global indices [first, stop)."""
+    for shard in cache.shards:
+        end = shard.first_element + shard.num_elements
+        if end > first and shard.first_element < stop:
+            start = max(first, shard.first_element)
+            yield shard, start - shard.first_element, min(stop, end) - start
+
+
 class _Fetcher:
     """Fetches records by index, whole or as they arrive, reconnecting on UNAVAILABLE;
     thread-safe."""
@@ -153,21 +167,16 @@ class _Fetcher:
         lookup per record, one element per value.
         """
         first = int(indices[0])
-        if isinstance(indices, np.ndarray) and not np.all(np.diff(indices) == 1):
+        if not is_run(indices):
             yield from self._stream(self._transport.stub.ReadElements(pb.ReadElementsRequest(
                 name=self._cache.name, fingerprint=self._cache.fingerprint,
-                indices=indices.astype("<u8").tobytes(), chunk_bytes=CHUNK_BYTES,
+                indices=np.asarray(indices, "<u8").tobytes(), chunk_bytes=CHUNK_BYTES,
                 epoch_start=epoch_start)), 0, "position", None)
             return
-        stop = first + len(indices)
-        for shard in self._cache.shards:
-            end = shard.first_element + shard.num_elements
-            if end <= first or shard.first_element >= stop:
-                continue
-            start = max(first, shard.first_element)
+        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             call = self._transport.stub.ReadShard(pb.ReadShardRequest(
-                name=self._cache.name, shard=shard.index, start=start - shard.first_element,
-                count=min(stop, end) - start, chunk_bytes=CHUNK_BYTES,
+                name=self._cache.name, shard=shard.index, start=start, count=count,
+                chunk_bytes=CHUNK_BYTES,
                 fingerprint=self._cache.fingerprint, epoch_start=epoch_start))
             epoch_start = False
             yield from self._stream(call, shard.first_element - first, "start",
