@@ -17,7 +17,7 @@ import numpy as np
 
 from cacheserver.errors import DataLoss
 from cacheserver.store import ShardGetter
-from client.blocks import unshuffle_into
+from client.blocks import unpack_block, unshuffle_into
 from client.codec import TAG_RAW, Decompressor, Layout, RecordError, crc32
 
 
@@ -69,10 +69,7 @@ class Extractor:
             keys = blocks[group:group + _GET_BLOCKS].astype(">u8").tobytes()
             for b, value in enumerate(getter.get_many(keys), group):
                 try:
-                    body = self._dec.unpack(value)
-                    if len(body) % size or len(body) > size * self.k:
-                        raise RecordError(f"block of {len(body)} bytes is not a whole number "
-                                          f"of at most {self.k} {size}-byte records")
+                    body = unpack_block(self._dec, value, self.k, size)
                 except RecordError as exc:
                     raise DataLoss(f"{where} block {int(blocks[b])} is corrupt: {exc}; delete "
                                    "the cache and build it again") from exc

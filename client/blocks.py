@@ -117,6 +117,15 @@ class BlockPacker:
         return values, rows.nbytes, len(rows)
 
 
+def unpack_block(dec: Decompressor, value: Any, k: int, record_size: int) -> Any:
+    """A stored block's body, checked to hold a whole number of at most k records."""
+    body = dec.unpack(value)
+    if len(body) % record_size or len(body) > record_size * k:
+        raise RecordError(f"block of {len(body)} bytes is not a whole number "
+                          f"of at most {k} {record_size}-byte records")
+    return body
+
+
 def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
                   ) -> tuple[int, list[Any]]:
     """Decode stored values, each a block or a single element: (elements, batch per leaf).
@@ -134,10 +143,7 @@ def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
             return len(bodies), decode_batch(layout, bodies)
         rs = layout.record_size
         for value in values:
-            body = dec.unpack(value)
-            if len(body) % rs or len(body) > rs * layout.block_elements:
-                raise RecordError(f"block of {len(body)} bytes is not a whole number "
-                                  f"of at most {layout.block_elements} {rs}-byte records")
+            body = unpack_block(dec, value, layout.block_elements, rs)
             bodies.append(body)
             before += len(body) // rs
     except RecordError as exc:
