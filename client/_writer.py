@@ -77,6 +77,19 @@ class CacheWriter:
                         pass
                     raise ShardcacheError("the daemon closed the write stream early") from None
 
+    def _end_requests(self) -> None:
+        """Mark the end of the request stream.
+
+        Once the call is over nothing reads the queue, so a full one would keep
+        a plain put() waiting forever (a disk that filled near the end of a
+        write hung the epoch so); the responses then say why the call ended.
+        """
+        assert self._call is not None
+        while not self._call.done():
+            with contextlib.suppress(queue.Full):
+                self._requests.put(None, timeout=0.25)
+                return
+
     def add(self, values: Sequence[bytes | memoryview], raw_bytes: int,
             num_elements: int | None = None) -> None:
         """Queue values (num_elements elements; default one per value) for sending."""
@@ -101,7 +114,7 @@ class CacheWriter:
         """Commit: returns the READY cache."""
         self._flush()
         self._send(pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=self.num_elements)))
-        self._requests.put(None)
+        self._end_requests()
         try:
             for response in self._responses:  # type: ignore[union-attr]
                 if response.HasField("committed"):

@@ -97,3 +97,48 @@ def test_a_finished_write_commits_every_element_in_order(daemon, cc, name) -> No
         transport.close()
     assert cache is not None and cache.num_elements == 1000
     assert [int(x) for x in cc.dataset(name)] == list(range(1000))
+
+
+def test_finish_after_the_daemon_ended_the_stream_raises_instead_of_waiting_forever(
+        fresh_daemon, no_thread_leak) -> None:
+    """The request queue is full and nothing reads it once the call is over.
+
+    finish() used to block forever putting its end-of-stream marker there; a
+    full disk hit near the end of an epoch hung the epoch this way.
+    """
+    import threading
+
+    from client._writer import _SEND_QUEUE
+    from client.errors import ShardcacheError
+
+    layout = Layout((Leaf("uint8", (1 << 10,)),))
+    transport, writer = _begun_writer(fresh_daemon.unix_target, "ended", layout)
+    try:
+        fresh_daemon.kill()  # the call ends with UNAVAILABLE; its request thread stops reading
+        call = writer._call
+        assert call is not None
+        for _ in range(100):
+            if call.done():
+                break
+            threading.Event().wait(0.1)
+        assert call.done()
+        value = bytes(1 << 10)
+        while writer._requests.qsize() < _SEND_QUEUE - 1:  # finish's own request fills it
+            writer.add([value] * 1024, raw_bytes=1 << 20)
+        outcome: list[BaseException | None] = []
+
+        def finish() -> None:
+            try:
+                writer.finish()
+                outcome.append(None)
+            except BaseException as exc:  # reported below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=finish, daemon=True)
+        thread.start()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "finish() hung on the request queue"
+        assert isinstance(outcome[0], ShardcacheError), outcome
+    finally:
+        writer.abort()
+        transport.close()
