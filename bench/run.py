@@ -16,6 +16,7 @@ and machine facts, results table, notes); progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -34,6 +35,7 @@ from typing import Any
 
 from measure import RESULT_PREFIX, WARMUP_BATCHES, RssSampler, directory_bytes, kib_to_mb
 from report import GB, add_derived, add_ratios, render_notes, render_table, representative
+from slow_disk import SlowDisk, SlowDiskError
 from strategies import EXTRA_STRATEGIES, STRATEGIES
 from workloads import DEFAULT_WORKLOADS, WORKLOADS
 
@@ -323,6 +325,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches, needs root) right "
         "before epoch 2, so that it reads from the disk",
     )
+    parser.add_argument(
+        "--disk-read-mbps", type=float, default=None, metavar="MB_PER_S",
+        help="limit reads from the disk under --tmp-dir to this many MB/s for the whole run "
+        "(a block-I/O cgroup, needs root; bench/slow_disk.py): with --cold, epoch 2 reads "
+        "from a disk of that speed instead of this VM's host-cached one",
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="batch size for every strategy")
     parser.add_argument(
         "--warmup-batches",
@@ -452,7 +460,9 @@ def render_header(facts: dict[str, Any], args: argparse.Namespace) -> str:
         "zeros (at most as many elements as the dataset; heap and thread-pool warm-up) and "
         "runs `sync` (untimed) before each epoch"
         + ("; **epoch 2 is cold**: the page cache is dropped right before it (`--cold`), so "
-           "it reads from the disk" if args.cold else ""),
+           "it reads from the disk" if args.cold else "")
+        + (f"; {args.slow_disk.describe()}, for every process of the run"
+           if args.slow_disk else ""),
         f"- Load average (1/5/15 min) at start: {facts['loadavg']}",
         (
             f"- Each row: the median (by epoch-2 time) of {args.repeat} measurement processes; "
@@ -479,6 +489,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run every measurement, print the markdown report and optionally write JSON."""
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the cleanup below still runs
+    args.slow_disk = None
+    if args.disk_read_mbps is not None:
+        try:
+            args.slow_disk = SlowDisk(args.tmp_dir or Path(tempfile.gettempdir()),
+                                      args.disk_read_mbps)
+        except SlowDiskError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    with args.slow_disk or contextlib.nullcontext():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     facts = machine_facts()
     print(render_header(facts, args), flush=True)
 

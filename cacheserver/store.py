@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import os
 import shutil
 import struct
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 import lmdb
 
 from cacheserver.errors import DataLoss, DiskFull
+from cacheserver.read_ahead import ReadAhead
 
 _KEY = struct.Struct(">Q")
 _REBUILD = "delete the cache and build it again"
@@ -146,44 +146,6 @@ def _same_file(path: Path, ent: _Env) -> bool:
         return False
 
 
-_READ_AHEAD_BYTES = 32 << 20
-
-
-class _ReadAhead:
-    """Keeps the page cache ahead of a reader walking a shard in key order.
-
-    LMDB reads through its memory map, where a page fault makes the kernel read
-    only around the faulting page: cold, a shard streamed at ~250 MB/s from a
-    disk that reads a plain file sequentially at ~1.5 GB/s (bench/ceilings.py).
-    Records are appended in key order, so record i sits near i/n of the file;
-    asking for the next window with POSIX_FADV_WILLNEED starts the disk reading
-    before the cursor gets there. A warm shard costs one fadvise per window.
-    """
-
-    def __init__(self, path: Path, file_bytes: int, num_records: int) -> None:
-        try:
-            self._fd = os.open(path / "data.mdb", os.O_RDONLY)
-        except FileNotFoundError:  # deleted under a reader that holds it (hold()): no hints
-            self._fd, file_bytes = -1, 0
-        self._size = file_bytes
-        self._records = max(num_records, 1)
-        self._until = 0
-
-    def at(self, index: int) -> None:
-        """The reader is at record index: make sure the window after it is on its way."""
-        pos = index * self._size // self._records
-        if pos + _READ_AHEAD_BYTES // 2 < self._until:
-            return
-        start, end = max(pos, self._until), min(self._size, pos + _READ_AHEAD_BYTES)
-        if end > start:
-            os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_WILLNEED)
-        self._until = end
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-
-
 class ReaderPool:
     """Shares one read-only environment per committed shard across streams.
 
@@ -276,7 +238,7 @@ class ReaderPool:
         k = block_elements
         start, stop = start // k, -(-stop // k)  # the values holding them
         ent = self._acquire(path) if held is None else self._retain(held)
-        ahead = _ReadAhead(path, ent.file_bytes, ent.num_records)
+        ahead = ReadAhead(path, ent.file_bytes, ent.num_records)
         try:
             index = start
             while index < stop:

@@ -23,6 +23,7 @@ delivered, so the next undelivered index is the next one not received.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
@@ -210,7 +211,7 @@ class _Decoder:
         self._firsts = np.array([s.first_element for s in cache.shards], np.int64)
         # blocks as the cache has them (a format 1 cache has none), whatever the caller's
         stored = Layout.from_json(cache.layout_json)
-        self._layout = Layout(layout.leaves, stored.block_elements, stored.block_shuffle)
+        self._layout = dataclasses.replace(stored, leaves=layout.leaves)
         self._local = threading.local()
 
     def _where(self, index: int) -> str:

@@ -39,8 +39,11 @@ except ImportError:  # pragma: no cover - a platform without an isal wheel
     from zlib import crc32
 
 FORMAT_VERSION = 2
+#: Format 3 is format 2 plus the row-delta filter (client/blocks.py); written only by
+#: layouts that use it, so that every other cache stays readable by format-2 readers.
+FORMAT_ROW_DELTA = 3
 #: Layouts of format 1 (no blocks: one element per stored value) are still read.
-_READABLE_FORMATS = (1, 2)
+_READABLE_FORMATS = (1, 2, 3)
 TAG_RAW = 0x00
 TAG_ZSTD = 0x01
 #: Keep the zstd frame only when it is at least this much smaller than the body.
@@ -131,6 +134,13 @@ class Leaf:
         return self.size * self.np_dtype.itemsize
 
 
+def row_delta_leaf(leaf: Leaf) -> bool:
+    """True for the leaves the row-delta filter applies to: fixed-shape uint8 of rank >= 2
+    with at least two rows (images: height x width [x channels]); client/blocks.py."""
+    return (leaf.dtype == "uint8" and leaf.fixed and len(leaf.fixed_shape) >= 2
+            and leaf.fixed_shape[0] >= 2)
+
+
 def _dimension(d: Any) -> int:
     if isinstance(d, (bool, np.bool_)):
         raise TypeError(f"dimension {d!r} is not an integer")
@@ -149,6 +159,8 @@ class Layout:
     block_elements: int = 1
     #: Byte-shuffle stride of a block's body (1: none); see client/blocks.py.
     block_shuffle: int = 1
+    #: Rows of each image-like leaf (row_delta_leaf) stored as differences; client/blocks.py.
+    row_delta: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_elements", "block_shuffle"):
@@ -162,6 +174,10 @@ class Layout:
                                        or self.record_size % self.block_shuffle):
             raise ValueError(f"block_shuffle {self.block_shuffle} needs blocks of records "
                              "whose size it divides")
+        if type(self.row_delta) is not bool:
+            raise ValueError(f"row_delta must be a bool, got {self.row_delta!r}")
+        if self.row_delta and not any(map(row_delta_leaf, self.leaves)):
+            raise ValueError("row_delta needs a fixed-shape uint8 leaf of rank >= 2")
 
     @property
     def numeric_known_ranks(self) -> bool:
@@ -182,6 +198,10 @@ class Layout:
             {"dtype": leaf.dtype, "shape": None if leaf.shape is None else list(leaf.shape)}
             for leaf in self.leaves
         ]
+        if self.row_delta:
+            return json.dumps({"format": FORMAT_ROW_DELTA, "block_elements": self.block_elements,
+                               "block_shuffle": self.block_shuffle, "row_delta": True,
+                               "leaves": leaves}, separators=(",", ":"))
         if self.block_elements == 1:  # exactly format 1: one element per value
             return json.dumps({"format": 1, "leaves": leaves}, separators=(",", ":"))
         return json.dumps({"format": FORMAT_VERSION, "block_elements": self.block_elements,
@@ -199,6 +219,8 @@ class Layout:
                                  f"{_READABLE_FORMATS}: upgrade shardcache or rebuild the cache")
             block = (doc["block_elements"], doc["block_shuffle"]) if doc["format"] >= 2 \
                 else (1, 1)
+            if doc["format"] >= FORMAT_ROW_DELTA:
+                block = (*block, doc["row_delta"])
             leaves = doc["leaves"]
             if not isinstance(leaves, list):
                 raise TypeError("leaves must be a list")

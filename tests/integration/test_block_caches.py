@@ -127,3 +127,37 @@ def test_a_writer_whose_element_count_does_not_fit_its_blocks_is_refused(daemon,
                 info.value.details()
         responses = list(stub(channel).WriteCache(requests(10), timeout=30))
         assert responses[-1].committed.num_elements == 10
+
+
+def photo_like(n: int, side: int, seed: int = 0) -> np.ndarray:
+    """n uint8 side x side x 3 images whose rows are alike but noisy, as a photo's are."""
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(-2, 3, size=(n, side, side * 3)).astype(np.uint8)
+    steps[:, 0] = rng.integers(0, 256, size=(n, side * 3), dtype=np.uint8)
+    return np.cumsum(steps, axis=1, dtype=np.uint8).reshape(n, side, side, 3)
+
+
+@pytest.mark.parametrize("side", [24, 160])  # blocks of 88 elements; one element per value
+def test_image_rows_are_stored_as_differences_and_every_read_returns_the_pixels(
+        daemon, cc: CacheClient, name: str, side: int) -> None:
+    images = photo_like(300, side)
+    src = tf.data.Dataset.from_tensor_slices((images, np.arange(300)))
+
+    def exact(ds: tf.data.Dataset) -> list[int]:
+        out = []
+        for x, i in ds.as_numpy_iterator():
+            np.testing.assert_array_equal(x, images[i])
+            out.append(int(i))
+        return out
+
+    assert exact(cc.cache(src, name=name)) == list(range(300))
+    cache = cc._get(name)
+    layout = json.loads(cache.layout_json)
+    assert (layout["format"], layout["row_delta"]) == (3, True)
+    assert cache.raw_bytes / cache.stored_bytes > 1.8  # the pixels alone: ~1.0x
+    for direct in (False, True):
+        assert exact(cc.dataset(name, direct=direct)) == list(range(300))
+        got = exact(cc.dataset(name, shuffle=True, seed=5, direct=direct))
+        assert sorted(got) == list(range(300)) and got != list(range(300))
+    shares = [exact(cc.dataset(name, worker_index=w, num_workers=4)) for w in range(4)]
+    assert sorted(i for share in shares for i in share) == list(range(300))
