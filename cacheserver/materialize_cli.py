@@ -20,10 +20,14 @@ TARGET_HELP = ("daemon address: HOST:PORT or unix:///path.sock "
 @click.option("--resume", is_flag=True,
               help="Attach to this cache's running or interrupted materialization, keeping "
                    "its committed shards (starts one when there is none).")
+@click.option("--block-bytes", type=click.IntRange(min=0), default=None,
+              help="Raw bytes per stored block of small fixed-shape elements; 0 stores one "
+                   "element per value, for caches read mostly with shuffle=True "
+                   "(docs/blocks.md) [default: 64 KiB].")
 @click.option("--no-wait", is_flag=True,
               help="Print the operation's name and return at once.")
 def materialize(entry: str, name: str, shards: int, workers: int | None, target: str | None,
-                overwrite: bool, resume: bool, no_wait: bool) -> None:
+                overwrite: bool, resume: bool, block_bytes: int | None, no_wait: bool) -> None:
     """Run ENTRY on the daemon, one shard per worker process, into cache NAME.
 
     ENTRY is "package.module:function", called as function(shard_index,
@@ -40,7 +44,7 @@ def materialize(entry: str, name: str, shards: int, workers: int | None, target:
     with CacheClient(target) as cc:
         try:
             op = start(cc._transport, entry, name=name, num_shards=shards, workers=workers,
-                       overwrite=overwrite, resume=resume)
+                       overwrite=overwrite, resume=resume, block_bytes=block_bytes)
             if no_wait:
                 click.echo(op.name)
                 return

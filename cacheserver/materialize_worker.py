@@ -45,6 +45,7 @@ class Job:
     element_spec: bytes
     pythonpath: tuple[str, ...]
     parent_pid: int
+    block_bytes: int | None = None  # None: client.blocks' default
 
 
 class Stopped(Exception):
@@ -129,7 +130,7 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
     from cacheserver.store import ShardWriter
     from client import _tf
     from client._client import _WRITE_BATCH_BYTES, _WRITE_BATCH_ELEMENTS
-    from client.blocks import BlockPacker, blocked
+    from client.blocks import BlockPacker, blocked, check_block_bytes
 
     cache_dir = Path(job.cache_dir)
     path, marker = shard_path(cache_dir, shard), marker_path(cache_dir, shard)
@@ -140,7 +141,7 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
         raise BadPipeline(f"shard {shard}'s dataset is infinite; drop the .repeat() from the "
                           "pipeline (a cache holds one epoch)")
     spec = ds.element_spec
-    layout = blocked(_tf.layout_of(spec))
+    layout = blocked(_tf.layout_of(spec), check_block_bytes(job.block_bytes))
     wire = _tf.WireFormat(spec, layout)
     spec_bytes = _tf.encode_spec(spec)
     results.put(("begin", worker, shard, layout.to_json(), spec_bytes))

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 MAX_SHARDS = 10_000
 MAX_WORKERS = 256
+#: Largest block_bytes a materialization may ask for.
+MAX_BLOCK_BYTES = 64 << 20
 #: Seconds stopped workers get to abort their shard before they are terminated.
 STOP_GRACE = 20.0
 _ENTRY_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -67,10 +69,11 @@ class Materializer:
 
     def start(self, name: str, *, entry_point: str = "", graph_def: bytes = b"",
               element_spec: bytes = b"", num_shards: int, workers: int = 0,
-              overwrite: bool = False, resume: bool = False, fingerprint: str = "") -> Snapshot:
+              overwrite: bool = False, resume: bool = False, fingerprint: str = "",
+              block_bytes: int | None = None) -> Snapshot:
         validate_name(name)
         spec = self._check(entry_point, graph_def, element_spec, num_shards, workers,
-                           fingerprint)
+                           fingerprint, block_bytes)
         with self._lock:
             op = self._ops.get(name)
             if op is not None and not op.done:
@@ -168,7 +171,7 @@ class Materializer:
     # ------------------------------------------------------------------ checks
 
     def _check(self, entry_point: str, graph_def: bytes, element_spec: bytes, num_shards: int,
-               workers: int, fingerprint: str) -> Spec:
+               workers: int, fingerprint: str, block_bytes: int | None) -> Spec:
         if bool(entry_point) == bool(graph_def):
             raise InvalidArgument("give exactly one of an entry point ('package.module:fn') "
                                   "and a serialized dataset graph")
@@ -186,10 +189,14 @@ class Materializer:
         if workers > MAX_WORKERS:
             raise InvalidArgument(f"workers is {workers}; the limit is {MAX_WORKERS} (one "
                                   "process each; the default is the daemon's core count)")
+        if block_bytes is not None and block_bytes > MAX_BLOCK_BYTES:
+            raise InvalidArgument(f"block_bytes is {block_bytes:,}; the limit is "
+                                  f"{MAX_BLOCK_BYTES:,} (each worker holds a block in memory; "
+                                  "64 KiB is the default, 0 stores one element per value)")
         if not fingerprint:
             fingerprint = f"entry:{entry_point}" if entry_point else graph_fingerprint(graph_def)
         return Spec(entry_point, graph_def, element_spec, num_shards, workers,
-                    f"{fingerprint}/shards={num_shards}")
+                    f"{fingerprint}/shards={num_shards}", block_bytes)
 
     def _workers(self, spec: Spec) -> int:
         return max(1, min(spec.workers or self.default_workers, spec.num_shards))
@@ -288,7 +295,7 @@ class Materializer:
         job = materialize_worker.Job(
             str(self.catalog.cache_dir(op.record.name)), op.spec.num_shards,
             op.spec.entry_point, op.spec.graph_def, op.spec.element_spec, self.pythonpath,
-            os.getpid())
+            os.getpid(), op.spec.block_bytes)
         procs = [ctx.Process(target=materialize_worker.run, args=(job, w, tasks, results, op.stop),
                              name=f"materialize-{op.record.name}-{w}", daemon=True)
                  for w in range(count)]

@@ -37,6 +37,8 @@ class Spec:
     num_shards: int
     workers: int
     fingerprint: str
+    #: Raw bytes per block of small fixed-shape elements; None: the workers' default.
+    block_bytes: int | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -52,8 +54,9 @@ class Spec:
         return cls(**doc)
 
     def same_source(self, other: Spec) -> bool:
-        return (self.entry_point, self.graph_def, self.num_shards, self.fingerprint) == (
-            other.entry_point, other.graph_def, other.num_shards, other.fingerprint)
+        return (self.entry_point, self.graph_def, self.num_shards, self.fingerprint,
+                self.block_bytes) == (other.entry_point, other.graph_def, other.num_shards,
+                                      other.fingerprint, other.block_bytes)
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,8 @@ def graph_fingerprint(graph_def: bytes) -> str:
 
 def describe(spec: Spec) -> str:
     source = spec.entry_point or f"a dataset graph ({len(spec.graph_def):,} bytes)"
-    return f"{source} in {spec.num_shards} shards"
+    blocks = "" if spec.block_bytes is None else f", blocks of {spec.block_bytes:,} bytes"
+    return f"{source} in {spec.num_shards} shards{blocks}"
 
 
 def leaves(layout_json: str) -> str:

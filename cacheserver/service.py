@@ -251,7 +251,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
             request.name, entry_point=request.entry_point, graph_def=request.graph_def,
             element_spec=request.element_spec, num_shards=request.num_shards,
             workers=request.workers, overwrite=request.overwrite, resume=request.resume,
-            fingerprint=request.fingerprint)
+            fingerprint=request.fingerprint,
+            block_bytes=request.block_bytes if request.HasField("block_bytes") else None)
         return pb.StartMaterializeResponse(operation=operation_to_proto(snap))
 
     @_translating

@@ -17,7 +17,7 @@ from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._write_behind import WriteBehind
 from client._writer import CacheWriter
-from client.blocks import BLOCK_TARGET_BYTES, blocked
+from client.blocks import blocked, check_block_bytes
 from client.codec import Layout
 from client.errors import (
     CacheNotFoundError,
@@ -257,11 +257,7 @@ class CacheClient:
                                     self._local_data_dir)
         options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
-        if block_bytes is None:
-            block_bytes = BLOCK_TARGET_BYTES
-        elif isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 0:
-            raise InvalidArgumentError(f"block_bytes must be an int >= 0 (0: one element per "
-                                       f"stored value), got {block_bytes!r}")
+        block_bytes = check_block_bytes(block_bytes)
         spec = dataset.element_spec
         layout = blocked(_tf.layout_of(spec), block_bytes)
         wire = _tf.WireFormat(spec, layout)
@@ -294,7 +290,8 @@ class CacheClient:
 
     def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
-                    resume: bool = False) -> CacheInfo | MaterializeOperation:
+                    resume: bool = False, block_bytes: int | None = None
+                    ) -> CacheInfo | MaterializeOperation:
         """Have the daemon run a pipeline itself and store it as cache name.
 
         source is an entry point "package.module:fn", with fn(shard_index,
@@ -305,11 +302,13 @@ class CacheClient:
         progress on a terminal, and returns the READY cache's CacheInfo;
         otherwise returns a MaterializeOperation (progress(), wait(), cancel()).
         resume attaches to a running or interrupted materialization of name.
+        block_bytes: as for cache() (None: the daemon's default, 64 KiB blocks).
         """
         from client import _materialize
 
         op = _materialize.start(self._transport, source, name=name, num_shards=num_shards,
-                                workers=workers, overwrite=overwrite, resume=resume)
+                                workers=workers, overwrite=overwrite, resume=resume,
+                                block_bytes=block_bytes)
         if not wait:
             return op
         op.wait(show_progress=True)

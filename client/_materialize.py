@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from client._transport import Transport, pb
+from client.blocks import check_block_bytes
 from client.errors import (
     _BY_CODE,
     _BY_REASON,
@@ -194,7 +195,8 @@ class MaterializeOperation:
 
 
 def start(transport: Transport, source: Any, *, name: str, num_shards: int,
-          workers: int | None, overwrite: bool, resume: bool) -> MaterializeOperation:
+          workers: int | None, overwrite: bool, resume: bool,
+          block_bytes: int | None = None) -> MaterializeOperation:
     """Start (or, with resume, attach to) the materialization of source as cache name."""
     if not isinstance(num_shards, int) or isinstance(num_shards, bool):
         raise InvalidArgumentError(f"num_shards must be an int, got {num_shards!r}")
@@ -205,6 +207,8 @@ def start(transport: Transport, source: Any, *, name: str, num_shards: int,
                                          resume=resume)
     if num_shards < 1:
         raise InvalidArgumentError(f"num_shards is {num_shards}; it must be at least 1")
+    if block_bytes is not None:
+        request.block_bytes = check_block_bytes(block_bytes)
     if isinstance(source, str):
         request.entry_point = source
     else:

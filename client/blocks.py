@@ -47,6 +47,7 @@ from client.codec import (
     encode_fixed_batch,
     row_delta_leaf,
 )
+from client.errors import InvalidArgumentError
 
 #: Raw bytes per block aimed at (docs/blocks.md measures 16, 64 and 256 KiB).
 BLOCK_TARGET_BYTES = int(os.environ.get("SHARDCACHE_BLOCK_BYTES", 64 << 10))
@@ -70,6 +71,16 @@ def unshuffle_into(body: Any, out: np.ndarray, stride: int) -> None:
         out.reshape(-1)[:] = src
     else:
         out.reshape(-1, stride)[:] = src.reshape(stride, -1).T
+
+
+def check_block_bytes(block_bytes: object) -> int:
+    """block_bytes as given to cc.cache() or materialize(): None is the default target."""
+    if block_bytes is None:
+        return BLOCK_TARGET_BYTES
+    if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 0:
+        raise InvalidArgumentError(f"block_bytes must be an int >= 0 (0: one element per "
+                                   f"stored value), got {block_bytes!r}")
+    return block_bytes
 
 
 def delta_rows(layout: Layout, batch: Sequence[Any]) -> list[Any]:

@@ -227,7 +227,7 @@ class SetCacheRetentionResponse(_message.Message):
     def __init__(self, cache: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
 
 class StartMaterializeRequest(_message.Message):
-    __slots__ = ("name", "entry_point", "graph_def", "element_spec", "num_shards", "workers", "overwrite", "resume", "fingerprint")
+    __slots__ = ("name", "entry_point", "graph_def", "element_spec", "num_shards", "workers", "overwrite", "resume", "fingerprint", "block_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ENTRY_POINT_FIELD_NUMBER: _ClassVar[int]
     GRAPH_DEF_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +237,7 @@ class StartMaterializeRequest(_message.Message):
     OVERWRITE_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     entry_point: str
     graph_def: bytes
@@ -246,7 +247,8 @@ class StartMaterializeRequest(_message.Message):
     overwrite: bool
     resume: bool
     fingerprint: str
-    def __init__(self, name: _Optional[str] = ..., entry_point: _Optional[str] = ..., graph_def: _Optional[bytes] = ..., element_spec: _Optional[bytes] = ..., num_shards: _Optional[int] = ..., workers: _Optional[int] = ..., overwrite: bool = ..., resume: bool = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    block_bytes: int
+    def __init__(self, name: _Optional[str] = ..., entry_point: _Optional[str] = ..., graph_def: _Optional[bytes] = ..., element_spec: _Optional[bytes] = ..., num_shards: _Optional[int] = ..., workers: _Optional[int] = ..., overwrite: bool = ..., resume: bool = ..., fingerprint: _Optional[str] = ..., block_bytes: _Optional[int] = ...) -> None: ...
 
 class OperationError(_message.Message):
     __slots__ = ("code", "reason", "message", "shard")

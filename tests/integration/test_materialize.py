@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import shutil
@@ -417,3 +418,30 @@ def test_materialized_shards_of_small_elements_end_in_short_blocks_and_read_back
     assert [i for w in range(4) for i in ids(mc.dataset(name, worker_index=w, num_workers=4))
             ] == want
     assert sorted(ids(mc.dataset(name, shuffle=True, seed=2))) == want
+
+
+def test_block_bytes_sets_the_materialized_block_size_and_zero_stores_one_element_per_value(
+        mc: CacheClient, name: str) -> None:
+    want = [s * 1000 + i for s in range(2) for i in range(130 + s)]
+    for block_bytes, k in [(0, None), (16 << 10, 15)]:
+        mc.materialize("mat_pipelines:fixed", name=name, num_shards=2, workers=2,
+                       block_bytes=block_bytes, overwrite=True)
+        layout = json.loads(mc._get(name).layout_json)
+        assert layout.get("block_elements") == k, layout  # format 1 names no k
+        got = [int(e["id"]) for e in mc.dataset(name).as_numpy_iterator()]
+        assert got == want
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_a_bad_block_bytes_is_refused_by_the_client_before_the_daemon_runs_anything(
+        mc: CacheClient, name: str, bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="block_bytes must be an int >= 0"):
+        mc.materialize("mat_pipelines:fixed", name=name, num_shards=2, block_bytes=bad)
+    with pytest.raises(CacheNotFoundError):
+        mc.info(name)
+
+
+def test_a_block_size_over_the_daemons_limit_is_refused_naming_it(
+        mc: CacheClient, name: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="the limit is 67,108,864"):
+        mc.materialize("mat_pipelines:fixed", name=name, num_shards=2, block_bytes=1 << 30)
