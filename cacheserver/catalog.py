@@ -336,9 +336,10 @@ class Catalog:
         return self._caches_dir / record.name / f"shard-{shard:05d}"
 
     def read_shard(self, name: str, shard: int, start: int, chunk_bytes: int,
-                   fingerprint: str = "", count: int = 0) -> Iterator[tuple[int, bytes, bytes]]:
+                   fingerprint: str = "", count: int = 0
+                   ) -> Iterator[tuple[int, bytes, bytes, int]]:
         """Validate the request, then iterate the shard's chunks from start (count records,
-        0: to the end)."""
+        0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it)."""
         record = self.get_ready(name, fingerprint)
         if not 0 <= shard < len(record.shards):
             raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
@@ -351,9 +352,11 @@ class Catalog:
             raise InvalidArgument(f"{count} records from {start} run past the end of shard "
                                   f"{shard} ({info.num_elements} elements)")
         chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
-        return self.readers.read_chunks(self.shard_path(record, shard), start,
-                                        start + count if count else info.num_elements, chunk,
-                                        block_elements(record.layout_json))
+        stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
+        chunks = self.readers.read_chunks(self.shard_path(record, shard), start, stop, chunk, k)
+        return ((first, lengths, data,  # whole blocks: the first and last may stick out
+                 min(first + len(lengths) // 4 * k, stop) - max(first, start))
+                for first, lengths, data in chunks)
 
     # ------------------------------------------------------------ materializing
     # A materialized cache's directory also holds materialize.json (what runs);

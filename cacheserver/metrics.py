@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-READ_BYTES = Counter("shardcache_read_bytes", "Record bytes sent by ReadShard.",
+READ_BYTES = Counter("shardcache_read_bytes", "Record bytes sent by ReadShard and ReadElements.",
                      unit="bytes", registry=REGISTRY)
-READ_ELEMENTS = Counter("shardcache_read_elements", "Records sent by ReadShard.",
+READ_ELEMENTS = Counter("shardcache_read_elements",
+                        "Elements sent by ReadShard and ReadElements (not blocks).",
                         registry=REGISTRY)
 WRITTEN_BYTES = Counter("shardcache_written_bytes", "Record bytes stored by WriteCache.",
                         unit="bytes", registry=REGISTRY)

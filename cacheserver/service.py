@@ -171,9 +171,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
             chunks = self.catalog.read_shard(request.name, request.shard, request.start,
                                              request.chunk_bytes, request.fingerprint,
                                              request.count)
-            for start, lengths, data in chunks:
+            for start, lengths, data, elements in chunks:
                 metrics.READ_BYTES.inc(len(data))
-                metrics.READ_ELEMENTS.inc(len(lengths) // 4)
+                metrics.READ_ELEMENTS.inc(elements)
                 yield pb.ReadShardResponse(start=start, lengths=lengths, data=data)
 
     @_translating

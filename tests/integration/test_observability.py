@@ -61,6 +61,22 @@ def test_metrics_move_with_reads_writes_errors_and_disk_use(observed: Daemon) ->
     assert not any("shard" in dict(labels) for _, labels in after), "no per-shard labels"
 
 
+def test_elements_read_count_elements_not_the_blocks_that_carry_them(observed: Daemon) -> None:
+    tf = pytest.importorskip("tensorflow")
+    from client import CacheClient
+
+    url = observed.metrics_url  # type: ignore[attr-defined]
+    with CacheClient(observed.unix_target) as cc:
+        assert len(list(cc.cache(tf.data.Dataset.range(1000), name="b"))) == 1000
+        assert '"block_elements":8192' in cc._get("b").layout_json  # all in one block
+        before = scrape(url)[("shardcache_read_elements_total", ())]
+        for start, want in [(0, 1000), (600, 400)]:
+            assert len(list(cc.dataset("b", start=start, direct=False))) == want
+            after = scrape(url)[("shardcache_read_elements_total", ())]
+            assert after - before == want
+            before = after
+
+
 def test_every_request_outcome_is_one_json_log_line(observed: Daemon) -> None:
     data = records(3, 1000)
     with grpc.insecure_channel(observed.unix_target) as ch:
