@@ -36,13 +36,17 @@ NEED_BYTES = 8 << 20
 class ReadAhead:
     """Read-ahead for one reader of one shard's data.mdb; close() when done."""
 
-    def __init__(self, path: Path, file_bytes: int, num_records: int) -> None:
+    def __init__(self, path: Path, file_bytes: int, num_records: int,
+                 stop: int | None = None) -> None:
+        """For a reader of records [.., stop) of the shard at path (None: to the end)."""
         try:
             self._fd = os.open(path / "data.mdb", os.O_RDONLY)
         except FileNotFoundError:  # deleted under a reader that holds it (hold()): no help
             self._fd, file_bytes = -1, 0
-        self._size = file_bytes
         self._records = max(num_records, 1)
+        if stop is not None and stop < num_records:  # nothing past the range (+ a page run)
+            file_bytes = min(file_bytes, -(-stop * file_bytes // self._records) + STEP_BYTES)
+        self._size = file_bytes
         self._cond = threading.Condition()
         self._loaded = 0  # bytes [0, _loaded) are in the page cache (or sendfile failed)
         self._want = 0

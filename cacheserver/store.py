@@ -238,7 +238,7 @@ class ReaderPool:
         k = block_elements
         start, stop = start // k, -(-stop // k)  # the values holding them
         ent = self._acquire(path) if held is None else self._retain(held)
-        ahead = ReadAhead(path, ent.file_bytes, ent.num_records)
+        ahead = ReadAhead(path, ent.file_bytes, ent.num_records, stop)
         try:
             index = start
             while index < stop:

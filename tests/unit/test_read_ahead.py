@@ -75,3 +75,13 @@ def test_a_deleted_file_gives_no_read_ahead_and_no_error(tmp_path: Path) -> None
     ahead = ReadAhead(tmp_path, 1 << 20, num_records=10)  # no data.mdb here
     ahead.at(5)
     ahead.close()
+
+
+def test_a_range_read_reads_ahead_no_further_than_its_range(evicted: Path) -> None:
+    ahead = ReadAhead(evicted.parent, 96 << 20, num_records=96, stop=10)
+    try:
+        ahead.at(8)
+        assert resident(evicted, 8 << 20, 10 << 20) == 1.0
+    finally:
+        ahead.close()
+    assert resident(evicted, 16 << 20, 96 << 20) < 0.05, "read past the range"
