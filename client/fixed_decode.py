@@ -42,9 +42,13 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = ALIGN) -
 
 
 def handles(layout: Layout) -> bool:
-    """True when decode_into serves layout: fixed numeric leaves, in blocks or large records."""
-    return layout.fixed_numeric and (layout.block_elements > 1
-                                     or layout.record_size >= MIN_RECORD_BYTES)
+    """True when decode_into serves layout: fixed numeric leaves, in blocks or large records.
+
+    Not a layout with a row filter (main's format 3, ``row_delta``): decode_into does
+    not undo it, the general decoder does.
+    """
+    return (layout.fixed_numeric and not getattr(layout, "row_delta", False)
+            and (layout.block_elements > 1 or layout.record_size >= MIN_RECORD_BYTES))
 
 
 def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -96,3 +98,15 @@ def test_blocks_of_every_shuffle_stride_decode_equal_to_the_general_decoder(dtyp
     assert count == 50
     for have, original in zip(got, data):
         np.testing.assert_array_equal(have.view(np.uint8), original.view(np.uint8))
+
+
+def test_a_layout_with_a_row_filter_is_left_to_the_general_decoder() -> None:
+    """Main's format 3 stores image rows as differences; decode_into does not undo them."""
+
+    @dataclasses.dataclass(frozen=True)
+    class RowDelta(Layout):
+        row_delta: bool = True
+
+    image = (Leaf("uint8", (64, 96, 3)), Leaf("int64", ()))
+    assert handles(Layout(image)) and handles(Layout(image, 1, 1))
+    assert not handles(RowDelta(image))
