@@ -20,6 +20,7 @@ import struct
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
@@ -225,15 +226,17 @@ class ReaderPool:
                     self._close(path, ent)
 
     def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
-                    block_elements: int = 1, held: _Env | None = None
-                    ) -> Iterator[tuple[int, bytes, bytes]]:
+                    block_elements: int = 1, held: _Env | None = None, views: bool = False
+                    ) -> Iterator[tuple[int, bytes, Any]]:
         """Yield (first element, u32 lengths, data) for the values holding elements
         [start, stop), k = block_elements per value: whole blocks, so the first chunk
         may start before start and the last end after stop (the client trims).
 
         Each chunk is read in its own short transaction, so a slow consumer never
         pins an old snapshot. held: an environment from hold(), read even if the
-        shard was deleted or rebuilt since.
+        shard was deleted or rebuilt since. views: with held, yield each chunk's data as
+        the list of its values' memoryviews into the map instead of one joined copy; they
+        stay valid until held is released (a direct reader's pass, client/_direct.py).
         """
         k = block_elements
         start, stop = start // k, -(-stop // k)  # the values holding them
@@ -261,7 +264,7 @@ class ReaderPool:
                             index += 1
                             if size >= chunk_bytes:
                                 break
-                        blob = b"".join(data)
+                        blob = data if views and held is not None else b"".join(data)
                 except lmdb.Error as exc:
                     raise _translate(exc, path) from exc
                 yield first * k, struct.pack(f"<{len(lengths)}I", *lengths), blob

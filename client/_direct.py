@@ -46,6 +46,7 @@ from client.errors import (
     LeaseNotFoundError,
     ShardcacheError,
 )
+from client.fixed_decode import handles
 
 log = logging.getLogger("client")
 #: direct= when the argument is left at None: auto, true or false.
@@ -279,7 +280,11 @@ class LocalFetcher:
         self._envs = envs
         self._closing = closing
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
-        self._k = Layout.from_json(cache.layout_json).block_elements
+        layout = Layout.from_json(cache.layout_json)
+        self._k = layout.block_elements
+        # values as views into the held map, no joined copy: decode_into copies them out
+        # into fresh arrays before the pass ends and the map goes (docs/reading.md)
+        self._views = handles(layout)
 
     def cancel(self) -> None:
         self._closing.set()
@@ -320,7 +325,7 @@ class LocalFetcher:
             offset = shard.first_element - first
             for local, lengths, data in pool.read_chunks(
                     self._paths[shard.index], start, start + count, CHUNK_BYTES,
-                    block_elements=self._k, held=self._envs[shard.index]):
+                    block_elements=self._k, held=self._envs[shard.index], views=self._views):
                 yield offset + local, lengths, data
 
     def _getter(self, shard: int) -> contextlib.AbstractContextManager[Any]:

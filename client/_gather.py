@@ -46,6 +46,7 @@ from client.errors import (
     ServerUnavailableError,
     from_rpc_error,
 )
+from client.fixed_decode import decode_into, handles
 
 log = logging.getLogger("client")
 CHUNK_BYTES = 1 << 20
@@ -56,7 +57,14 @@ _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
 if TYPE_CHECKING:
     from client._direct import DirectReads, LocalFetcher, ReadLease
 
-Chunk = tuple[int, bytes, bytes]  # (position in the request, u32 lengths, data)
+#: (position in the request, u32 lengths, data); a direct read of a layout decode_into
+#: handles passes data as the values' memoryviews into the shard's map instead.
+Chunk = tuple[int, bytes, Any]
+
+
+def stored_bytes(chunk: Chunk) -> int:
+    data = chunk[2]
+    return sum(map(len, data)) if isinstance(data, list) else len(data)
 Indices = np.ndarray | range  # global element indices; a range is the stored order
 
 
@@ -212,6 +220,7 @@ class _Decoder:
         # blocks as the cache has them (a format 1 cache has none), whatever the caller's
         stored = Layout.from_json(cache.layout_json)
         self._layout = dataclasses.replace(stored, leaves=layout.leaves)
+        self._decode = decode_into if handles(self._layout) else decode_values
         self._local = threading.local()
 
     def _where(self, index: int) -> str:
@@ -230,8 +239,8 @@ class _Decoder:
         position, lengths, data = chunk
         values: list[memoryview] = []
         try:
-            values = split_chunk(lengths, data)
-            n, batch = decode_values(self._layout, dec, values)
+            values = data if isinstance(data, list) else split_chunk(lengths, data)
+            n, batch = self._decode(self._layout, dec, values)
         except RecordError as exc:
             before = getattr(exc, "elements_before", None)
             if not values:
@@ -273,7 +282,7 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
         """The stored order: one ReadShard stream per shard, chunks decoded as they come."""
         indices = range(first, stop)
         for chunk in fetch.stream(indices, epoch_start=epoch_start):
-            put(decode_pool.submit(decode, indices, chunk), int(len(chunk[2]) * expansion))
+            put(decode_pool.submit(decode, indices, chunk), int(stored_bytes(chunk) * expansion))
 
     def produce(put: Callable[[Future[tuple[int, list[Any]]], int], None]) -> None:
         pending: collections.deque[tuple[np.ndarray, Future[list[Chunk]]]] = (
@@ -294,7 +303,8 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
             chunks = future.result()
             submit()
             for chunk in chunks:
-                put(decode_pool.submit(decode, indices, chunk), int(len(chunk[2]) * expansion))
+                put(decode_pool.submit(decode, indices, chunk),
+                    int(stored_bytes(chunk) * expansion))
 
     in_order = order.mode == "none" and parallel == 1
     prefetcher = Prefetcher(produce_in_order if in_order else produce, prefetch_bytes,
