@@ -25,6 +25,7 @@ from cacheserver.records import CacheRecord
 from cacheserver.retention import Retention
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+from cacheserver.write_stream import BegunGuard
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -193,8 +194,14 @@ class CacheService(pb_grpc.CacheServiceServicer):
             begun.local_dir = str(session.stage().relative_to(self.catalog.data_dir))
             begun.data_dir, begun.instance_token = str(self.leases.data_dir), self.leases.token
             begun.shard_bytes = session.shard_bytes
-        yield pb.WriteCacheResponse(begun=begun)
         if session is None:
+            yield pb.WriteCacheResponse(begun=begun)
+            return
+        guard = BegunGuard(session, context)
+        yield pb.WriteCacheResponse(begun=begun)
+        if not guard.resumed():
+            log.warning("write of cache %r was cancelled before it sent anything; discarded",
+                        begin.name)
             return
         metrics.CACHE_MISSES.inc()
         log.info("writing cache %r (fingerprint %s)", begin.name, begin.fingerprint)
