@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Sequence
@@ -122,6 +123,13 @@ class LocalWriter(CacheWriter):
             return why
         staging = (self._base or data_dir) / begun.local_dir
         self._shard_bytes = begun.shard_bytes or (1 << 30)
+        try:
+            owner = staging.stat().st_uid
+        except OSError as exc:
+            return f"cannot see {staging}: {exc.strerror}"
+        if owner != os.geteuid():  # the daemon could not delete what this process creates
+            return (f"the daemon runs as uid {owner} and this process as uid {os.geteuid()}: "
+                    "files written here could not be deleted by the daemon")
         try:
             self._shard = self._new_shard(staging, 0)
         except OSError as exc:  # a read-only mount (EROFS), permissions (EACCES)

@@ -5,6 +5,7 @@ flipped bytes)."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -31,8 +32,10 @@ from client import (  # noqa: E402
 )
 from client._local_writer import LocalWriter  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
+from client._writer import CacheWriter  # noqa: E402
 from client.codec import Compressor, Layout, Leaf  # noqa: E402
 
+LAYOUT_64 = Layout((Leaf("uint8", (64,)),))
 ADOPTED = "adopted"  # the daemon's log line for a commit of staged shards
 MIB = 1 << 20
 
@@ -324,3 +327,28 @@ def test_a_writer_that_cancels_right_after_write_begun_leaves_no_writing_cache(
         finally:
             stop.set()
     wait_until(lambda: all(gone(cc, n) for n in names), 10)
+
+
+
+def test_a_staging_dir_owned_by_another_user_is_not_written_into(daemon, cc, name) -> None:
+    """Files this process created there could not be deleted by a daemon running as
+    another user: the writer must stream instead (the daemon's uid is faked with chown)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown")
+    transport = Transport(daemon.unix_target)
+    try:
+        writer = LocalWriter(transport, pb.WriteBegin(name=name, fingerprint="f",
+                                                      layout_json=LAYOUT_64.to_json()),
+                             True, None)
+        begun = CacheWriter.begin(writer)  # the lease and the staging dir, no local write yet
+        staging = daemon.data_dir / begun.local_dir
+        os.chown(staging, 65534, -1)
+        why = writer._open(begun)
+        created = list(staging.iterdir())
+        writer.abort()
+    finally:
+        transport.close()
+    assert why == ("the daemon runs as uid 65534 and this process as uid 0: files written "
+                   "here could not be deleted by the daemon")
+    assert created == [] and not writer.local
+    wait_until(lambda: gone(cc, name))
