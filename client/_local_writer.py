@@ -212,6 +212,9 @@ class LocalWriter(CacheWriter):
                 if self._aborted:
                     raise ShardcacheError("the write was aborted")
                 try:
+                    if self._shard is not None and not self._shard.num_records:
+                        self._shard.abort()  # opened at begin(), never written: no shard
+                        self._shard = None
                     if self._shard is not None:
                         self._close_shard()
                 except Exception as exc:
