@@ -190,14 +190,14 @@ class CacheService(pb_grpc.CacheServiceServicer):
             begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
             begin.shard_bytes)
         begun = pb.WriteBegun(decision=_DECISIONS[decision], cache=self._proto(record))
-        if session is not None and begin.local:  # same-host writes (docs/writing.md)
-            begun.local_dir = str(session.stage().relative_to(self.catalog.data_dir))
-            begun.data_dir, begun.instance_token = str(self.leases.data_dir), self.leases.token
-            begun.shard_bytes = session.shard_bytes
         if session is None:
             yield pb.WriteCacheResponse(begun=begun)
             return
-        guard = BegunGuard(session, context)
+        guard = BegunGuard(session, context)  # from here on, the session ends with the RPC
+        if begin.local:  # same-host writes (docs/writing.md)
+            begun.local_dir = str(session.stage().relative_to(self.catalog.data_dir))
+            begun.data_dir, begun.instance_token = str(self.leases.data_dir), self.leases.token
+            begun.shard_bytes = session.shard_bytes
         yield pb.WriteCacheResponse(begun=begun)
         if not guard.resumed():
             log.warning("write of cache %r was cancelled before it sent anything; discarded",
