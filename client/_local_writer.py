@@ -89,6 +89,7 @@ class LocalWriter(CacheWriter):
         self._staged: list[pb.StagedShard] = []
         self._lock = threading.Lock()  # add() and abort() never touch the files at once
         self._aborted = False
+        self._pending_elements = 0  # elements in the values held for the next transaction
 
     @property
     def local(self) -> bool:
@@ -166,15 +167,30 @@ class LocalWriter(CacheWriter):
             if self._aborted:
                 raise ShardcacheError("the write was aborted")
             self._check_stream()
-            try:
-                if self._shard is not None and self._shard.stored_bytes >= self._shard_bytes:
-                    self._close_shard()
-                if self._shard is None:
-                    self._shard = self._new_shard(self._staging, len(self._staged))
-                self._shard.append(values, raw_bytes, n)
-            except Exception as exc:
-                raise self._give_up(exc) from exc
+            self._data.extend(values)
+            self._pending_bytes += sum(len(v) for v in values)
+            self._raw_bytes += raw_bytes
+            self._pending_elements += n
+            if self._pending_bytes >= self._chunk_bytes:
+                self._append()
         self.num_elements += n
+
+    def _append(self) -> None:
+        """Store the values held so far as one LMDB transaction (~chunk_bytes, as the
+        daemon stores a chunk: fewer, larger transactions leave fewer copied pages)."""
+        if not self._data:
+            return
+        values, raw, n = self._data, self._raw_bytes, self._pending_elements
+        self._data, self._pending_bytes, self._raw_bytes, self._pending_elements = [], 0, 0, 0
+        assert self._staging is not None
+        try:
+            if self._shard is not None and self._shard.stored_bytes >= self._shard_bytes:
+                self._close_shard()
+            if self._shard is None:
+                self._shard = self._new_shard(self._staging, len(self._staged))
+            self._shard.append(values, raw, n)
+        except Exception as exc:
+            raise self._give_up(exc) from exc
 
     def _close_shard(self) -> None:
         shard, self._shard = self._shard, None
@@ -198,6 +214,7 @@ class LocalWriter(CacheWriter):
         return error
 
     def _discard(self) -> None:
+        self._data, self._pending_bytes, self._raw_bytes, self._pending_elements = [], 0, 0, 0
         shard, self._shard = self._shard, None
         if shard is not None:
             shard.abort()
@@ -211,6 +228,7 @@ class LocalWriter(CacheWriter):
             with self._lock:
                 if self._aborted:
                     raise ShardcacheError("the write was aborted")
+                self._append()
                 try:
                     if self._shard is not None and not self._shard.num_records:
                         self._shard.abort()  # opened at begin(), never written: no shard

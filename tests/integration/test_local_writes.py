@@ -75,7 +75,7 @@ def local_writer(transport: Transport, name: str, size: int, shard_bytes: int = 
     writer = LocalWriter(transport, pb.WriteBegin(name=name, fingerprint=f"fp-{name}",
                                                   layout_json=layout.to_json(),
                                                   shard_bytes=shard_bytes),
-                         mode, local_data_dir)
+                         mode, local_data_dir, chunk_bytes=4096)  # a transaction per add()
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     return writer
 
