@@ -17,7 +17,9 @@ single-threaded, so the rows bound what the full path (docs/benchmarks.md) can r
 - ``shardcache ReadShard`` / ``WriteCache``: the daemon streaming a committed shard's stored
   records (``cold``: right after dropping the page cache, which needs root; then warm), and
   accepting and committing them (LMDB writes plus fsync), without any decoding or TensorFlow
-  on the client;
+  on the client; ``WriteCache, same-host``: the same records written by the client itself
+  into the shard file (client/_local_writer.py: the store's ShardWriter, fsync), the daemon
+  checking a sample and committing it (docs/writing.md "Same-host writes");
 - ``shardcache direct read``: the same records read by the client itself from the shard
   files under a read lease (client/_direct.py: the daemon's ReaderPool.read_chunks on a
   read-only mmap), warm, without decoding: what the same-host path moves before TensorFlow;
@@ -51,6 +53,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from cacheserver.probe import wait_healthy  # noqa: E402
 from client._direct import DirectReads  # noqa: E402
+from client._local_writer import LocalWriter  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client._writer import CacheWriter  # noqa: E402
 from client.codec import crc32 as codec_crc32  # noqa: E402
@@ -208,7 +211,19 @@ def daemon_rows(tmp: Path, records: list[bytes], total: int) -> dict[str, tuple[
             finally:
                 lease.close()
 
+        def write_local() -> int:
+            writer = LocalWriter(transport, pb.WriteBegin(
+                name="ceiling-local", fingerprint="ceilings",
+                layout_json='{"format": 1, "leaves": []}'), True, None)
+            writer.begin()
+            for i in range(count):
+                writer.add([stored[i % len(stored)]], len(records[0]))
+            writer.finish()
+            transport.stub.DeleteCache(pb.DeleteCacheRequest(name="ceiling-local"))
+            return count * len(stored[0])
+
         rows = {"shardcache WriteCache": timed(write)}
+        rows["shardcache WriteCache, same-host (LocalWriter)"] = timed(write_local)
         drop_page_cache()
         rows["shardcache ReadShard cold"] = timed(read)
         rows["shardcache ReadShard"] = timed(read)  # now warm: the page cache holds the shard

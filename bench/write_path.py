@@ -9,7 +9,9 @@ Run from the repository root::
 Strategies (epoch 1 of each, batch 256 after the cache op, as ``run.py``):
 ``none`` (the bare pipeline), ``memory`` (``ds.cache()``), ``file``
 (``ds.cache(filename)``), ``save`` (``Dataset.save``), ``shardcache``
-(``CacheClient.cache`` write-through, committed before the clock stops).
+(``CacheClient.cache`` write-through, committed before the clock stops; on
+this host it writes the shard files itself: same-host writes, docs/writing.md),
+``shardcache-grpc`` (the same with ``direct=False``: chunks streamed over gRPC).
 Named only: ``passthrough`` (the write epoch's element path with nothing
 written: the source batched for Python, through ``from_generator`` and
 ``unbatch``, as when the daemon is down) and ``tap`` (the same batches through
@@ -25,7 +27,9 @@ checkout and (with ``--baseline-root``) the other one, alternating:
 ``encode+pack`` (codec: records from a stacked batch, CRC, stored values),
 ``WriteCache`` (those values through CacheWriter to a daemon, committed), and
 ``LMDB append, in-process`` (store.ShardWriter appending the same values and
-committing with fsync: what a same-host write path without gRPC would pay).
+committing with fsync: what a same-host write path without gRPC would pay) and
+``WriteCache, same-host`` (the values through client/_local_writer.py's
+LocalWriter: the client writes the shard file, the daemon checks and commits it).
 
 Every measurement runs in its own process (TensorFlow imported, two batches
 of zeros iterated untimed, ``sync``), round-robin over the strategies for
@@ -53,7 +57,7 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-STRATEGIES = ("none", "memory", "file", "save", "shardcache")
+STRATEGIES = ("none", "memory", "file", "save", "shardcache", "shardcache-grpc")
 #: Not run unless named: where the write epoch's element path costs go.
 EXTRA_STRATEGIES = ("passthrough", "tap")
 RESULT = "RESULT "
@@ -86,12 +90,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         ds = src.cache().batch(256)
     elif strategy == "file":
         ds = src.cache(str(tmp / "cache")).batch(256)
-    elif strategy == "shardcache":
+    elif strategy in ("shardcache", "shardcache-grpc"):
         from client import CacheClient
 
         cc = CacheClient("unix://" + args.socket)
         keep.append(cc)
-        ds = cc.cache(src, name=args.cache_name).batch(256)
+        direct = False if strategy == "shardcache-grpc" else None
+        ds = cc.cache(src, name=args.cache_name, direct=direct).batch(256)
     elif strategy == "passthrough":
         from client import CacheClient, _tf
 
@@ -131,7 +136,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_anon_mb": kib_to_mb(sampler.window_anon_kib),
         "payload_mb": workload.dataset_bytes(args.n) / MB,
     }
-    if strategy == "shardcache":
+    if strategy.startswith("shardcache"):
         info = keep[0].info(args.cache_name)
         record["committed"] = info.state == "READY" and info.num_elements == args.n
         keep[0].delete(args.cache_name)
@@ -169,7 +174,8 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
             "client_cpu_per_gb": (after.ru_utime + after.ru_stime - before.ru_utime
                                   - before.ru_stime) / gb,
             "daemon_cpu_per_gb": ((_cpu_of(args.daemon_pid) - daemon_before) / gb
-                                  if args.daemon_pid and name == "WriteCache" else 0.0)}
+                                  if args.daemon_pid and name.startswith("WriteCache")
+                                  else 0.0)}
         return out
 
     compressor = Compressor()
@@ -195,6 +201,24 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
 
     measure("WriteCache", write)
     transport.stub.DeleteCache(pb.DeleteCacheRequest(name=args.cache_name))
+    try:
+        from client._local_writer import LocalWriter
+    except ImportError:  # a checkout from before same-host writes
+        LocalWriter = None
+
+    def write_local() -> None:
+        assert LocalWriter is not None
+        writer = LocalWriter(transport, pb.WriteBegin(
+            name=args.cache_name, fingerprint="write_path", layout_json=layout.to_json()),
+            True, None)
+        writer.begin()
+        for _ in range(count // 6):
+            writer.add(values, 6 * len(records[0]))
+        writer.finish()
+
+    if LocalWriter is not None:
+        measure("WriteCache, same-host", write_local)
+        transport.stub.DeleteCache(pb.DeleteCacheRequest(name=args.cache_name))
     transport.close()
     from cacheserver.store import ShardWriter
 
@@ -343,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nLoad average (1/5/15 min) at the end: "
                   f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             return 0
-        if "shardcache" in strategies:
-            daemons["shardcache"] = _Daemon(REPO_ROOT, scratch, "head")
+        if "shardcache" in strategies or "shardcache-grpc" in strategies:
+            daemons["shardcache"] = daemons["shardcache-grpc"] = _Daemon(REPO_ROOT, scratch,
+                                                                         "head")
             if args.baseline_root is not None:
                 daemons["shardcache@base"] = _Daemon(args.baseline_root.resolve(), scratch,
                                                      "base")
@@ -358,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{repeat} {strategy}: {record['seconds']:.2f} s", file=sys.stderr)
         end_load = os.getloadavg()
     finally:
-        for daemon in daemons.values():
+        for daemon in {id(d): d for d in daemons.values()}.values():
             daemon.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     print(_table(args, runs))

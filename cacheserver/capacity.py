@@ -65,8 +65,11 @@ class Capacity:
         with self._lock:
             self._pending.pop(name, None)
 
-    def reserve(self, name: str, nbytes: int) -> None:
-        """Make room for nbytes more of cache name, evicting if need be, or raise."""
+    def reserve(self, name: str, nbytes: int, written: bool = False) -> None:
+        """Make room for nbytes more of cache name, evicting if need be, or raise.
+
+        written: the bytes are on the filesystem already (a same-host writer's files,
+        cacheserver/staging.py), so free space counts them already."""
         assert self._catalog is not None
         if not (self.max_bytes or self.min_free_bytes):
             with self._lock:
@@ -74,7 +77,7 @@ class Capacity:
             return
         with self._lock:  # one reservation at a time: two writers must not both evict
             while True:
-                problem = self._shortfall(nbytes)
+                problem = self._shortfall(nbytes, written)
                 if problem is None:
                     self._pending[name] += nbytes
                     return
@@ -86,7 +89,7 @@ class Capacity:
                         "ls / rm), unpin some, or raise the limit")
                 self._catalog.evict(victim, "capacity")
 
-    def _shortfall(self, nbytes: int) -> str | None:
+    def _shortfall(self, nbytes: int, written: bool = False) -> str | None:
         assert self._catalog is not None
         if self.max_bytes:
             in_use = self._catalog.committed_bytes() + sum(self._pending.values())
@@ -95,7 +98,7 @@ class Capacity:
                         f"and --max-bytes is {_size(self.max_bytes)}")
         if self.min_free_bytes:
             free = shutil.disk_usage(self.data_dir).free
-            if free - nbytes < self.min_free_bytes:
+            if free - (0 if written else nbytes) < self.min_free_bytes:
                 return (f"the write needs {_size(nbytes)} more, the data dir's filesystem has "
                         f"{_size(free)} free and --min-free-bytes is {_size(self.min_free_bytes)}")
         return None

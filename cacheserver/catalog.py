@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from cacheserver import metrics
+from cacheserver import metrics, staging
 from cacheserver.blocks import block_elements
 from cacheserver.capacity import Capacity, expired_names, pick_victim, retained_summary
 from cacheserver.errors import (
@@ -66,6 +66,8 @@ class WriteSession:
         self._writer: ShardWriter | None = None
         self._done = False
         self._k = block_elements(record.layout_json)
+        self.shard_bytes = shard_bytes
+        self._staging: Path | None = None  # same-host writes (cacheserver/staging.py)
 
     def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
         if self._writer is not None and self._writer.stored_bytes >= self._shard_bytes:
@@ -84,6 +86,19 @@ class WriteSession:
                           writer.num_elements, writer.stored_bytes, writer.raw_bytes)
         write_atomic(self._dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
         self.record.shards.append(shard)
+
+    def stage(self) -> Path:
+        """Same-host writes: the directory the client writes its shard files into."""
+        self._staging = staging.make(self._dir)
+        return self._staging
+
+    def adopt(self, shards: Sequence[staging.StagedShard]) -> None:
+        """Check the client's staged shards and take them as this cache's shards."""
+        if self._staging is None or self._writer is not None or self.record.shards:
+            raise InvalidArgument("staged shards can only commit a write begun with "
+                                  "WriteBegin.local that sent no chunks")
+        staging.adopt(self.record, self._dir, self._staging, shards, lambda n: (
+            self._catalog.capacity.reserve(self.record.name, n, written=True)))
 
     @property
     def num_elements(self) -> int:
@@ -104,6 +119,8 @@ class WriteSession:
         if self._writer is not None:
             self._writer.num_elements -= short
             self._commit_shard()
+        if self._staging is not None:  # the client streamed after all (or wrote nothing)
+            shutil.rmtree(self._staging, ignore_errors=True)
         self.record.state = "READY"
         self.record.commit_time = time.time()
         self.record.disk_bytes = du(self._dir)

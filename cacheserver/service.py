@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cacheserver import gather, metrics
+from cacheserver import gather, metrics, staging
 from cacheserver.catalog import Catalog, WriteSession
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
 from cacheserver.leases import LeaseTable
@@ -25,6 +25,7 @@ from cacheserver.records import CacheRecord
 from cacheserver.retention import Retention
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+from cacheserver.write_stream import BegunGuard
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -188,9 +189,19 @@ class CacheService(pb_grpc.CacheServiceServicer):
         decision, record, session = self.catalog.begin_write(
             begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
             begin.shard_bytes)
-        yield pb.WriteCacheResponse(begun=pb.WriteBegun(decision=_DECISIONS[decision],
-                                                        cache=self._proto(record)))
+        begun = pb.WriteBegun(decision=_DECISIONS[decision], cache=self._proto(record))
         if session is None:
+            yield pb.WriteCacheResponse(begun=begun)
+            return
+        guard = BegunGuard(session, context)  # from here on, the session ends with the RPC
+        if begin.local:  # same-host writes (docs/writing.md)
+            begun.local_dir = str(session.stage().relative_to(self.catalog.data_dir))
+            begun.data_dir, begun.instance_token = str(self.leases.data_dir), self.leases.token
+            begun.shard_bytes = session.shard_bytes
+        yield pb.WriteCacheResponse(begun=begun)
+        if not guard.resumed():
+            log.warning("write of cache %r was cancelled before it sent anything; discarded",
+                        begin.name)
             return
         metrics.CACHE_MISSES.inc()
         log.info("writing cache %r (fingerprint %s)", begin.name, begin.fingerprint)
@@ -218,6 +229,17 @@ class CacheService(pb_grpc.CacheServiceServicer):
                     store.append(values, req.chunk.raw_bytes, len(data))
                 elif kind == "finish":
                     store.drain()
+                    if req.finish.failed:  # discarded (WriteCache's finally logs it)
+                        log.warning("the writer of cache %r gave up: %s", session.record.name,
+                                    req.finish.failed)
+                        return
+                    if req.finish.staged_shards:
+                        session.adopt([staging.StagedShard(s.index, s.num_elements,
+                                                           s.num_records, s.stored_bytes,
+                                                           s.raw_bytes)
+                                       for s in req.finish.staged_shards])
+                        log.info("cache %r: checked and adopted %d shards its same-host "
+                                 "writer wrote", session.record.name, len(session.record.shards))
                     record = session.finish(req.finish.num_elements)
                     log.info("committed cache %r: %d elements in %d shards", record.name,
                              record.num_elements, len(record.shards))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client import _direct, _malloc, _plan
+from client import _direct, _local_writer, _malloc, _plan
 from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._write_behind import WriteBehind
@@ -334,7 +334,8 @@ class CacheClient:
         if self._tune_malloc:
             _malloc.tune()
         taken = epochs.take()
-        writer = CacheWriter(self._transport, begin)
+        writer = _local_writer.writer_for(self._transport, begin, direct,  # docs/writing.md
+                                          self._local_data_dir)
         try:
             begun = writer.begin()
         except ServerUnavailableError as exc:

@@ -113,7 +113,7 @@ class CacheWriter:
     def finish(self) -> pb.Cache:
         """Commit: returns the READY cache."""
         self._flush()
-        self._send(pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=self.num_elements)))
+        self._send(pb.WriteCacheRequest(finish=self._finish_message()))
         self._end_requests()
         try:
             for response in self._responses:  # type: ignore[union-attr]
@@ -122,6 +122,9 @@ class CacheWriter:
         except grpc.RpcError as err:
             raise self._fail(err) from err
         raise ShardcacheError("the daemon ended the write stream without committing")
+
+    def _finish_message(self) -> pb.WriteFinish:
+        return pb.WriteFinish(num_elements=self.num_elements)
 
     def abort(self) -> None:
         """Cancel the stream: the daemon discards everything written so far."""

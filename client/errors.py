@@ -204,3 +204,11 @@ class DirectReadUnavailableError(ShardcacheError):
 
 
 _BY_REASON[LeaseNotFoundError.reason] = LeaseNotFoundError
+
+
+class DirectWriteUnavailableError(ShardcacheError):
+    """direct=True, but this process cannot write the cache's files on the daemon's host
+    (another host, a data dir mounted read-only or not at all); the message says which."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "DIRECT_WRITE_UNAVAILABLE"  # raised by the client itself, never sent by the daemon

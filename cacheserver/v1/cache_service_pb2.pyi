@@ -127,18 +127,20 @@ class DeleteCacheResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class WriteBegin(_message.Message):
-    __slots__ = ("name", "fingerprint", "layout_json", "element_spec", "shard_bytes")
+    __slots__ = ("name", "fingerprint", "layout_json", "element_spec", "shard_bytes", "local")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_JSON_FIELD_NUMBER: _ClassVar[int]
     ELEMENT_SPEC_FIELD_NUMBER: _ClassVar[int]
     SHARD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     fingerprint: str
     layout_json: str
     element_spec: bytes
     shard_bytes: int
-    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., shard_bytes: _Optional[int] = ...) -> None: ...
+    local: bool
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., shard_bytes: _Optional[int] = ..., local: bool = ...) -> None: ...
 
 class WriteChunk(_message.Message):
     __slots__ = ("lengths", "data", "raw_bytes")
@@ -151,10 +153,14 @@ class WriteChunk(_message.Message):
     def __init__(self, lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class WriteFinish(_message.Message):
-    __slots__ = ("num_elements",)
+    __slots__ = ("num_elements", "staged_shards", "failed")
     NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     num_elements: int
-    def __init__(self, num_elements: _Optional[int] = ...) -> None: ...
+    staged_shards: _containers.RepeatedCompositeFieldContainer[StagedShard]
+    failed: str
+    def __init__(self, num_elements: _Optional[int] = ..., staged_shards: _Optional[_Iterable[_Union[StagedShard, _Mapping]]] = ..., failed: _Optional[str] = ...) -> None: ...
 
 class WriteCacheRequest(_message.Message):
     __slots__ = ("begin", "chunk", "finish")
@@ -167,12 +173,20 @@ class WriteCacheRequest(_message.Message):
     def __init__(self, begin: _Optional[_Union[WriteBegin, _Mapping]] = ..., chunk: _Optional[_Union[WriteChunk, _Mapping]] = ..., finish: _Optional[_Union[WriteFinish, _Mapping]] = ...) -> None: ...
 
 class WriteBegun(_message.Message):
-    __slots__ = ("decision", "cache")
+    __slots__ = ("decision", "cache", "local_dir", "data_dir", "instance_token", "shard_bytes")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_DIR_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SHARD_BYTES_FIELD_NUMBER: _ClassVar[int]
     decision: WriteDecision
     cache: Cache
-    def __init__(self, decision: _Optional[_Union[WriteDecision, str]] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
+    local_dir: str
+    data_dir: str
+    instance_token: str
+    shard_bytes: int
+    def __init__(self, decision: _Optional[_Union[WriteDecision, str]] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ..., local_dir: _Optional[str] = ..., data_dir: _Optional[str] = ..., instance_token: _Optional[str] = ..., shard_bytes: _Optional[int] = ...) -> None: ...
 
 class WriteCacheResponse(_message.Message):
     __slots__ = ("begun", "committed")
@@ -419,3 +433,17 @@ class ReleaseReadLeaseRequest(_message.Message):
 class ReleaseReadLeaseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class StagedShard(_message.Message):
+    __slots__ = ("index", "num_elements", "num_records", "stored_bytes", "raw_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    num_elements: int
+    num_records: int
+    stored_bytes: int
+    raw_bytes: int
+    def __init__(self, index: _Optional[int] = ..., num_elements: _Optional[int] = ..., num_records: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
