@@ -145,18 +145,6 @@ class LocalWriter(CacheWriter):
 
         return ShardWriter(staging / f"shard-{index:05d}", self._shard_bytes)
 
-    def _check_stream(self) -> None:
-        """The daemon ended the stream (it died, restarted, shut down): stop writing."""
-        assert self._call is not None
-        if self._call.done():
-            try:
-                next(self._responses)  # type: ignore[arg-type]
-            except grpc.RpcError as err:
-                raise self._fail(err) from err
-            except StopIteration:
-                pass
-            raise ShardcacheError("the daemon closed the write stream early")
-
     def add(self, values: Sequence[bytes | memoryview], raw_bytes: int,
             num_elements: int | None = None) -> None:
         if self._staging is None:

@@ -68,14 +68,19 @@ class CacheWriter:
                 self._requests.put(request, timeout=0.25)
                 return
             except queue.Full:
-                if self._call.done():  # the daemon ended the stream: surface why
-                    try:
-                        next(self._responses)  # type: ignore[arg-type]
-                    except grpc.RpcError as err:
-                        raise self._fail(err) from err
-                    except StopIteration:
-                        pass
-                    raise ShardcacheError("the daemon closed the write stream early") from None
+                self._check_stream()
+
+    def _check_stream(self) -> None:
+        """Raise why, once the daemon has ended the stream (it died, restarted, refused)."""
+        assert self._call is not None
+        if self._call.done():
+            try:
+                next(self._responses)  # type: ignore[arg-type]
+            except grpc.RpcError as err:
+                raise self._fail(err) from err
+            except StopIteration:
+                pass
+            raise ShardcacheError("the daemon closed the write stream early") from None
 
     def _end_requests(self) -> None:
         """Mark the end of the request stream.

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
 from daemon import Daemon
+from waits import wait_until
 from wire import names, read_all, reason, records, split, stub, write_cache
 
 from cacheserver.v1 import cache_service_pb2 as pb
@@ -26,14 +26,6 @@ def limited() -> Iterator[Daemon]:
     d = Daemon(extra_args=("--max-bytes", "3.6MiB", "--ttl-sweep-interval", "0.1")).start()
     yield d
     d.close()
-
-
-def wait_until(predicate, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.05)
 
 
 def test_eviction_takes_the_least_recently_read_unpinned_cache_first(limited: Daemon) -> None:

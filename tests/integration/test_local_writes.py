@@ -12,7 +12,6 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 from daemon import Daemon
+from waits import gone, wait_until
 
 tf = pytest.importorskip("tensorflow")
 
 from client import (  # noqa: E402
     CacheClient,
-    CacheNotFoundError,
     DataLossError,
     DirectWriteUnavailableError,
     ShardcacheError,
@@ -38,22 +37,6 @@ from client.codec import Compressor, Layout, Leaf  # noqa: E402
 LAYOUT_64 = Layout((Leaf("uint8", (64,)),))
 ADOPTED = "adopted"  # the daemon's log line for a commit of staged shards
 MIB = 1 << 20
-
-
-def wait_until(predicate, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.05)
-
-
-def gone(cc: CacheClient, name: str) -> bool:
-    try:
-        cc.info(name)
-    except CacheNotFoundError:
-        return True
-    return False
 
 
 def labelled(n: int, size: int = 300) -> tf.data.Dataset:
@@ -327,7 +310,6 @@ def test_a_writer_that_cancels_right_after_write_begun_leaves_no_writing_cache(
         finally:
             stop.set()
     wait_until(lambda: all(gone(cc, n) for n in names), 10)
-
 
 
 def test_a_staging_dir_owned_by_another_user_is_not_written_into(daemon, cc, name) -> None:

@@ -5,17 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from waits import gone, wait_until
 
 tf = pytest.importorskip("tensorflow")
 
 from client import (  # noqa: E402
     CacheClient,
-    CacheNotFoundError,
     CacheNotReadyError,
     FingerprintMismatchError,
 )
@@ -32,22 +31,6 @@ def counted_source(n: int, counter: list[int]) -> tf.data.Dataset:
 
     sig = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((), tf.int64))
     return tf.data.Dataset.from_generator(gen, output_signature=sig)
-
-
-def wait_until(predicate, deadline_s: float = 20.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.05)
-
-
-def gone(cc: CacheClient, name: str) -> bool:
-    try:
-        cc.info(name)
-    except CacheNotFoundError:
-        return True
-    return False
 
 
 def labels(ds: tf.data.Dataset) -> list[int]:

@@ -1,0 +1,27 @@
+"""Waiting on a condition with a deadline, for tests (never a bare sleep as synchronisation)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_until(predicate: Callable[[], object], deadline_s: float = 30.0,
+               what: str = "condition") -> None:
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {deadline_s:g} s")
+        time.sleep(0.05)
+
+
+def gone(cc: Any, name: str) -> bool:
+    """True once the daemon no longer knows cache name (a CacheClient's view)."""
+    from client import CacheNotFoundError
+
+    try:
+        cc.info(name)
+    except CacheNotFoundError:
+        return True
+    return False
