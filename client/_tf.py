@@ -29,9 +29,6 @@ from client.codec import Layout, Leaf, VarLeaf
 from client.errors import InvalidArgumentError
 
 _FIXED, _VAR, _EMPTY = "fixed", "var", "empty"
-#: Elements of at least this many bytes go through from_generator one by one instead of
-#: batched + unbatch: unbatch copies every element, a yield costs ~20 us (docs/reading.md).
-ELEMENTWISE_RECORD_BYTES = 64 << 10
 
 
 def layout_of(spec: Any) -> Layout:
@@ -198,13 +195,9 @@ class WireFormat:
         composite = any(isinstance(s, tf.TypeSpec) and not isinstance(s, tf.TensorSpec)
                         for s in tf.nest.flatten(spec))
         self.direct = not composite and bool(self._kinds) and all(k == _FIXED for k in self._kinds)
-        # large elements: yield them one by one, no unbatch (docs/reading.md)
-        self.elementwise = self.direct and layout.record_size >= ELEMENTWISE_RECORD_BYTES
         if self.direct:  # the generator yields the element structure itself, batched
             self.signature = tf.nest.map_structure(
                 lambda s: tf.TensorSpec((None, *s.shape), s.dtype), spec)
-            self.element_signature = tf.nest.map_structure(
-                lambda s: tf.TensorSpec(s.shape, s.dtype), spec)
             return
         sig: list[Any] = []
         for leaf, kind in zip(layout.leaves, self._kinds):
@@ -264,21 +257,9 @@ class WireFormat:
                 leaves.append(tensor)
         return tf.nest.pack_sequence_as(self.spec, leaves, expand_composites=True)
 
-    def elements(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The elements of to_wire's batches one by one, as views (no copy)."""
-        for wire in batches:
-            flat = tf.nest.flatten(wire)
-            for i in range(len(flat[0])):
-                yield tf.nest.pack_sequence_as(self.element_signature, [a[i] for a in flat])
-
     def dataset(self, batches: Callable[[], Iterator[Any]], cardinality: int) -> tf.data.Dataset:
         """A dataset over the batches a fresh call of batches() yields, one per epoch."""
-        if self.elementwise:
-            ds = tf.data.Dataset.from_generator(lambda: self.elements(batches()),
-                                                output_signature=self.element_signature)
-        else:
-            ds = tf.data.Dataset.from_generator(batches, output_signature=self.signature
-                                                ).unbatch()
+        ds = tf.data.Dataset.from_generator(batches, output_signature=self.signature).unbatch()
         if not self.direct:
             ds = ds.map(self._assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if cardinality >= 0:

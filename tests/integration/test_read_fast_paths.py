@@ -20,12 +20,11 @@ tf = pytest.importorskip("tensorflow")
 from sharded import write_sharded  # noqa: E402
 
 from client import CacheClient  # noqa: E402
-from client._tf import ELEMENTWISE_RECORD_BYTES  # noqa: E402
 from client.fixed_decode import MIN_RECORD_BYTES  # noqa: E402
 
 N = 200
-SIDE = 132  # 132 x 132 float32 = 69,696 bytes: one element per value, elementwise yields
-assert max(ELEMENTWISE_RECORD_BYTES, MIN_RECORD_BYTES) <= SIDE * SIDE * 4
+SIDE = 132  # 132 x 132 float32 = 69,696 bytes: one element per value, the aligned decoder
+assert MIN_RECORD_BYTES <= SIDE * SIDE * 4
 
 
 def source(n: int = N, offset: int = 0) -> tf.data.Dataset:
