@@ -1,15 +1,19 @@
-"""ReadAhead (cacheserver/read_ahead.py) on a real file whose pages are evicted first."""
+"""ReadAhead (cacheserver/read_ahead.py): evicted pages read ahead of a reader, and the
+windows a whole stream pulls in."""
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import mmap
 import os
 from pathlib import Path
 
 import pytest
 
-from cacheserver.read_ahead import NEED_BYTES, WINDOW_BYTES, ReadAhead
+from cacheserver import read_ahead
+from cacheserver.read_ahead import NEED_BYTES, STEP_BYTES, WINDOW_BYTES, ReadAhead
+from cacheserver.store import ReaderPool, ShardWriter
 
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -85,3 +89,49 @@ def test_a_range_read_reads_ahead_no_further_than_its_range(evicted: Path) -> No
     finally:
         ahead.close()
     assert resident(evicted, 16 << 20, 96 << 20) < 0.05, "read past the range"
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record (offset, bytes) of every window the read-ahead thread pulls in, and still do it."""
+    calls: list[tuple[int, int]] = []
+    real = os.sendfile
+
+    def record(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        done = real(out_fd, in_fd, offset, count)
+        calls.append((offset, done))
+        return done
+
+    monkeypatch.setattr(read_ahead.os, "sendfile", record)
+    return calls
+
+
+def _shard(tmp_path: Path, records: int, size: int) -> Path:
+    writer = ShardWriter(tmp_path / "shard-00000", records * size)
+    for i in range(records):
+        writer.append([bytes([i % 251]) * size], size)
+    writer.commit()
+    return tmp_path / "shard-00000"
+
+
+def test_a_sequential_stream_pulls_in_its_file_window_by_window_to_the_end(
+        tmp_path: Path, sent: list[tuple[int, int]]) -> None:
+    path = _shard(tmp_path, records=200, size=512 << 10)  # ~100 MiB: several windows
+    got = sum(len(lengths) // 4 for _, lengths, _ in
+              ReaderPool().read_chunks(path, 0, 200, 1 << 20))
+    assert got == 200
+    file_bytes = (path / "data.mdb").stat().st_size
+    assert sent[0][0] == 0
+    # contiguous, never pulling a byte twice, covering the file to its end
+    for (offset, length), (next_offset, _) in itertools.pairwise(sent):
+        assert next_offset == offset + length
+    assert sent[-1][0] + sent[-1][1] == file_bytes
+    assert all(length <= STEP_BYTES for _, length in sent)
+
+
+def test_a_stream_resumed_mid_shard_starts_reading_ahead_where_it_resumes(
+        tmp_path: Path, sent: list[tuple[int, int]]) -> None:
+    path = _shard(tmp_path, records=200, size=512 << 10)
+    list(ReaderPool().read_chunks(path, 150, 200, 1 << 20))
+    file_bytes = (path / "data.mdb").stat().st_size
+    assert sent[0][0] >= file_bytes * 0.7  # not from the start of the file
