@@ -198,15 +198,13 @@ class Layout:
             {"dtype": leaf.dtype, "shape": None if leaf.shape is None else list(leaf.shape)}
             for leaf in self.leaves
         ]
-        if self.row_delta:
-            return json.dumps({"format": FORMAT_ROW_DELTA, "block_elements": self.block_elements,
-                               "block_shuffle": self.block_shuffle, "row_delta": True,
-                               "leaves": leaves}, separators=(",", ":"))
-        if self.block_elements == 1:  # exactly format 1: one element per value
-            return json.dumps({"format": 1, "leaves": leaves}, separators=(",", ":"))
-        return json.dumps({"format": FORMAT_VERSION, "block_elements": self.block_elements,
-                           "block_shuffle": self.block_shuffle, "leaves": leaves},
-                          separators=(",", ":"))
+        doc: dict[str, Any] = {"format": 1}  # exactly format 1: one element per value
+        if self.block_elements > 1 or self.row_delta:
+            doc = {"format": FORMAT_ROW_DELTA if self.row_delta else FORMAT_VERSION,
+                   "block_elements": self.block_elements, "block_shuffle": self.block_shuffle}
+            if self.row_delta:
+                doc["row_delta"] = True
+        return json.dumps(doc | {"leaves": leaves}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Layout:
