@@ -26,12 +26,21 @@ def _layout(layout_json: str) -> Layout:
     return Layout.from_json(layout_json)
 
 
-def block_elements(layout_json: str) -> int:
-    """k of a cache's layout (1 for format 1 layouts and any layout that is not fixed)."""
+def block_geometry(layout_json: str) -> tuple[int, int]:
+    """(k, record size) of a cache's layout: k = 1 (and size 0) for format 1 layouts, any
+    layout that is not fixed, and one that is not ours to judge here (a reader of the
+    layout reports it)."""
     try:
-        return _layout(layout_json).block_elements
+        layout = _layout(layout_json)
     except ValueError:
-        return 1  # not ours to judge here: a reader of the layout reports it
+        return 1, 0
+    k = layout.block_elements
+    return k, layout.record_size if k > 1 else 0
+
+
+def block_elements(layout_json: str) -> int:
+    """k of a cache's layout (see block_geometry)."""
+    return block_geometry(layout_json)[0]
 
 
 #: A ReadElements request on blocks decodes up to this many bytes of elements at once.

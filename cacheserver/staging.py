@@ -30,11 +30,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cacheserver.blocks import block_elements, block_geometry
 from cacheserver.errors import DataLoss, InvalidArgument
 from cacheserver.records import CacheRecord, ShardInfo, du, write_atomic
 from cacheserver.store import ReaderPool, ShardGetter, disk_full
 from client.blocks import unpack_block
-from client.codec import Decompressor, Layout, RecordError
+from client.codec import Decompressor, RecordError
 
 #: The staging directory's name inside the cache's directory.
 STAGING = "local"
@@ -108,18 +109,9 @@ def _sample(num_records: int, rng: random.Random) -> list[int]:
     return sorted(picked)
 
 
-def _blocks(layout_json: str) -> tuple[int, int]:
-    """(k, record size) of a layout; (1, 0) for one that is not ours to judge here."""
-    try:
-        layout = Layout.from_json(layout_json)
-    except ValueError:
-        return 1, 0
-    return layout.block_elements, layout.record_size if layout.block_elements > 1 else 0
-
-
 def _check_shard(name: str, path: Path, claim: StagedShard, layout_json: str,
                  rng: random.Random) -> None:
-    k, size = _blocks(layout_json)
+    k, size = block_geometry(layout_json)
     pool = ReaderPool()
     pool.MAX_IDLE = 0  # closed on release: the directory is renamed next
     where = f"cache {name!r}: staged shard {claim.index}"
@@ -158,7 +150,7 @@ def adopt(record: CacheRecord, cache_dir: Path, staging: Path,
           claims: Sequence[StagedShard], reserve: Callable[[int], None]) -> None:
     """Check the staged shards, reserve their bytes on disk (reserve may evict or raise
     CapacityExceeded), then move them into cache_dir as committed shards of record."""
-    _check_claims(record.name, claims, _blocks(record.layout_json)[0])
+    _check_claims(record.name, claims, block_elements(record.layout_json))
     paths = _check_listing(record.name, staging, claims)
     rng = random.Random()
     for path, claim in zip(paths, claims):
