@@ -402,7 +402,8 @@ def test_materialization_counts_against_max_bytes_evicts_to_fit_and_shows_in_met
 
 def test_materialized_shards_of_small_elements_end_in_short_blocks_and_read_back_exactly(
         mc: CacheClient, name: str) -> None:
-    info = mc.materialize("mat_pipelines:fixed", name=name, num_shards=3, workers=2)
+    info = mc.materialize("mat_pipelines:fixed", name=name, num_shards=3, workers=2,
+                          block_bytes=64 << 10)
     assert info.num_elements == 130 + 131 + 132
     assert '"block_elements":63' in mc._get(name).layout_json
     want = [s * 1000 + i for s in range(3) for i in range(130 + s)]

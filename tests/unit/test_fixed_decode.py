@@ -40,13 +40,13 @@ def test_blocks_decode_into_aligned_arrays_equal_to_the_general_decoder(
 @pytest.mark.parametrize("compressible", [True, False])
 def test_large_records_of_several_leaves_decode_into_aligned_arrays(compressible: bool) -> None:
     """Images with a label: one element per value, raw (CRC) or zstd, split per leaf."""
-    layout = blocked(Layout((Leaf("float32", (64, 64, 3)), Leaf("int64", ()),
+    layout = blocked(Layout((Leaf("float32", (160, 160, 3)), Leaf("int64", ()),
                              Leaf("uint8", (5,)))))
     assert layout.block_elements == 1 and handles(layout)
     rng = np.random.default_rng(1)
     data = batch_of(layout, 7, rng)
     if compressible:
-        data[0] = np.repeat(data[0][:, :1], 64, axis=1)
+        data[0] = np.repeat(data[0][:, :1], 160, axis=1)
     values = pack(layout, data, 7)
     assert all(v[0] == (0x01 if compressible else 0x00) for v in values)
     count, got = decode_into(layout, Decompressor(), values)
