@@ -192,7 +192,7 @@ class Materializer:
         if block_bytes is not None and block_bytes > MAX_BLOCK_BYTES:
             raise InvalidArgument(f"block_bytes is {block_bytes:,}; the limit is "
                                   f"{MAX_BLOCK_BYTES:,} (each worker holds a block in memory; "
-                                  "64 KiB is the default, 0 stores one element per value)")
+                                  "256 KiB is the default, 0 stores one element per value)")
         if not fingerprint:
             fingerprint = f"entry:{entry_point}" if entry_point else graph_fingerprint(graph_def)
         return Spec(entry_point, graph_def, element_spec, num_shards, workers,

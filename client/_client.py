@@ -247,7 +247,7 @@ class CacheClient:
         order (see docs/reading.md); direct is cc.dataset()'s too.
 
         block_bytes: raw bytes per stored block of small fixed-shape elements
-        (default $SHARDCACHE_BLOCK_BYTES, else 64 KiB); 0 stores one element per
+        (default $SHARDCACHE_BLOCK_BYTES, else 256 KiB); 0 stores one element per
         value, cheaper for caches read mostly with shuffle=True (docs/blocks.md).
         """
         from client import _tf
@@ -302,7 +302,7 @@ class CacheClient:
         progress on a terminal, and returns the READY cache's CacheInfo;
         otherwise returns a MaterializeOperation (progress(), wait(), cancel()).
         resume attaches to a running or interrupted materialization of name.
-        block_bytes: as for cache() (None: the daemon's default, 64 KiB blocks).
+        block_bytes: as for cache() (None: the daemon's default, 256 KiB blocks).
         """
         from client import _materialize
 

@@ -1,4 +1,4 @@
-"""The TensorFlow adapter: the only client module that imports tensorflow.
+"""The TensorFlow adapter: with _tf_elements.py, the only client modules importing tensorflow.
 
 Elements are flattened with ``expand_composites=True`` into dense leaves
 (RaggedTensor -> values + row splits, SparseTensor -> indices, values, shape).
@@ -25,6 +25,7 @@ from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.saved_model import nested_structure_coder
 
+from client._tf_elements import CachedElements, with_spec
 from client.codec import Layout, Leaf, VarLeaf
 from client.errors import InvalidArgumentError
 
@@ -259,29 +260,14 @@ class WireFormat:
 
     def dataset(self, batches: Callable[[], Iterator[Any]], cardinality: int) -> tf.data.Dataset:
         """A dataset over the batches a fresh call of batches() yields, one per epoch."""
-        ds = tf.data.Dataset.from_generator(batches, output_signature=self.signature).unbatch()
+        generated = tf.data.Dataset.from_generator(batches, output_signature=self.signature)
+        ds = generated.unbatch()
         if not self.direct:
             ds = ds.map(self._assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if cardinality >= 0:
             ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
-        return _with_spec(ds, self.spec)
-
-
-def _with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
-    """ds, declaring the source's element_spec exactly.
-
-    unbatch and map drop TensorSpec names (from_generator's output_signature
-    keeps them); the elements are the source's, so its spec describes them.
-    """
-    if ds.element_spec == spec:
-        return ds
-    ours = tf.nest.flatten(ds.element_spec, expand_composites=True)
-    theirs = tf.nest.flatten(spec, expand_composites=True)
-    restructure = getattr(dataset_ops, "_RestructuredDataset", None)
-    if restructure is None or len(ours) != len(theirs) or not all(
-            a.is_compatible_with(b) for a, b in zip(ours, theirs)):
-        return ds
-    return restructure(ds, spec)
+        ds = with_spec(ds, self.spec)
+        return CachedElements(ds, generated, cardinality) if self.direct else ds
 
 
 #: Batches the source computes ahead of the write-through generator, which spends

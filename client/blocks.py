@@ -10,7 +10,7 @@ elements except the last block of each shard.
 
 On ~1 KB records this removes LMDB's per-value overhead (~25% of the file) and
 one compression call, one LMDB put/get and one Python loop iteration per
-element on both sides; zstd also compresses 64 KiB far better than 1 KB.
+element on both sides; zstd also compresses a 256 KiB block far better than 1 KB.
 
 A block's body is *byte-shuffled* with stride s = ``block_shuffle`` (the
 smallest itemsize of the leaves): the block's bytes, seen as an (m, s) array,

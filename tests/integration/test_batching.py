@@ -1,0 +1,89 @@
+"""batch() on a cache's dataset: rebatch on the decoded batches, the same as tf.data's batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from client import CacheClient  # noqa: E402
+from client._tf_elements import CachedElements  # noqa: E402
+
+N = 1000  # 4 blocks of 254 ~1 KB elements, the last one short
+
+
+def source(n: int = N) -> tf.data.Dataset:
+    return tf.data.Dataset.range(n).map(
+        lambda i: {"x": tf.cast(i, tf.float32) + tf.linspace(0.0, 1.0, 256),
+                   "pair": (i, tf.cast(i % 7, tf.uint8))})
+
+
+def ops_of(ds: tf.data.Dataset) -> set[str]:
+    graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    return {node.op for node in graph.node}
+
+
+def assert_same_batches(got: tf.data.Dataset, want: tf.data.Dataset) -> None:
+    assert got.element_spec == want.element_spec
+    assert int(got.cardinality()) == int(want.cardinality())
+    pairs = list(zip(got.as_numpy_iterator(), want.as_numpy_iterator(), strict=True))
+    assert pairs
+    for have, expected in pairs:
+        tf.nest.map_structure(np.testing.assert_array_equal, have, expected)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_batches_of_a_cache_equal_tf_datas_for_every_size_and_remainder(
+        cc: CacheClient, name: str, direct: bool) -> None:
+    ds = cc.cache(source(), name=name, direct=direct)
+    assert isinstance(ds, CachedElements)
+    # epoch 1 writes through while batching
+    assert_same_batches(ds.batch(100), source().batch(100))
+    assert cc._get(name).num_elements == N
+    for size in (1, 7, 254, 256, 999, 5000):
+        for drop in (False, True):
+            if drop and size > N:
+                continue
+            got = cc.dataset(name, direct=direct).batch(size, drop_remainder=drop)
+            assert "RebatchDatasetV2" in ops_of(got) and "UnbatchDataset" not in ops_of(got)
+            assert_same_batches(got, source().batch(size, drop_remainder=drop))
+
+
+def test_batch_arguments_rebatch_cannot_take_go_to_tf_datas_batch(
+        cc: CacheClient, name: str) -> None:
+    list(cc.cache(source(), name=name))
+    tensor_size = cc.dataset(name).batch(tf.constant(64, tf.int64))
+    assert "RebatchDatasetV2" not in ops_of(tensor_size)
+    assert_same_batches(tensor_size, source().batch(tf.constant(64, tf.int64)))
+    parallel = cc.dataset(name).batch(64, num_parallel_calls=tf.data.AUTOTUNE,
+                                      deterministic=False, name="b")
+    assert "RebatchDatasetV2" in ops_of(parallel)  # in order: deterministic=False allows it
+    assert_same_batches(parallel, source().batch(64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="greater than zero"):
+        cc.dataset(name).batch(0)  # tf.data's own error
+
+
+def test_shuffled_and_sharded_reads_batch_the_same_elements(cc: CacheClient, name: str) -> None:
+    list(cc.cache(source(), name=name))
+
+    def ids(ds: tf.data.Dataset) -> list[int]:
+        return [int(i) for b in ds.as_numpy_iterator() for i in b["pair"][0]]
+
+    shuffled = ids(cc.dataset(name, shuffle=True, seed=5).batch(33))
+    assert shuffled == [int(e["pair"][0])
+                        for e in cc.dataset(name, shuffle=True, seed=5).as_numpy_iterator()]
+    assert sorted(shuffled) == list(range(N)) != shuffled
+    shares = [ids(cc.dataset(name, worker_index=w, num_workers=3).batch(50)) for w in range(3)]
+    assert [i for share in shares for i in share] == list(range(N))
+
+
+def test_caches_of_variable_shapes_keep_tf_datas_batch(cc: CacheClient, name: str) -> None:
+    # shape (None,) in the spec, three items in every element
+    runs = tf.data.Dataset.range(40).map(lambda i: (tf.fill([3 + tf.cast(0 * i, tf.int32)], i), i))
+    ds: Any = cc.cache(runs, name=name)
+    assert not isinstance(ds, CachedElements)
+    assert_same_batches(ds.batch(16), runs.batch(16))
+    assert_same_batches(ds.padded_batch(16), runs.padded_batch(16))
