@@ -68,7 +68,7 @@ def test_elements_read_count_elements_not_the_blocks_that_carry_them(observed: D
     url = observed.metrics_url  # type: ignore[attr-defined]
     with CacheClient(observed.unix_target) as cc:
         assert len(list(cc.cache(tf.data.Dataset.range(1000), name="b"))) == 1000
-        assert '"block_elements":8192' in cc._get("b").layout_json  # all in one block
+        assert '"block_elements":32768' in cc._get("b").layout_json  # all in one block
         before = scrape(url)[("shardcache_read_elements_total", ())]
         for start, want in [(0, 1000), (600, 400)]:
             assert len(list(cc.dataset("b", start=start, direct=False))) == want
