@@ -287,7 +287,7 @@ def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
     """
     if wire.batchable_source:
         for batch in dataset.batch(batch_elements).prefetch(SOURCE_PREFETCH_BATCHES):
-            arrays = [t.numpy() for t in tf.nest.flatten(batch)]
+            arrays = [_view(t) for t in tf.nest.flatten(batch)]
             yield len(arrays[0]), arrays
         return
     kinds = wire.kinds
@@ -318,6 +318,24 @@ def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
             else:
                 leaves.append(next(parts).numpy())
         yield n, leaves
+
+
+def _view(tensor: tf.Tensor) -> np.ndarray:
+    """A tensor's values without copying them: a read-only view of its buffer.
+
+    ``numpy()`` copies (TF 2.21 documents it: tensors are immutable) into a
+    16-byte aligned array, which ``from_generator`` then copies again into an
+    aligned tensor; ``memoryview`` is zero-copy on CPU and keeps the tensor
+    alive. On 602 KB `jpeg` elements that is ~0.3 CPU s and ~90,000 page
+    faults less per 600 elements of the write-through epoch (docs/writing.md).
+    Strings, and dtypes the buffer protocol cannot describe, are copied.
+    """
+    if tensor.dtype != tf.string:
+        try:
+            return np.asarray(memoryview(tensor))
+        except (TypeError, ValueError, BufferError):
+            pass
+    return tensor.numpy()
 
 
 def _rows(batch: tf.Tensor | tf.RaggedTensor, n: int) -> tuple[np.ndarray, np.ndarray]:

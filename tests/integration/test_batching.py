@@ -87,3 +87,17 @@ def test_caches_of_variable_shapes_keep_tf_datas_batch(cc: CacheClient, name: st
     assert not isinstance(ds, CachedElements)
     assert_same_batches(ds.batch(16), runs.batch(16))
     assert_same_batches(ds.padded_batch(16), runs.padded_batch(16))
+
+
+def test_write_through_takes_the_sources_batches_without_copying_them() -> None:
+    from client._tf import WireFormat, _view, layout_of, source_batches
+
+    wire = WireFormat(source().element_spec, layout_of(source().element_spec))
+    n, arrays = next(source_batches(source(), wire, 64))
+    assert n == 64 and all(not a.flags.writeable for a in arrays)  # views of TF's buffers
+    assert all(a.ctypes.data % 64 == 0 for a in arrays)  # from_generator aliases them
+    tensor = tf.random.uniform((4, 8))
+    assert _view(tensor).ctypes.data == _view(tensor).ctypes.data  # numpy() copies each time
+    for dtype in (tf.bfloat16, tf.string, tf.bool):  # copied where a view is not possible
+        t = tf.cast(tf.constant([[1, 0]]), dtype) if dtype != tf.string else tf.constant([["a"]])
+        np.testing.assert_array_equal(_view(t), t.numpy())
