@@ -4,9 +4,10 @@ A cache whose leaves are all fixed-shape numbers stores ``block_elements`` (k)
 consecutive elements per LMDB value: the k record bodies back to back, wrapped
 once (one zstd frame or one CRC-32 for the whole block). k is chosen when
 writing starts, from the record size, for blocks of about
-:data:`BLOCK_TARGET_BYTES` of raw bytes; a record at least that large gets
-k = 1, which is exactly format 1 (one element per value). Every block holds k
-elements except the last block of each shard.
+:data:`BLOCK_TARGET_BYTES` of raw bytes; a record at least that large, or
+over :data:`MAX_BLOCKED_RECORD_BYTES`, gets k = 1, which is exactly format 1
+(one element per value). Every block holds k elements except the last block
+of each shard.
 
 On ~1 KB records this removes LMDB's per-value overhead (~25% of the file) and
 one compression call, one LMDB put/get and one Python loop iteration per
@@ -51,6 +52,10 @@ from client.errors import InvalidArgumentError
 
 #: Raw bytes per block aimed at (docs/blocks.md measures 16, 64 and 256 KiB).
 BLOCK_TARGET_BYTES = int(os.environ.get("SHARDCACHE_BLOCK_BYTES", 256 << 10))
+#: Larger records stay one per value whatever the target: a block of a few of them saves
+#: no per-element work worth having and adds the unshuffle and zstd to every read
+#: (110 KB float32 records read 1.65x slower in blocks of two, docs/blocks.md).
+MAX_BLOCKED_RECORD_BYTES = 32 << 10
 #: A block keeps its zstd frame when at least this much smaller (one value per element:
 #: codec.MIN_COMPRESSION_RATIO). Lower, since one decompression call now serves k
 #: elements and the issue asks for GZIP's ratio (docs/blocks.md).
@@ -108,13 +113,15 @@ def undelta_rows(layout: Layout, batch: list[Any]) -> list[Any]:
 def blocked(layout: Layout, target: int = BLOCK_TARGET_BYTES) -> Layout:
     """layout with block_elements chosen for blocks of about target raw bytes.
 
-    Only fixed-numeric layouts are packed (their elements are found in a block
-    by arithmetic, no length table); any other layout keeps one element per value.
-    Fixed-numeric layouts with an image-like leaf also get the row delta.
+    Only fixed-numeric layouts of records up to MAX_BLOCKED_RECORD_BYTES are
+    packed (their elements are found in a block by arithmetic, no length table);
+    any other layout keeps one element per value. Fixed-numeric layouts with an
+    image-like leaf also get the row delta.
     """
     if not layout.fixed_numeric or layout.record_size == 0:
         return Layout(layout.leaves, 1)
-    k = max(1, target // layout.record_size)
+    small = layout.record_size <= MAX_BLOCKED_RECORD_BYTES
+    k = max(1, target // layout.record_size) if small else 1
     stride = min(leaf.np_dtype.itemsize for leaf in layout.leaves) if k > 1 else 1
     return Layout(layout.leaves, k, stride, any(map(row_delta_leaf, layout.leaves)))
 

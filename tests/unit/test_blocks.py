@@ -66,6 +66,9 @@ def test_blocks_are_sized_from_the_record_and_large_records_keep_format_1() -> N
     small = blocked(Layout((Leaf("float32", (256,)), Leaf("int64", ()))))
     assert (small.block_elements, small.block_shuffle) == (254, 4)  # 256 KiB // 1032 B
     assert json.loads(small.to_json())["format"] == 2
+    for record in (32 << 10, (32 << 10) + 4):  # larger records stay one per value
+        vector = blocked(Layout((Leaf("float32", (record // 4,)),)), 1 << 20)
+        assert vector.block_elements == (32 if record == 32 << 10 else 1)
     image = blocked(Layout((Leaf("float32", (224, 224, 3)), Leaf("int64", ()))))
     assert (image.block_elements, image.block_shuffle) == (1, 1)
     assert json.loads(image.to_json()) == {"format": 1, "leaves": [
