@@ -12,8 +12,8 @@ alternating (docs/reading.md): 8-9% faster epochs on 1 KB and 602 KB elements.
 
 Only caches whose leaves all have a fixed shape get it (their generator yields
 the element structure itself, batched); the others (variable shapes, ragged,
-sparse) keep a map after ``unbatch``, and their ``batch()`` is tf.data's. A batch size that is not a
-Python integer also goes to tf.data's ``batch()``.
+sparse) keep a map after ``unbatch``, and their ``batch()`` is tf.data's. A
+batch size that is not a Python integer also goes to tf.data's ``batch()``.
 """
 
 from __future__ import annotations
