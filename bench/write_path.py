@@ -13,8 +13,9 @@ Strategies (epoch 1 of each, batch 256 after the cache op, as ``run.py``):
 this host it writes the shard files itself: same-host writes, docs/writing.md),
 ``shardcache-grpc`` (the same with ``direct=False``: chunks streamed over gRPC).
 Named only: ``passthrough`` (the write epoch's element path with nothing
-written: the source batched for Python, through ``from_generator`` and
-``unbatch``, as when the daemon is down) and ``tap`` (the same batches through
+written: the source batched for Python, through ``from_generator`` and the
+cache dataset's ``batch(256)``, which is ``rebatch``, as when the daemon is
+down) and ``tap`` (the same batches through
 a stateful ``map(numpy_function)`` that does nothing, then ``unbatch``: the
 element path of a write epoch without ``from_generator``, docs/writing.md).
 ``--baseline-root DIR`` adds ``shardcache@base``: the same, with the client
