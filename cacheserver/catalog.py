@@ -28,10 +28,11 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from cacheserver import metrics, staging
 from cacheserver.blocks import block_elements
@@ -353,10 +354,12 @@ class Catalog:
         return self._caches_dir / record.name / f"shard-{shard:05d}"
 
     def read_shard(self, name: str, shard: int, start: int, chunk_bytes: int,
-                   fingerprint: str = "", count: int = 0
+                   fingerprint: str = "", count: int = 0,
+                   join: Callable[[int, bytes, builtins.list[Any]], bytes] | None = None
                    ) -> Iterator[tuple[int, bytes, bytes, int]]:
         """Validate the request, then iterate the shard's chunks from start (count records,
-        0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it)."""
+        0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it).
+        data is the values joined, or what join makes of them (ReaderPool.read_chunks)."""
         record = self.get_ready(name, fingerprint)
         if not 0 <= shard < len(record.shards):
             raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
@@ -370,7 +373,8 @@ class Catalog:
                                   f"{shard} ({info.num_elements} elements)")
         chunk = min(max(chunk_bytes or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
         stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
-        chunks = self.readers.read_chunks(self.shard_path(record, shard), start, stop, chunk, k)
+        chunks = self.readers.read_chunks(self.shard_path(record, shard), start, stop, chunk, k,
+                                          join=join)
         return ((first, lengths, data,  # whole blocks: the first and last may stick out
                  min(first + len(lengths) // 4 * k, stop) - max(first, start))
                 for first, lengths, data in chunks)

@@ -27,6 +27,7 @@ import grpc
 
 from cacheserver import metrics
 from cacheserver.errors import REASON_KEY, CacheServerError, TooManyStreams, Unauthenticated
+from client.write_wire import read_shard_data_bytes
 
 log = logging.getLogger("cacheserver.requests")
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
@@ -65,6 +66,9 @@ class _Call:
             self.bytes += len(request.chunk.data)
 
     def see_response(self, response: Any) -> None:
+        if isinstance(response, bytes):  # a serialized ReadShardResponse (write_stream.py)
+            self.bytes += read_shard_data_bytes(response)
+            return
         data = getattr(response, "data", None)
         if isinstance(data, bytes):
             self.bytes += len(data)

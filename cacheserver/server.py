@@ -28,7 +28,7 @@ from cacheserver.security import load_tls, load_token, warn_if_exposed
 from cacheserver.service import CacheService
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
-from cacheserver.write_stream import write_cache_handler
+from cacheserver.write_stream import wire_handlers
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,9 @@ class CacheServer:
         self._calls = ServerInterceptor(token, config.max_streams_per_client)
         self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
                                    options=options, interceptors=[self._calls])
-        self._server.add_generic_rpc_handlers((write_cache_handler(self.service),))  # first
         pb_grpc.add_CacheServiceServicer_to_server(self.service, self._server)
+        # after the generated handlers, to replace theirs for these two methods
+        self._server.add_registered_method_handlers(SERVICE_NAME, wire_handlers(self.service))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)

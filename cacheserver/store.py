@@ -18,7 +18,7 @@ import errno
 import shutil
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +226,8 @@ class ReaderPool:
                     self._close(path, ent)
 
     def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
-                    block_elements: int = 1, held: _Env | None = None, views: bool = False
+                    block_elements: int = 1, held: _Env | None = None, views: bool = False,
+                    join: Callable[[int, bytes, list[Any]], bytes] | None = None
                     ) -> Iterator[tuple[int, bytes, Any]]:
         """Yield (first element, u32 lengths, data) for the values holding elements
         [start, stop), k = block_elements per value: whole blocks, so the first chunk
@@ -237,6 +238,9 @@ class ReaderPool:
         shard was deleted or rebuilt since. views: with held, yield each chunk's data as
         the list of its values' memoryviews into the map instead of one joined copy; they
         stay valid until held is released (a direct reader's pass, client/_direct.py).
+        join: instead of joining a chunk's values, data = join(first, lengths, views of
+        the values), called while the views are valid (the daemon frames its ReadShard
+        response there: client/write_wire.py).
         """
         k = block_elements
         start, stop = start // k, -(-stop // k)  # the values holding them
@@ -264,10 +268,15 @@ class ReaderPool:
                             index += 1
                             if size >= chunk_bytes:
                                 break
-                        blob = data if views and held is not None else b"".join(data)
+                        packed = struct.pack(f"<{len(lengths)}I", *lengths)
+                        blob: Any
+                        if join is not None:
+                            blob = join(first * k, packed, data)
+                        else:
+                            blob = data if views and held is not None else b"".join(data)
                 except lmdb.Error as exc:
                     raise _translate(exc, path) from exc
-                yield first * k, struct.pack(f"<{len(lengths)}I", *lengths), blob
+                yield first * k, packed, blob
         finally:
             ahead.close()
             self._release(path, ent)

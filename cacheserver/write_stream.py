@@ -1,9 +1,11 @@
-"""The WriteCache method's handler, reading chunks without protobuf's copies.
+"""The WriteCache and ReadShard handlers, moving chunks without protobuf's copies.
 
-Registered ahead of the generated servicer registration, so that WriteCache
+Registered over the generated servicer registration, so that WriteCache
 requests are decoded by client/write_wire.py's decode_request (a chunk's data
-stays a view into the received message) while every other method keeps the
-generated handlers. The servicer method itself is CacheService.WriteCache.
+stays a view into the received message) and ReadShard's responses, which
+CacheService.ReadShard frames itself (encode_read_shard_response), go out as
+they are; every other method keeps the generated handlers. The servicer
+methods themselves are CacheService.WriteCache and CacheService.ReadShard.
 """
 
 from __future__ import annotations
@@ -14,18 +16,25 @@ from typing import Any
 import grpc
 
 from cacheserver.v1 import cache_service_pb2 as pb
-from client.write_wire import decode_request
-
-SERVICE = "cacheserver.v1.CacheService"
+from client.write_wire import decode_request, serialize_request
 
 
-def write_cache_handler(service: Any) -> grpc.GenericRpcHandler:
-    """A generic handler answering WriteCache only, with service.WriteCache."""
-    return grpc.method_handlers_generic_handler(SERVICE, {
+def wire_handlers(service: Any) -> dict[str, grpc.RpcMethodHandler]:
+    """WriteCache's and ReadShard's handlers, with service's methods.
+
+    grpcio resolves a method registered with add_registered_method_handlers (as
+    the generated code registers every method) before any generic handler, and a
+    later registration of a method replaces an earlier one: register these after
+    the generated ones.
+    """
+    return {
         "WriteCache": grpc.stream_stream_rpc_method_handler(
             service.WriteCache, request_deserializer=decode_request,
             response_serializer=pb.WriteCacheResponse.SerializeToString),
-    })
+        "ReadShard": grpc.unary_stream_rpc_method_handler(
+            service.ReadShard, request_deserializer=pb.ReadShardRequest.FromString,
+            response_serializer=serialize_request),
+    }
 
 
 class BegunGuard:

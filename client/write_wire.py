@@ -1,4 +1,4 @@
-"""WriteCacheRequest chunks on the wire without protobuf's copies of the data.
+"""Chunks on the wire without protobuf's copies of the data: WriteCache and ReadShard.
 
 A WriteChunk carries ~1 MiB of records. Through the generated classes each
 byte is copied five times on its way: joined into one bytes object, copied
@@ -15,6 +15,11 @@ These functions frame and read the same protobuf encoding directly:
 
 The WriteCache stream uses them as its (de)serializers on both sides; the
 stored values are what codec.py made of them, untouched.
+
+ReadShard's responses go the other way: :func:`encode_read_shard_response`
+lets the daemon frame a chunk straight from the values' views into LMDB's map
+(one copy; the join, the message's copy of it and the serialization were
+three), and the client parses it with the generated class as before.
 """
 
 from __future__ import annotations
@@ -58,10 +63,44 @@ def encode_chunk_request(lengths: bytes, values: Sequence[bytes | memoryview],
 
 
 def serialize_request(request: pb.WriteCacheRequest | bytes) -> bytes:
-    """The client's request serializer: bytes from encode_chunk_request pass as they are."""
+    """The client's request serializer: bytes from encode_chunk_request pass as they are.
+
+    Also the daemon's ReadShard response serializer, for encode_read_shard_response's bytes.
+    """
     if isinstance(request, bytes):
         return request
     return request.SerializeToString()  # type: ignore[no-any-return]
+
+
+#: Field numbers of ReadShardResponse: start, lengths, data.
+_START, _READ_LENGTHS, _READ_DATA = 1, 2, 3
+
+
+def encode_read_shard_response(start: int, lengths: bytes,
+                               values: Sequence[bytes | memoryview]) -> bytes:
+    """Serialized ReadShardResponse(start, lengths, b"".join(values)), with one join."""
+    data_len = sum(len(v) for v in values)
+    head = _key(_START, _VARINT) + _varint(start) if start else b""
+    if lengths:
+        head += _key(_READ_LENGTHS, _LEN) + _varint(len(lengths)) + lengths
+    if data_len:
+        head += _key(_READ_DATA, _LEN) + _varint(data_len)
+    return b"".join([head, *values])
+
+
+def read_shard_data_bytes(message: bytes) -> int:
+    """The length of the data field of an encode_read_shard_response message."""
+    buf, pos = memoryview(message), 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos, len(buf))
+        if key & 7 == _VARINT:
+            _, pos = _read_varint(buf, pos, len(buf))
+            continue
+        size, pos = _read_varint(buf, pos, len(buf))
+        if key >> 3 == _READ_DATA:
+            return size
+        pos += size
+    return 0
 
 
 class ChunkView:

@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cacheserver.v1 import cache_service_pb2 as pb
-from client.write_wire import ChunkView, decode_request, encode_chunk_request, serialize_request
+from client.write_wire import (
+    ChunkView,
+    decode_request,
+    encode_chunk_request,
+    encode_read_shard_response,
+    read_shard_data_bytes,
+    serialize_request,
+)
 
 values_st = st.lists(st.binary(max_size=300), max_size=20)
 
@@ -82,3 +89,15 @@ def test_bytes_already_serialized_pass_through_the_client_serializer_untouched()
 def test_malformed_bytes_get_protobuf_s_decode_error(message: bytes) -> None:
     with pytest.raises(DecodeError):
         decode_request(message)
+
+
+@given(values_st, st.integers(0, 2**64 - 1))
+def test_a_framed_read_shard_response_is_byte_for_byte_what_protobuf_serializes(
+        values, start) -> None:
+    lengths = _lengths(values)
+    views = [memoryview(v) for v in values]  # as the daemon frames them from LMDB's map
+    framed = encode_read_shard_response(start, lengths, views)
+    want = pb.ReadShardResponse(start=start, lengths=lengths, data=b"".join(values))
+    assert framed == want.SerializeToString(deterministic=True)
+    assert pb.ReadShardResponse.FromString(framed) == want
+    assert read_shard_data_bytes(framed) == len(want.data)  # what the request log counts
