@@ -18,6 +18,8 @@ from daemon import env_without_tf_noise
 pytestmark = pytest.mark.slow
 
 SMALL = ["--elements", "200", "--epochs", "2", "--image-size", "32"]
+#: An epoch 1 long enough to be interrupted in (it once finished first, under load).
+LONGER = ["--elements", "2000", "--epochs", "2", "--image-size", "32"]
 TIMEOUT_S = 240
 DAEMON_LINE = re.compile(r"^daemon: pid (\d+) serving unix://(\S+)", re.MULTILINE)
 
@@ -143,7 +145,7 @@ def test_ctrl_c_during_training_stops_the_daemon_too(tmp_path: Path) -> None:
     env = env_without_tf_noise()
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cacheserver", "demo", *SMALL, "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "cacheserver", "demo", *LONGER, "--data-dir", str(data_dir)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=env)
     try:
@@ -157,7 +159,7 @@ def test_ctrl_c_during_training_stops_the_daemon_too(tmp_path: Path) -> None:
             pytest.fail(f"the demo ended before training:\n{''.join(lines)}")
         # Interrupt while epoch 1 writes through: the daemon logs the write's start.
         deadline = time.monotonic() + 120
-        while "writing cache 'demo-200x32px'" not in (data_dir / "daemon.log").read_text():
+        while "writing cache 'demo-2000x32px'" not in (data_dir / "daemon.log").read_text():
             assert time.monotonic() < deadline, "the cache write never started"
             time.sleep(0.01)
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
@@ -167,7 +169,7 @@ def test_ctrl_c_during_training_stops_the_daemon_too(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     run = DemoRun(proc.returncode, "".join(lines) + rest, stderr)
-    assert run.returncode != 0
+    assert run.returncode != 0, f"not interrupted:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "Aborted" in run.stderr
     assert "daemon stopped" not in run.stdout
     assert_daemon_gone(run, data_dir)
