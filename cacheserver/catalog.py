@@ -21,7 +21,6 @@ Knows nothing of gRPC: the service layer translates its exceptions.
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 import os
 import shutil
@@ -30,7 +29,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -63,19 +61,18 @@ class WriteSession:
         self._catalog = catalog
         self.record = record
         self._dir = directory
-        self._shard_bytes = shard_bytes
+        self.shard_bytes = shard_bytes
         self._writer: ShardWriter | None = None
         self._done = False
         self._k = block_elements(record.layout_json)
-        self.shard_bytes = shard_bytes
         self._staging: Path | None = None  # same-host writes (cacheserver/staging.py)
 
     def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
-        if self._writer is not None and self._writer.stored_bytes >= self._shard_bytes:
+        if self._writer is not None and self._writer.stored_bytes >= self.shard_bytes:
             self._commit_shard()  # the last shard stays open until finish(): see there
         if self._writer is None:
             index = len(self.record.shards)
-            self._writer = ShardWriter(self._dir / f"shard-{index:05d}", self._shard_bytes)
+            self._writer = ShardWriter(self._dir / f"shard-{index:05d}", self.shard_bytes)
         self._catalog.capacity.reserve(self.record.name, sum(len(v) for v in values))
         self._writer.append(values, raw_bytes, len(values) * self._k)
 
@@ -85,8 +82,7 @@ class WriteSession:
         writer.commit()
         shard = ShardInfo(len(self.record.shards), self.record.num_elements,
                           writer.num_elements, writer.stored_bytes, writer.raw_bytes)
-        write_atomic(self._dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
-        self.record.shards.append(shard)
+        self.record.add_shard(self._dir, shard)
 
     def stage(self) -> Path:
         """Same-host writes: the directory the client writes its shard files into."""

@@ -64,6 +64,11 @@ class CacheRecord:
         doc["element_spec"] = self.element_spec.hex()
         return json.dumps(doc, indent=1)
 
+    def add_shard(self, cache_dir: Path, shard: ShardInfo) -> None:
+        """Commit shard: its marker next to its directory in cache_dir, then the record's."""
+        write_atomic(cache_dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
+        self.shards.append(shard)
+
     @classmethod
     def from_json(cls, text: str) -> CacheRecord:
         doc = json.loads(text)

@@ -23,16 +23,15 @@ Knows nothing of gRPC. docs/writing.md ("Same-host writes") has the decisions.
 from __future__ import annotations
 
 import errno
-import json
 import random
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from cacheserver.blocks import block_elements, block_geometry
 from cacheserver.errors import DataLoss, InvalidArgument
-from cacheserver.records import CacheRecord, ShardInfo, du, write_atomic
+from cacheserver.records import CacheRecord, ShardInfo, du
 from cacheserver.store import ReaderPool, ShardGetter, disk_full
 from client.blocks import unpack_block
 from client.codec import Decompressor, RecordError
@@ -159,8 +158,7 @@ def adopt(record: CacheRecord, cache_dir: Path, staging: Path,
     first = record.num_elements
     for path, c in zip(paths, claims):
         path.rename(cache_dir / path.name)
-        shard = ShardInfo(c.index, first, c.num_elements, c.stored_bytes, c.raw_bytes)
-        write_atomic(cache_dir / f"{path.name}.json", json.dumps(asdict(shard)))
-        record.shards.append(shard)
+        record.add_shard(cache_dir, ShardInfo(c.index, first, c.num_elements, c.stored_bytes,
+                                              c.raw_bytes))
         first += c.num_elements
     shutil.rmtree(staging, ignore_errors=True)
