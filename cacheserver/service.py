@@ -14,7 +14,6 @@ from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 
 from cacheserver import gather, metrics, staging
 from cacheserver.catalog import Catalog, WriteSession
@@ -27,7 +26,7 @@ from cacheserver.retention import Retention
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
 from cacheserver.write_stream import BegunGuard
-from client.write_wire import encode_read_shard_response
+from client.write_wire import encode_read_shard_response, read_shard_data_bytes
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -175,8 +174,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
             chunks = self.catalog.read_shard(request.name, request.shard, request.start,
                                              request.chunk_bytes, request.fingerprint,
                                              request.count, join=encode_read_shard_response)
-            for _start, lengths, message, elements in chunks:  # serialized responses
-                metrics.READ_BYTES.inc(int(np.frombuffer(lengths, "<u4").sum()))
+            for _start, _lengths, message, elements in chunks:  # serialized responses
+                metrics.READ_BYTES.inc(read_shard_data_bytes(message))
                 metrics.READ_ELEMENTS.inc(elements)
                 yield message
 
