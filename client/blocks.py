@@ -178,6 +178,34 @@ def unpack_block(dec: Decompressor, value: Any, k: int, record_size: int) -> Any
     return body
 
 
+def unpack_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
+                  exact_records: bool = False) -> tuple[list[Any], int]:
+    """The bodies of stored values, each a block or a single element, and the elements
+    they hold. exact_records: a single element's body must be layout.record_size long.
+
+    Raises RecordError with ``elements_before`` set: how many elements the
+    values before the bad one held, to name the bad block.
+    """
+    k = layout.block_elements
+    rs = layout.record_size if k > 1 or exact_records else 0  # variable layouts have none
+    bodies: list[Any] = []
+    before = 0
+    try:
+        for value in values:
+            if k == 1:
+                body = dec.unpack(value)
+                if exact_records and len(body) != rs:
+                    raise RecordError(f"record has {len(body)} bytes, layout says {rs}")
+            else:
+                body = unpack_block(dec, value, k, rs)
+            bodies.append(body)
+            before += 1 if k == 1 else len(body) // rs
+    except RecordError as exc:
+        exc.elements_before = before  # type: ignore[attr-defined]
+        raise
+    return bodies, before
+
+
 def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
                   ) -> tuple[int, list[Any]]:
     """Decode stored values, each a block or a single element: (elements, batch per leaf).
@@ -191,22 +219,14 @@ def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
 
 def _decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
                    ) -> tuple[int, list[Any]]:
-    bodies: list[Any] = []
-    before = 0
-    try:
-        if layout.block_elements == 1:  # one element per value (format 1)
-            for value in values:
-                bodies.append(dec.unpack(value))
-                before += 1
-            return len(bodies), decode_batch(layout, bodies)
-        rs = layout.record_size
-        for value in values:
-            body = unpack_block(dec, value, layout.block_elements, rs)
-            bodies.append(body)
-            before += len(body) // rs
-    except RecordError as exc:
-        exc.elements_before = before  # type: ignore[attr-defined]
-        raise
+    bodies, before = unpack_values(layout, dec, values)
+    if layout.block_elements == 1:  # one element per value (format 1)
+        try:
+            return before, decode_batch(layout, bodies)
+        except RecordError as exc:
+            exc.elements_before = before  # type: ignore[attr-defined]
+            raise
+    rs = layout.record_size
     stride = layout.block_shuffle
     if before and before == len(bodies) and stride > 1:  # one element per value: at once
         rows = np.frombuffer(b"".join(bodies), np.uint8).reshape(before, stride, -1)

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from client.blocks import undelta_rows, unpack_block
-from client.codec import Decompressor, Layout, RecordError
+from client.blocks import undelta_rows, unpack_values
+from client.codec import Decompressor, Layout
 
 #: TensorFlow aliases a numpy array whose data is aligned to this (EIGEN_MAX_ALIGN_BYTES).
 ALIGN = 64
@@ -54,22 +54,7 @@ def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any]
     Raises RecordError with ``elements_before`` set, as blocks.decode_values does.
     """
     rs, k = layout.record_size, layout.block_elements
-    bodies: list[Any] = []
-    before = 0
-    try:
-        for value in values:
-            if k == 1:
-                body = dec.unpack(value)
-                if len(body) != rs:
-                    raise RecordError(f"record has {len(body)} bytes, layout says {rs}")
-            else:
-                body = unpack_block(dec, value, k, rs)
-            bodies.append(body)
-            before += len(body) // rs
-    except RecordError as exc:
-        exc.elements_before = before  # type: ignore[attr-defined]
-        raise
-    n = before
+    bodies, n = unpack_values(layout, dec, values, exact_records=True)
     outs = [aligned_empty((n, *leaf.fixed_shape), leaf.np_dtype) for leaf in layout.leaves]
     if not n:
         return 0, outs
