@@ -7,7 +7,8 @@ element e of a shard is in value e // k. The store never looks inside values.
 Environments are opened without ``writemap`` (a full disk must raise, not SIGBUS) and with syncing
 deferred to :meth:`ShardWriter.commit`, which fsyncs before the caller writes
 the commit marker: an uncommitted shard may be lost in a crash, a committed
-one may not.
+one may not. The writer also syncs every :data:`SYNC_EVERY_BYTES` on its way,
+so that the commit's fsync has little left to wait for (docs/writing.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ from cacheserver.read_ahead import ReadAhead
 _KEY = struct.Struct(">Q")
 _REBUILD = "delete the cache and build it again"
 _MIN_MAP_SIZE = 64 << 20
+#: A shard being written is flushed to disk every this many stored bytes. Left to the
+#: kernel, nothing is written back before the commit's fsync, which then waited ~0.15 s
+#: for 361 MB at the end of a write-through epoch, on the epoch's clock (the
+#: intermediate syncs run in the writer's thread, beside the pipeline).
+SYNC_EVERY_BYTES = 32 << 20
 
 
 def disk_full(path: Path) -> DiskFull:
@@ -61,6 +67,7 @@ class ShardWriter:
         self.num_elements = 0
         self.stored_bytes = 0
         self.raw_bytes = 0
+        self._unsynced = 0
         try:
             path.mkdir(parents=True, exist_ok=False)
         except OSError as exc:
@@ -98,13 +105,21 @@ class ShardWriter:
         self.num_elements += len(values) if num_elements is None else num_elements
         self.stored_bytes += size
         self.raw_bytes += raw_bytes
+        self._unsynced += size
+        if self._unsynced >= SYNC_EVERY_BYTES:
+            self._sync()
 
-    def commit(self) -> None:
-        """Flush everything to disk and close; the caller then writes the marker."""
+    def _sync(self) -> None:
         try:
             self._env.sync(True)
         except lmdb.Error as exc:
             raise _translate(exc, self.path, 1) from exc
+        self._unsynced = 0
+
+    def commit(self) -> None:
+        """Flush everything to disk and close; the caller then writes the marker."""
+        try:
+            self._sync()
         finally:
             self._env.close()
         # Readers open committed shards with lock=False; a lock file left behind would only

@@ -7,12 +7,12 @@ import functools
 import gc
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client import _direct, _local_writer, _malloc, _plan
+from client import _direct, _local_writer, _malloc, _plan, _tap
 from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._write_behind import WriteBehind
@@ -284,9 +284,14 @@ class CacheClient:
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                               element_spec=_tf.encode_spec(spec))
         epochs = _plan.Epochs(options)
-        return wire.dataset(
-            lambda: self._cache_epoch(dataset, wire, begin, prefetch_bytes, epochs, reads),
-            cardinality)
+        decide = functools.partial(self._begin_epoch, wire, begin, prefetch_bytes, epochs, reads)
+        if wire.batchable_source and _tap.enabled():  # the source stays in tf.data
+            taps = _tap.TapEpochs(layout, decide)
+            batches = _tf.tapped_batches(dataset, wire, taps, _write_batch_elements(layout),
+                                         rebatch_reads=False)
+            return wire.elements(batches, cardinality, functools.partial(
+                _tf.tapped_batches, dataset, wire, taps))
+        return wire.dataset(lambda: self._cache_epoch(dataset, wire, decide), cardinality)
 
     def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -327,11 +332,10 @@ class CacheClient:
                                    start, prefetch_bytes, direct):
             yield wire.to_wire(batch, n)
 
-    def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat, begin: pb.WriteBegin,
-                     prefetch_bytes: int, epochs: _plan.Epochs,
-                     direct: _direct.DirectReads | None = None) -> Iterator[Any]:
-        """One iteration of a cc.cache() dataset: read, write through, or pass through."""
-        if self._tune_malloc:
+    def _begin_epoch(self, wire: WireFormat, begin: pb.WriteBegin, prefetch_bytes: int,
+                     epochs: _plan.Epochs, direct: _direct.DirectReads) -> _tap.Decision:
+        """What an iteration of a cc.cache() dataset does: read, write through, or pass through."""
+        if self._tune_malloc:  # from_generator has applied its own setting by now
             _malloc.tune()
         taken = epochs.take()
         writer = _local_writer.writer_for(self._transport, begin, direct,  # docs/writing.md
@@ -341,19 +345,26 @@ class CacheClient:
         except ServerUnavailableError as exc:
             writer.abort()
             log.warning("%s; this epoch runs the source pipeline without the cache", exc)
-            yield from self._write_through(dataset, wire, None)
-            return
+            return _tap.Decision(_tap.SOURCE)
         if begun.decision == pb.WRITE_DECISION_ACCEPTED:
-            yield from self._write_through(dataset, wire, writer)
-            return
+            return _tap.Decision(_tap.WRITE, writer=writer)
         writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             _plan.check_start(begun.cache, epochs.options)
-            yield from self._read_next(begun.cache, wire, epochs, prefetch_bytes, taken, direct)
+            return _tap.Decision(_tap.READ, read=functools.partial(
+                self._read_next, begun.cache, wire, epochs, prefetch_bytes, taken, direct))
+        log.info("cache %r is being written by another process; streaming the source "
+                 "pipeline without writing", begin.name)
+        return _tap.Decision(_tap.SOURCE)
+
+    def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat,
+                     decide: Callable[[], _tap.Decision]) -> Iterator[Any]:
+        """One iteration of a cc.cache() dataset through from_generator (the untapped path)."""
+        decision = decide()
+        if decision.read is not None:
+            yield from decision.read()
         else:
-            log.info("cache %r is being written by another process; streaming the source "
-                     "pipeline without writing", begin.name)
-            yield from self._write_through(dataset, wire, None)
+            yield from self._write_through(dataset, wire, decision.writer)
 
     def _write_through(self, dataset: tf.data.Dataset, wire: WireFormat,
                        writer: CacheWriter | None) -> Iterator[Any]:
@@ -361,11 +372,9 @@ class CacheClient:
         from client import _tf
 
         layout = wire.layout
-        record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
-        batch_elements = max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
         behind = WriteBehind(writer, layout) if writer is not None else None
         try:
-            for n, batch in _tf.source_batches(dataset, wire, batch_elements):
+            for n, batch in _tf.source_batches(dataset, wire, _write_batch_elements(layout)):
                 if behind is not None:
                     behind.put(n, batch)  # encoded and sent while the source runs on
                 yield wire.to_wire(batch, n)
@@ -389,6 +398,11 @@ class CacheClient:
         if options.shuffle and seed is None:
             raise InvalidArgumentError("a shuffled read's state needs its seed=")
         return _plan.state_of(self._get(name), options, elements_seen)
+
+
+def _write_batch_elements(layout: Layout) -> int:
+    record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
+    return max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
 
 
 def _check_prefetch(prefetch_bytes: int) -> None:

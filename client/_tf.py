@@ -25,7 +25,7 @@ from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.saved_model import nested_structure_coder
 
-from client._tf_elements import CachedElements, with_spec
+from client._tf_elements import BatchBuilder, CachedElements, with_spec
 from client.codec import Layout, Leaf, VarLeaf
 from client.errors import InvalidArgumentError
 
@@ -261,13 +261,26 @@ class WireFormat:
     def dataset(self, batches: Callable[[], Iterator[Any]], cardinality: int) -> tf.data.Dataset:
         """A dataset over the batches a fresh call of batches() yields, one per epoch."""
         generated = tf.data.Dataset.from_generator(batches, output_signature=self.signature)
+        return self.elements(generated, cardinality)
+
+    def elements(self, generated: tf.data.Dataset, cardinality: int,
+                 batched: BatchBuilder | None = None) -> tf.data.Dataset:
+        """The element dataset of generated, a dataset of batches in the wire form.
+
+        Its batch() is batched(size, drop_remainder), by default rebatch on generated.
+        """
         ds = generated.unbatch()
         if not self.direct:
             ds = ds.map(self._assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if cardinality >= 0:
             ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
         ds = with_spec(ds, self.spec)
-        return CachedElements(ds, generated, cardinality) if self.direct else ds
+        if not self.direct:
+            return ds
+        if batched is None:
+            def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
+                return generated.rebatch(size, drop_remainder=drop_remainder)
+        return CachedElements(ds, batched, cardinality)
 
 
 #: Batches the source computes ahead of the write-through generator, which spends
@@ -318,6 +331,49 @@ def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
             else:
                 leaves.append(next(parts).numpy())
         yield n, leaves
+
+
+def tapped_batches(source: tf.data.Dataset, wire: WireFormat, epochs: Any, size: int,
+                   drop_remainder: bool = False, rebatch_reads: bool = True) -> tf.data.Dataset:
+    """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
+
+    client/_tap.py has the design. epochs is a _tap.TapEpochs; source must be
+    wire.batchable_source. The control generator yields (token, mode) per
+    iteration, and take(0) never starts the branches the mode does not pick. A
+    write taps every batch of the source, the short last one included, and
+    drop_remainder drops that one only after the tap. rebatch_reads=False
+    leaves a read's decoded batches as they come (for ``unbatch``).
+    """
+    from client._tap import READ, SOURCE, WRITE
+
+    def branch(token: tf.Tensor, mode: tf.Tensor) -> tf.data.Dataset:
+        def tap(*args: Any) -> Any:  # map unpacks a tuple into args
+            leaves = tf.nest.flatten(args)
+            done = tf.numpy_function(epochs.tap, [token, *leaves], tf.int64, stateful=True)
+            with tf.control_dependencies([done]):
+                return tf.nest.pack_sequence_as(wire.signature, [tf.identity(x) for x in leaves])
+
+        def full(*args: Any) -> tf.Tensor:
+            return tf.equal(tf.shape(tf.nest.flatten(args)[0], out_type=tf.int64)[0], size)
+
+        def only(ds: tf.data.Dataset, picked: int) -> tf.data.Dataset:
+            ds = with_spec(ds, wire.signature)  # concatenate wants the same names
+            return ds.take(tf.where(tf.equal(mode, picked), np.int64(-1), np.int64(0)))
+
+        written = source.batch(size).map(tap)
+        if drop_remainder:
+            written = written.filter(full)
+        reads = tf.data.Dataset.from_generator(epochs.read, args=(token,),
+                                               output_signature=wire.signature)
+        if rebatch_reads:
+            reads = reads.rebatch(size, drop_remainder=drop_remainder)
+        return (only(written, WRITE)
+                .concatenate(only(source.batch(size, drop_remainder=drop_remainder), SOURCE))
+                .concatenate(only(reads, READ)))
+
+    control = (tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.int64))
+    return tf.data.Dataset.from_generator(epochs.control,
+                                          output_signature=control).flat_map(branch)
 
 
 def _view(tensor: tf.Tensor) -> np.ndarray:

@@ -19,6 +19,7 @@ batch size that is not a Python integer also goes to tf.data's ``batch()``.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -42,34 +43,41 @@ def with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
     return restructure(ds, spec)
 
 
-class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
-    """A cache's elements (``elements``), batched by ``rebatch`` on ``batches``.
+#: Builds the batches of batch(size, drop_remainder), before their spec is declared.
+BatchBuilder = Callable[[int, bool], tf.data.Dataset]
 
-    ``batches`` is the generator's dataset of decoded batches, ``elements`` its
-    unbatched form (cardinality asserted, spec declared) that iterating this
-    dataset runs; ``cardinality`` is the element count, or < 0 when unknown.
+
+class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
+    """A cache's elements (``elements``), batched without ``unbatch`` by ``batched``.
+
+    ``elements`` is the unbatched form (cardinality asserted, spec declared)
+    that iterating this dataset runs; ``batched(size, drop_remainder)`` builds
+    the batches: ``rebatch`` on the generator's decoded batches, or a tapped
+    write epoch's batches of the source (client/_tap.py). ``cardinality`` is
+    the element count, or < 0 when unknown.
     """
 
-    def __init__(self, elements: tf.data.Dataset, batches: tf.data.Dataset,
+    def __init__(self, elements: tf.data.Dataset, batched: BatchBuilder,
                  cardinality: int) -> None:
-        self._batches = batches
+        self._batched = batched
         self._elements_cardinality = cardinality
         super().__init__(elements, elements._variant_tensor)
 
     def batch(self, batch_size: Any, drop_remainder: bool = False,
               num_parallel_calls: Any = None, deterministic: Any = None,
               name: str | None = None) -> tf.data.Dataset:
-        """tf.data's batch(), built as rebatch on the decoded batches.
+        """tf.data's batch(), built on the cache's batches without unbatching them.
 
         num_parallel_calls and deterministic have nothing to do here: rebatch
-        copies each element once, in order, on the iterator's thread.
+        copies each element once, in order, on the iterator's thread, and a
+        write epoch batches the source itself.
         """
         if (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
                 or batch_size < 1 or not isinstance(drop_remainder, bool)):
             return super().batch(batch_size, drop_remainder, num_parallel_calls,
                                  deterministic, name)
         size = int(batch_size)
-        ds = self._batches.rebatch(size, drop_remainder=drop_remainder, name=name)
+        ds = self._batched(size, drop_remainder)
         n = self._elements_cardinality
         if n >= 0:
             ds = ds.apply(tf.data.experimental.assert_cardinality(

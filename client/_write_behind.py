@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from client._transport import pb
@@ -31,8 +31,12 @@ from client.errors import ShardcacheError
 
 log = logging.getLogger("client")
 
-#: Source batches waiting for the writer thread (each at most ~4 MiB, see _client.py).
+#: Source batches waiting for the writer thread.
 QUEUE_BATCHES = 2
+#: A batch of fixed-shape elements is packed and written this many bytes at a time: a
+#: tapped write epoch hands over the consumer's batches (256 images are 154 MB), whose
+#: stored values would otherwise all be made before the first is written.
+SLICE_BYTES = 4 << 20
 _DONE = None
 
 
@@ -107,6 +111,18 @@ class WriteBehind:
         log.warning("stopped writing cache (%s); this epoch continues from the source "
                     "pipeline and the next one will try again", exc)
 
+    def _slices(self, n: int, batch: Sequence[Any]) -> Iterator[tuple[int, Sequence[Any]]]:
+        """batch as consecutive slices of about SLICE_BYTES (views, no copy)."""
+        size = self._layout.record_size if self._layout.fixed_numeric else 0
+        if not size or n * size <= SLICE_BYTES:
+            yield n, batch
+            return
+        step = max(1, SLICE_BYTES // size)
+        for i in range(0, n, step):
+            if self._stop.is_set():
+                return
+            yield min(step, n - i), [leaf[i:i + step] for leaf in batch]
+
     def _run(self) -> None:
         packer = BlockPacker(self._layout)
         while True:
@@ -117,7 +133,11 @@ class WriteBehind:
                     return
                 continue  # failed or closing: drain so that put() never waits forever
             try:  # _DONE: the last, short block
-                writer.add(*(packer.flush() if item is _DONE else packer.add(item[1], item[0])))
+                if item is _DONE:
+                    writer.add(*packer.flush())
+                else:
+                    for n, part in self._slices(*item):
+                        writer.add(*packer.add(part, n))
             except ShardcacheError as exc:
                 if not self._stop.is_set():  # close() cancels the stream: not a failure
                     self._give_up(exc)

@@ -46,6 +46,7 @@ from client.codec import (
     decode_fixed,
     encode_batch,
     encode_fixed_batch,
+    fixed_columns,
     row_delta_leaf,
 )
 from client.errors import InvalidArgumentError
@@ -146,6 +147,10 @@ class BlockPacker:
     def add(self, batch: Sequence[Any], n: int) -> tuple[list[bytes], int, int]:
         if self.layout.row_delta:
             batch = delta_rows(self.layout, batch)
+        if self._k == 1 and self.layout.fixed_numeric:  # each value joined from its leaves
+            cols = fixed_columns(self.layout, batch)
+            pack = self._compressor.pack_parts
+            return [pack([c[i] for c in cols]) for i in range(n)], n * self.layout.record_size, n
         if self._k == 1:
             bodies = encode_batch(self.layout, batch, n)
             raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)

@@ -309,6 +309,19 @@ def encode_fixed_batch(layout: Layout, leaves: Sequence[np.ndarray]) -> np.ndarr
 
     leaves holds one stacked array of shape (n, *leaf.shape) per layout leaf.
     """
+    cols = fixed_columns(layout, leaves)
+    if len(cols) == 1:
+        return cols[0]
+    # C order whatever the columns' shapes (n x 1 columns would make concatenate pick F
+    # order, and a row of that is not one contiguous record)
+    out = np.empty((cols[0].shape[0] if cols else 0, layout.record_size), np.uint8)
+    return np.concatenate(cols, axis=1, out=out) if cols else out
+
+
+def fixed_columns(layout: Layout, leaves: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The leaves of n elements of a fixed-numeric layout as (n, leaf bytes) uint8 arrays:
+    row i of each, in order, is element i's record body. Views where the leaves are
+    C-contiguous."""
     if not layout.fixed_numeric:
         raise RecordError("encode_fixed_batch needs a layout of fixed-shape numeric leaves")
     if len(leaves) != len(layout.leaves):
@@ -321,12 +334,7 @@ def encode_fixed_batch(layout: Layout, leaves: Sequence[np.ndarray]) -> np.ndarr
             raise RecordError(f"batch component shape {arr.shape} does not match "
                               f"{n} elements of layout shape {leaf.shape}")
         cols.append(np.ascontiguousarray(arr).reshape(n, leaf.size).view(np.uint8))
-    if len(cols) == 1:
-        return cols[0]
-    # C order whatever the columns' shapes (n x 1 columns would make concatenate pick F
-    # order, and a row of that is not one contiguous record)
-    out = np.empty((n, sum(c.shape[1] for c in cols)), np.uint8)
-    return np.concatenate(cols, axis=1, out=out) if cols else out
+    return cols
 
 
 def encode_batch(layout: Layout, batch: Sequence[Any], n: int) -> list[Any]:
@@ -360,23 +368,32 @@ class Compressor:
         self._since_probe = 0
         self.attempts = 0  # compressions tried, for tests and stats
 
-    def pack(self, body: bytes | memoryview) -> bytes:
+    def pack(self, body: Any) -> bytes:
+        """The stored value of one body (bytes-like)."""
+        return self.pack_parts((body,))
+
+    def pack_parts(self, parts: Sequence[Any]) -> bytes:
+        """The stored value of the body parts[0] + parts[1] + ..., joined only once."""
         if self._misses >= self.GIVE_UP:
             self._since_probe += 1
             if self._since_probe < self.PROBE_EVERY:
-                return self._raw(body)
+                return self._raw(parts)
             self._since_probe = 0
         self.attempts += 1
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
         frame = self._zstd.compress(body)
         if len(frame) * self._min_ratio <= len(body):
             self._misses = 0
             return b"\x01" + frame
         self._misses += 1
-        return self._raw(body)
+        return self._raw((body,))
 
     @staticmethod
-    def _raw(body: bytes | memoryview) -> bytes:
-        return b"".join((b"\x00", _CRC.pack(crc32(body)), body))  # one copy of body
+    def _raw(parts: Sequence[Any]) -> bytes:
+        crc = 0
+        for part in parts:
+            crc = crc32(part, crc)
+        return b"".join((b"\x00", _CRC.pack(crc), *parts))  # one copy of the body
 
 
 # --------------------------------------------------------------------------- decode
