@@ -12,12 +12,11 @@ Strategies (epoch 1 of each, batch 256 after the cache op, as ``run.py``):
 (``CacheClient.cache`` write-through, committed before the clock stops; on
 this host it writes the shard files itself: same-host writes, docs/writing.md),
 ``shardcache-grpc`` (the same with ``direct=False``: chunks streamed over gRPC).
-Named only: ``passthrough`` (the write epoch's element path with nothing
-written: the source batched for Python, through ``from_generator`` and the
-cache dataset's ``batch(256)``, which is ``rebatch``, as when the daemon is
-down) and ``tap`` (the same batches through
-a stateful ``map(numpy_function)`` that does nothing, then ``unbatch``: the
-element path of a write epoch without ``from_generator``, docs/writing.md).
+Named only: ``shardcache-generator`` (``shardcache`` through the generator
+path, ``SHARDCACHE_WRITE_TAP=0``: the source's batches through Python and
+``from_generator``, as before the tap, docs/writing.md) and ``passthrough``
+(the tapped write epoch's dataset with nothing written, as when the daemon is
+down: the source's ``batch(256)`` inside the control ``flat_map``).
 ``--baseline-root DIR`` adds ``shardcache@base``: the same, with the client
 and the daemon imported from another checkout (A/B of a change in one run).
 
@@ -60,7 +59,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 STRATEGIES = ("none", "memory", "file", "save", "shardcache", "shardcache-grpc")
 #: Not run unless named: where the write epoch's element path costs go.
-EXTRA_STRATEGIES = ("passthrough", "tap")
+EXTRA_STRATEGIES = ("shardcache-generator", "passthrough")
 RESULT = "RESULT "
 MB = 1_000_000
 
@@ -73,7 +72,6 @@ def _cpu_of(pid: int) -> float:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One epoch 1 of one strategy in this process."""
     sys.path.insert(0, str(BENCH_DIR))
-    import tensorflow as tf
     from measure import RssSampler, kib_to_mb
     from strategies import timed_iteration
     from workloads import WORKLOADS, expected_label_sum, make_source, make_warmup
@@ -91,32 +89,21 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         ds = src.cache().batch(256)
     elif strategy == "file":
         ds = src.cache(str(tmp / "cache")).batch(256)
-    elif strategy in ("shardcache", "shardcache-grpc"):
+    elif strategy in ("shardcache", "shardcache-grpc", "shardcache-generator"):
         from client import CacheClient
 
+        if strategy == "shardcache-generator":
+            os.environ["SHARDCACHE_WRITE_TAP"] = "0"
         cc = CacheClient("unix://" + args.socket)
         keep.append(cc)
         direct = False if strategy == "shardcache-grpc" else None
         ds = cc.cache(src, name=args.cache_name, direct=direct).batch(256)
     elif strategy == "passthrough":
-        from client import CacheClient, _tf
+        from client import _tap, _tf
 
         wire = _tf.WireFormat(src.element_spec, _tf.layout_of(src.element_spec))
-        cc = CacheClient("unix:///nonexistent")
-        ds = wire.dataset(lambda: cc._write_through(src, wire, None), args.n).batch(256)
-    elif strategy == "tap":
-        import numpy as np
-
-        def nothing(*_leaves: Any) -> Any:
-            return np.int64(0)
-
-        def tap(*leaves: Any) -> Any:
-            token = tf.numpy_function(nothing, leaves, tf.int64, stateful=True)
-            with tf.control_dependencies([token]):
-                return tuple(tf.identity(x) for x in leaves)
-
-        per_batch = max(1, (4 << 20) // workload.element_bytes)
-        ds = src.batch(per_batch).prefetch(2).map(tap).unbatch().batch(256)
+        taps = _tap.TapEpochs(wire.layout, lambda: _tap.Decision(_tap.SOURCE))
+        ds = _tf.tapped_batches(src, wire, taps, 256)
     os.sync()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -378,9 +365,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nLoad average (1/5/15 min) at the end: "
                   f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             return 0
-        if "shardcache" in strategies or "shardcache-grpc" in strategies:
-            daemons["shardcache"] = daemons["shardcache-grpc"] = _Daemon(REPO_ROOT, scratch,
-                                                                         "head")
+        if any(s.startswith("shardcache") for s in strategies):
+            head = _Daemon(REPO_ROOT, scratch, "head")
+            for strategy in ("shardcache", "shardcache-grpc", "shardcache-generator"):
+                daemons[strategy] = head
             if args.baseline_root is not None:
                 daemons["shardcache@base"] = _Daemon(args.baseline_root.resolve(), scratch,
                                                      "base")

@@ -346,6 +346,11 @@ def tapped_batches(source: tf.data.Dataset, wire: WireFormat, epochs: Any, size:
     """
     from client._tap import READ, SOURCE, WRITE
 
+    # Built out here, captured by the branch: tf.data's static optimizations (map and
+    # batch fusion) rewrite the top-level graph only, not datasets made inside flat_map.
+    batched = source.batch(size)
+    dropped = source.batch(size, drop_remainder=True) if drop_remainder else batched
+
     def branch(token: tf.Tensor, mode: tf.Tensor) -> tf.data.Dataset:
         def tap(*args: Any) -> Any:  # map unpacks a tuple into args
             leaves = tf.nest.flatten(args)
@@ -360,15 +365,14 @@ def tapped_batches(source: tf.data.Dataset, wire: WireFormat, epochs: Any, size:
             ds = with_spec(ds, wire.signature)  # concatenate wants the same names
             return ds.take(tf.where(tf.equal(mode, picked), np.int64(-1), np.int64(0)))
 
-        written = source.batch(size).map(tap)
+        written = batched.map(tap)
         if drop_remainder:
             written = written.filter(full)
         reads = tf.data.Dataset.from_generator(epochs.read, args=(token,),
                                                output_signature=wire.signature)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
-        return (only(written, WRITE)
-                .concatenate(only(source.batch(size, drop_remainder=drop_remainder), SOURCE))
+        return (only(written, WRITE).concatenate(only(dropped, SOURCE))
                 .concatenate(only(reads, READ)))
 
     control = (tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.int64))

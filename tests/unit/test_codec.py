@@ -313,6 +313,19 @@ def test_compressible_bodies_use_zstd_and_incompressible_ones_stay_raw() -> None
     assert c.pack(b"")[0] == codec.TAG_RAW
 
 
+@pytest.mark.parametrize("compressible", [True, False], ids=["zstd", "raw"])
+def test_a_value_packed_from_parts_is_the_value_of_their_concatenation(
+        compressible: bool) -> None:
+    """pack_parts joins the leaves of a record once, into the stored value itself (the
+    raw value's CRC runs over the parts); the value is byte for byte pack()'s."""
+    rng = np.random.default_rng(1)
+    parts = [bytes(3000), bytes(8)] if compressible else [rng.bytes(3000), rng.bytes(8)]
+    parts_value = Compressor().pack_parts([np.frombuffer(p, np.uint8) for p in parts])
+    assert parts_value == Compressor().pack(b"".join(parts))
+    assert parts_value[0] == (codec.TAG_ZSTD if compressible else codec.TAG_RAW)
+    assert bytes(Decompressor().unpack(parts_value)) == b"".join(parts)
+
+
 # --------------------------------------------------------------------------- corruption
 
 

@@ -1,0 +1,186 @@
+"""The tapped write epoch (client/_tap.py) and the generator path, side by side.
+
+Fixed-shape dense sources take the tap unless SHARDCACHE_WRITE_TAP=0; the
+other write-through tests (test_write_through.py, test_write_behind.py,
+test_disk_full.py, test_fidelity.py) run their fixed-shape sources through
+the tap and their ragged and sparse ones through the generator path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from client import (  # noqa: E402
+    CacheClient,
+    CacheNotFoundError,
+    _write_behind,
+)
+from client._tap import TAP_ENV  # noqa: E402
+from client._tf import encode_spec  # noqa: E402
+from client._transport import Transport, pb  # noqa: E402
+from client._write_behind import WriteBehind  # noqa: E402
+from client._writer import CacheWriter  # noqa: E402
+from client.codec import Layout, Leaf  # noqa: E402
+
+PATHS = pytest.mark.parametrize("tap", ["1", "0"], ids=["tap", "generator"])
+
+
+def gone(cc: CacheClient, name: str) -> bool:
+    try:
+        cc.info(name)
+    except CacheNotFoundError:
+        return True
+    return False
+
+
+def wait_until_gone(cc: CacheClient, name: str, deadline_s: float = 20.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not gone(cc, name):
+        assert time.monotonic() < deadline, f"cache {name!r} still exists"
+        threading.Event().wait(0.05)
+
+
+def graph_ops(ds: tf.data.Dataset) -> set[str]:
+    """Every op in the dataset's serialized graph, its functions included."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
+        input_dataset=ds._variant_tensor, external_state_policy=1).numpy())
+    ops = {n.op for n in graph.node}
+    for function in graph.library.function:
+        ops |= {n.op for n in function.node_def}
+    return ops
+
+
+@pytest.mark.parametrize(("tap", "inside"), [("1", True), ("0", False)], ids=["tap", "generator"])
+def test_a_fixed_shape_source_runs_inside_the_cached_datasets_graph_unless_the_tap_is_off(
+        cc, name, monkeypatch, tap, inside) -> None:
+    monkeypatch.setenv(TAP_ENV, tap)
+    src = tf.data.Dataset.range(10).map(lambda x: tf.bitwise.left_shift(x, 3))
+    ds = cc.cache(src, name=name)
+    assert ("RangeDataset" in graph_ops(ds)) is inside
+    assert [int(x) for x in ds] == [x << 3 for x in range(10)]
+    assert cc.info(name).num_elements == 10
+
+
+def test_a_ragged_source_keeps_the_generator_path(cc, name) -> None:
+    src = tf.data.Dataset.range(6).map(lambda x: tf.ragged.range(x))  # shape (1, None)
+    ds = cc.cache(src, name=name)
+    assert "RangeDataset" not in graph_ops(ds)
+    assert [x.numpy().tolist() for x in ds] == [[list(range(x))] for x in range(6)]
+
+
+@PATHS
+def test_a_second_iterator_started_during_the_write_streams_the_source_and_one_write_commits(
+        cc, name, monkeypatch, tap, no_thread_leak) -> None:
+    monkeypatch.setenv(TAP_ENV, tap)
+    ds = cc.cache(tf.data.Dataset.range(3000).map(lambda x: (tf.fill([16], x), x)), name=name)
+    writing = iter(ds)
+    first = [int(next(writing)[1]) for _ in range(10)]
+    assert cc.info(name).state == "WRITING"
+    assert [int(y) for _, y in ds] == list(range(3000)), "the second iterator passes through"
+    assert cc.info(name).state == "WRITING"
+    rest = [int(y) for _, y in writing]
+    assert first + rest == list(range(3000))
+    info = cc.info(name)
+    assert info.state == "READY" and info.num_elements == 3000
+    assert [int(y) for _, y in ds] == list(range(3000))  # read back from the daemon
+    del writing
+
+
+@PATHS
+def test_a_source_error_mid_write_reaches_the_caller_and_commits_nothing(
+        cc, name, monkeypatch, tap, no_thread_leak) -> None:
+    monkeypatch.setenv(TAP_ENV, tap)
+
+    def check(x: tf.Tensor) -> tf.Tensor:
+        bad = tf.debugging.assert_less(x, np.int64(700), message="element 700 is corrupt")
+        with tf.control_dependencies([bad]):
+            return tf.identity(x)
+
+    ds = cc.cache(tf.data.Dataset.range(1000).map(check), name=name)
+    seen = []
+    with pytest.raises(tf.errors.OpError, match="element 700 is corrupt") as raised:
+        for x in ds:
+            seen.append(int(x))
+    # the tap keeps the source's own error; from_generator reports any error as UnknownError
+    expected = tf.errors.InvalidArgumentError if tap == "1" else tf.errors.UnknownError
+    assert type(raised.value) is expected
+    assert seen == list(range(len(seen))) and len(seen) <= 700
+    # The traceback holds the iterator (its __next__ frame); the tapped write ends when the
+    # iterator is released, as after a break, the generator path's at once.
+    del raised
+    wait_until_gone(cc, name)
+
+
+@PATHS
+def test_take_of_fewer_elements_than_the_source_discards_the_write_then_a_full_epoch_commits(
+        cc, name, monkeypatch, tap, no_thread_leak) -> None:
+    monkeypatch.setenv(TAP_ENV, tap)
+    ds = cc.cache(tf.data.Dataset.range(5000), name=name)
+    assert [int(x) for x in ds.take(300)] == list(range(300))
+    wait_until_gone(cc, name)
+    assert [int(x) for x in ds] == list(range(5000))
+    assert cc.info(name).num_elements == 5000
+
+
+@PATHS
+@pytest.mark.parametrize("drop", [False, True], ids=["remainder", "drop_remainder"])
+def test_batch_in_the_write_epoch_gives_tf_datas_batches_and_writes_every_element(
+        cc, name, monkeypatch, tap, drop, no_thread_leak) -> None:
+    """batch() on a writing iteration taps the consumer's own batches (no rebatch copy);
+    drop_remainder drops the short last batch only after the tap has written it."""
+    monkeypatch.setenv(TAP_ENV, tap)
+    src = tf.data.Dataset.range(100).map(lambda x: (tf.fill([3], x), x))
+    ds = cc.cache(src, name=name).batch(7, drop_remainder=drop)
+    expected = [y.numpy().tolist() for _, y in src.batch(7, drop_remainder=drop)]
+    assert ds.element_spec == src.batch(7, drop_remainder=drop).element_spec
+    assert int(ds.cardinality()) == len(expected)
+    assert [y.numpy().tolist() for _, y in ds] == expected  # the writing epoch
+    assert cc.info(name).num_elements == 100, "the dropped remainder is in the cache too"
+    assert [y.numpy().tolist() for _, y in ds] == expected  # read back
+    assert sorted(int(y) for _, y in cc.dataset(name)) == list(range(100))
+
+
+class _CountingWriter(CacheWriter):
+    """The real CacheWriter, counting the add() calls WriteBehind makes."""
+
+    adds: list[int]
+
+    def add(self, values, raw_bytes, num_elements=None):  # type: ignore[no-untyped-def]
+        self.adds.append(len(values))
+        super().add(values, raw_bytes, num_elements)
+
+
+def test_a_batch_larger_than_a_slice_is_packed_and_written_a_slice_at_a_time(
+        daemon, cc, name, monkeypatch, no_thread_leak) -> None:
+    """A tapped batch() hands over the consumer's batches (256 images are 154 MB): their
+    stored values are made and written SLICE_BYTES at a time, not all before the first."""
+    monkeypatch.setattr(_write_behind, "SLICE_BYTES", 64 << 10)
+    layout = Layout((Leaf("float32", (4096,)), Leaf("int64", ())))  # 16 KiB + 8 per element
+    transport = Transport(daemon.unix_target)
+    spec = (tf.TensorSpec((4096,), tf.float32), tf.TensorSpec((), tf.int64))
+    writer = _CountingWriter(transport, pb.WriteBegin(
+        name=name, fingerprint="f", layout_json=layout.to_json(), element_spec=encode_spec(spec)))
+    writer.adds = []
+    assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
+    features = np.arange(40 * 4096, dtype=np.float32).reshape(40, 4096)
+    behind = WriteBehind(writer, layout)
+    try:
+        behind.put(40, [features, np.arange(40, dtype=np.int64)])
+        cache = behind.finish()
+    finally:
+        behind.close()
+        transport.close()
+    assert cache is not None and cache.num_elements == 40
+    assert writer.adds[:-1] == [3] * 13 + [1], writer.adds  # 64 KiB // 16,392 = 3 per slice
+    read = cc.dataset(name)
+    assert [int(y) for _, y in read] == list(range(40))
+    assert all(np.array_equal(x.numpy(), features[i]) for i, (x, _) in enumerate(read))

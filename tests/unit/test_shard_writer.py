@@ -1,0 +1,45 @@
+"""cacheserver/store.py's ShardWriter: syncing on its way, so that a commit waits little."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from cacheserver import store
+from cacheserver.store import ShardWriter
+
+
+class _CountingEnv:
+    """A shard's real LMDB environment, counting its sync() calls."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+        self.syncs = 0
+
+    def sync(self, force: bool) -> None:
+        self.syncs += 1
+        self._env.sync(force)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+def test_a_shard_is_synced_every_sync_every_bytes_and_once_more_at_its_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "SYNC_EVERY_BYTES", 10_000)
+    writer = ShardWriter(tmp_path / "shard-00000", 1 << 20)
+    env = writer._env = _CountingEnv(writer._env)  # type: ignore[assignment]
+    values = [bytes([i]) * 4000 for i in range(7)]
+    for i in range(0, 7, 2):
+        writer.append(values[i:i + 2], 8000)
+    assert env.syncs == 2  # after 16,000 and 32,000 stored bytes: not after 8,000 or 24,000
+    writer.commit()
+    assert env.syncs == 3
+    assert writer.num_records == 7 and writer.stored_bytes == 28_000
+    env = lmdb.open(str(tmp_path / "shard-00000"), readonly=True, lock=False)
+    with env.begin() as txn:
+        assert [bytes(v) for _, v in txn.cursor()] == values
+    env.close()
