@@ -16,7 +16,8 @@ Named only: ``shardcache-generator`` (``shardcache`` through the generator
 path, ``SHARDCACHE_WRITE_TAP=0``: the source's batches through Python and
 ``from_generator``, as before the tap, docs/writing.md) and ``passthrough``
 (the tapped write epoch's dataset with nothing written, as when the daemon is
-down: the source's ``batch(256)`` inside the control ``flat_map``).
+down: the source's ``batch(256)`` inside the control ``flat_map``, malloc
+tuned as a CacheClient epoch tunes it).
 ``--baseline-root DIR`` adds ``shardcache@base``: the same, with the client
 and the daemon imported from another checkout (A/B of a change in one run).
 
@@ -99,11 +100,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         direct = False if strategy == "shardcache-grpc" else None
         ds = cc.cache(src, name=args.cache_name, direct=direct).batch(256)
     elif strategy == "passthrough":
-        from client import _tap, _tf
+        from client import _malloc, _tap, _tf
+
+        def source_only() -> _tap.Decision:  # as CacheClient._begin_epoch with the daemon down
+            _malloc.tune()
+            return _tap.Decision(_tap.SOURCE)
 
         wire = _tf.WireFormat(src.element_spec, _tf.layout_of(src.element_spec))
-        taps = _tap.TapEpochs(wire.layout, lambda: _tap.Decision(_tap.SOURCE))
-        ds = _tf.tapped_batches(src, wire, taps, 256)
+        ds = _tf.tapped_batches(src, wire, _tap.TapEpochs(wire.layout, source_only), 256)
     os.sync()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)
