@@ -1,21 +1,22 @@
 """Write-through with the source kept inside tf.data: a tap instead of from_generator.
 
 The generator path (``CacheClient._write_through``) pulls the source's batches
-into Python and hands them back to TensorFlow through ``from_generator``. On
-the ``jpeg`` pipeline that cost ~0.3 CPU s per 600 elements more than batching
-in tf.data (docs/writing.md): the source's functions instantiated afresh inside
-the generator's iterator each epoch, from_generator's own calls, the Python
-loop. Here the source stays in tf.data and only the bytes to store leave it::
+into Python and hands them back to TensorFlow through ``from_generator``: on
+the ``jpeg`` pipeline that element path cost +0.52 CPU s per 600 elements over
+the bare pipeline, tapped it costs +0.11 (docs/writing.md, "The tap"). Here
+the source stays in tf.data and only the bytes to store leave it::
 
     control = from_generator(TapEpochs.control)      # one (token, mode) per iteration
     control.flat_map(lambda token, mode:
-        source.batch(b).map(tap(token)).take(-1 if mode == WRITE else 0)
-        .concatenate(source.batch(b).take(-1 if mode == SOURCE else 0))
-        .concatenate(from_generator(read, token).take(-1 if mode == READ else 0)))
+        finalized(source.batch(B)).map(tap(token)).take(-1 if mode == WRITE else 0)
+        .concatenate(finalized(source.batch(B)).take(-1 if mode == SOURCE else 0))
+        .concatenate(from_generator(read, token).rebatch(B).take(-1 if mode == READ else 0)))
 
-(``_tf.tapped_batches`` builds it; ``take(0)`` never starts its input.) It is a
-dataset of batches, like the generator path's, so the cache's dataset unbatches
-it, or ``rebatch``es it for ``batch()`` (client/_tf_elements.py).
+(``_tf.tapped_batches`` builds it; ``take(0)`` never starts its input.) B is
+the size the consumer's ``batch()`` asks for (client/_tf_elements.py): the
+tap sees the very batches the consumer gets, and a write epoch adds no copy.
+The cache's elements, without ``batch()``, come from ~4 MiB batches
+``unbatch``ed, the reads' decoded batches as they are.
 
 The control generator makes the per-iteration choice when the iteration
 starts, as the generator path does: begin a write (mode WRITE), read the

@@ -8,19 +8,13 @@ the tap and their ragged and sparse ones through the generator path.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
+from waits import gone, wait_until
 
 tf = pytest.importorskip("tensorflow")
 
-from client import (  # noqa: E402
-    CacheClient,
-    CacheNotFoundError,
-    _write_behind,
-)
+from client import _write_behind  # noqa: E402
 from client._tap import TAP_ENV  # noqa: E402
 from client._tf import encode_spec  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
@@ -29,21 +23,6 @@ from client._writer import CacheWriter  # noqa: E402
 from client.codec import Layout, Leaf  # noqa: E402
 
 PATHS = pytest.mark.parametrize("tap", ["1", "0"], ids=["tap", "generator"])
-
-
-def gone(cc: CacheClient, name: str) -> bool:
-    try:
-        cc.info(name)
-    except CacheNotFoundError:
-        return True
-    return False
-
-
-def wait_until_gone(cc: CacheClient, name: str, deadline_s: float = 20.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not gone(cc, name):
-        assert time.monotonic() < deadline, f"cache {name!r} still exists"
-        threading.Event().wait(0.05)
 
 
 def graph_ops(ds: tf.data.Dataset) -> set[str]:
@@ -117,7 +96,7 @@ def test_a_source_error_mid_write_reaches_the_caller_and_commits_nothing(
     # The traceback holds the iterator (its __next__ frame); the tapped write ends when the
     # iterator is released, as after a break, the generator path's at once.
     del raised
-    wait_until_gone(cc, name)
+    wait_until(lambda: gone(cc, name), 20, f"cache {name!r} deleted")
 
 
 @PATHS
@@ -126,7 +105,7 @@ def test_take_of_fewer_elements_than_the_source_discards_the_write_then_a_full_e
     monkeypatch.setenv(TAP_ENV, tap)
     ds = cc.cache(tf.data.Dataset.range(5000), name=name)
     assert [int(x) for x in ds.take(300)] == list(range(300))
-    wait_until_gone(cc, name)
+    wait_until(lambda: gone(cc, name), 20, f"cache {name!r} deleted")
     assert [int(x) for x in ds] == list(range(5000))
     assert cc.info(name).num_elements == 5000
 
