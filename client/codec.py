@@ -323,7 +323,7 @@ def fixed_columns(layout: Layout, leaves: Sequence[np.ndarray]) -> list[np.ndarr
     row i of each, in order, is element i's record body. Views where the leaves are
     C-contiguous."""
     if not layout.fixed_numeric:
-        raise RecordError("encode_fixed_batch needs a layout of fixed-shape numeric leaves")
+        raise RecordError("a batch encoded at once needs a layout of fixed-shape numeric leaves")
     if len(leaves) != len(layout.leaves):
         raise RecordError(f"batch has {len(leaves)} components, layout has {len(layout.leaves)}")
     arrays = [np.asarray(a, dtype=leaf.np_dtype) for leaf, a in zip(layout.leaves, leaves)]
