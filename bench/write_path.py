@@ -107,7 +107,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             return _tap.Decision(_tap.SOURCE)
 
         wire = _tf.WireFormat(src.element_spec, _tf.layout_of(src.element_spec))
-        ds = _tf.tapped_batches(src, wire, _tap.TapEpochs(wire.layout, source_only), 256)
+        taps = _tap.TapEpochs(wire.layout, source_only, args.n)
+        ds = _tf.tapped_batches(src, wire, taps, 256)
     os.sync()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)

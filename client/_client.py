@@ -262,7 +262,7 @@ class CacheClient:
         layout = blocked(_tf.layout_of(spec), block_bytes)
         wire = _tf.WireFormat(spec, layout)
         fingerprint = _tf.fingerprint_of(dataset, version)
-        cardinality = _tf.cardinality_of(dataset)
+        cardinality = source_count = _tf.cardinality_of(dataset)
         if cardinality == _tf.INFINITE:
             raise InvalidArgumentError(
                 f"cannot cache {name!r}: the dataset is infinite; call cc.cache() before "
@@ -285,8 +285,8 @@ class CacheClient:
                               element_spec=_tf.encode_spec(spec))
         epochs = _plan.Epochs(options)
         decide = functools.partial(self._begin_epoch, wire, begin, prefetch_bytes, epochs, reads)
-        if wire.batchable_source and _tap.enabled():  # the source stays in tf.data
-            taps = _tap.TapEpochs(layout, decide)
+        if wire.batchable_source and source_count >= 0 and _tap.enabled():  # stays in tf.data
+            taps = _tap.TapEpochs(layout, decide, source_count)
             batches = _tf.tapped_batches(dataset, wire, taps, _write_batch_elements(layout),
                                          rebatch_reads=False)
             return wire.elements(batches, cardinality, functools.partial(

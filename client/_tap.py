@@ -31,9 +31,14 @@ error) destroys the iterator and with it the control generator, whose
 ``finally`` cancels the write (nothing is committed) and joins the write-behind
 thread.
 
-Only sources whose leaves are all fixed-shape dense tensors take this path
-(``WireFormat.batchable_source``); ragged, sparse and variable-shape sources
-keep the generator path, which batches them with ``ragged_batch``.
+A source error does not end a tf.data iteration: a prefetch after it (tf.data
+injects one, users add their own) asks again, and the source's batches may
+then end as if complete. So a write commits only when the tap has seen exactly
+the source's cardinality of elements; one short of it is discarded (logged).
+Only sources of known cardinality whose leaves are all fixed-shape dense
+tensors take this path (``WireFormat.batchable_source``); the others keep the
+generator path (ragged, sparse and variable-shape leaves batched with
+``ragged_batch``), where a source error ends the generator for good.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ class Decision:
 class _Iteration:
     behind: WriteBehind | None
     read: Callable[[], Iterator[Any]] | None
+    tapped: int = 0  # elements handed to behind
 
 
 class TapEpochs:
@@ -91,9 +97,10 @@ class TapEpochs:
     over one dataset at once each have their own write or read.
     """
 
-    def __init__(self, layout: Layout, decide: Callable[[], Decision]) -> None:
+    def __init__(self, layout: Layout, decide: Callable[[], Decision], elements: int) -> None:
         self._layout = layout
         self._decide = decide
+        self._elements = elements  # the source's cardinality: what a whole write holds
         self._tokens = itertools.count(1)
         self._live: dict[int, _Iteration] = {}
 
@@ -102,11 +109,18 @@ class TapEpochs:
         decision = self._decide()
         behind = WriteBehind(decision.writer, self._layout) if decision.writer else None
         token = next(self._tokens)
-        self._live[token] = _Iteration(behind, decision.read)
+        iteration = self._live[token] = _Iteration(behind, decision.read)
         try:
             yield np.int64(token), np.int64(decision.mode)
             # flat_map asks again only once the iteration's batches are exhausted
-            if behind is not None and (cache := behind.finish()) is not None:
+            if behind is None:
+                return
+            if iteration.tapped != self._elements:  # a source error lost some
+                log.warning("the source pipeline ended after %d of its %d elements (an "
+                            "error in it?); the cache is not written, the next epoch will "
+                            "try again", iteration.tapped, self._elements)
+                return
+            if (cache := behind.finish()) is not None:
                 log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
         finally:
             del self._live[token]
@@ -121,6 +135,7 @@ class TapEpochs:
         """
         iteration = self._live.get(int(token))
         if iteration is not None and iteration.behind is not None:
+            iteration.tapped += len(leaves[0])
             iteration.behind.put(len(leaves[0]), list(leaves))
         return np.int64(0)
 
