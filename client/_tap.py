@@ -135,8 +135,8 @@ class TapEpochs:
         """
         iteration = self._live.get(int(token))
         if iteration is not None and iteration.behind is not None:
+            iteration.behind.put(len(leaves[0]), list(leaves))  # raises a failed packing's error
             iteration.tapped += len(leaves[0])
-            iteration.behind.put(len(leaves[0]), list(leaves))
         return np.int64(0)
 
     def read(self, token: np.int64) -> Iterator[Any]:

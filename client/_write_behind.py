@@ -54,6 +54,10 @@ class WriteBehind:
         self._queue: queue.Queue[tuple[int, Sequence[Any]] | None] = queue.Queue(queue_batches)
         self._stop = threading.Event()
         self._error: BaseException | None = None  # not a write failure: re-raised to the epoch
+        # Set with _error and never cleared: a batch was lost, so nothing more is written and
+        # finish() commits nothing, even if the epoch goes on (a tapped epoch's prefetch asks
+        # for the next batches after the error has reached the consumer).
+        self._failed = False
         self._committed = False
         self._thread = threading.Thread(target=self._run, name="shardcache-write-behind",
                                         daemon=True)
@@ -62,7 +66,7 @@ class WriteBehind:
     @property
     def writing(self) -> bool:
         """False once the write has failed or stopped: put() then drops batches."""
-        return self._writer is not None and not self._stop.is_set()
+        return self._writer is not None and not self._stop.is_set() and not self._failed
 
     def put(self, n: int, batch: Sequence[Any]) -> None:
         """Queue a batch of n elements (decode_batch's form); waits while the queue is full."""
@@ -75,7 +79,7 @@ class WriteBehind:
         self._queue.put(_DONE)
         self._thread.join()
         self._raise_error()
-        if self._writer is None:
+        if self._writer is None or self._failed:
             return None
         try:
             cache = self._writer.finish()
@@ -128,7 +132,7 @@ class WriteBehind:
         while True:
             item = self._queue.get()
             writer = self._writer
-            if writer is None or self._stop.is_set() or self._error is not None:
+            if writer is None or self._stop.is_set() or self._failed:
                 if item is _DONE:
                     return
                 continue  # failed or closing: drain so that put() never waits forever
@@ -142,6 +146,6 @@ class WriteBehind:
                 if not self._stop.is_set():  # close() cancels the stream: not a failure
                     self._give_up(exc)
             except BaseException as exc:
-                self._error = exc
+                self._error, self._failed = exc, True
             if item is _DONE:
                 return

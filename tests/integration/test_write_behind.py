@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -60,6 +61,29 @@ def test_an_element_the_codec_refuses_reaches_the_epoch_and_the_write_is_discard
         behind.put(1, [np.zeros((1, 3), np.float32)])  # 3 floats where the layout has 4
         with pytest.raises(RecordError, match="does not match"):
             behind.finish()
+    finally:
+        behind.close()
+        transport.close()
+    with pytest.raises(CacheNotFoundError):
+        cc.info(name)
+
+
+def test_after_an_element_the_codec_refuses_later_batches_and_finish_commit_nothing(
+        daemon, cc, name, no_thread_leak) -> None:
+    """A tapped epoch goes on asking for batches after the error reached the consumer:
+    the write lost a batch, so it must not take the next ones and commit short."""
+    layout = Layout((Leaf("float32", (4,)),))
+    transport, writer = _begun_writer(daemon.unix_target, name, layout)
+    behind = WriteBehind(writer, layout)
+    try:
+        behind.put(1, [np.zeros((1, 3), np.float32)])  # 3 floats where the layout has 4
+        with pytest.raises(RecordError, match="does not match"):
+            for _ in range(50):  # until the thread has met it and put() raises it
+                behind.put(1, [np.zeros((1, 4), np.float32)])
+                threading.Event().wait(0.02)
+        assert not behind.writing
+        behind.put(2, [np.zeros((2, 4), np.float32)])  # dropped, not written
+        assert behind.finish() is None
     finally:
         behind.close()
         transport.close()
