@@ -18,6 +18,11 @@ path, ``SHARDCACHE_WRITE_TAP=0``: the source's batches through Python and
 (the tapped write epoch's dataset with nothing written, as when the daemon is
 down: the source's ``batch(256)`` inside the control ``flat_map``, malloc
 tuned as a CacheClient epoch tunes it).
+``--pipeline-threads N`` runs the source's map on a private pool of N threads
+(``tf.data.Options.threading``, one intra-op thread each) instead of all cores:
+with N = 1 the pipeline leaves one core of this 2-core machine to everything
+else, which shows what write-through costs when its work can overlap with the
+pipeline's rather than compete with it (docs/writing.md).
 ``--baseline-root DIR`` adds ``shardcache@base``: the same, with the client
 and the daemon imported from another checkout (A/B of a change in one run).
 
@@ -81,6 +86,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     workload = WORKLOADS[args.workload]
     timed_iteration(make_warmup(workload, min(2 * 256, args.n)).batch(256))
     src = make_source(workload, args.n)
+    if args.pipeline_threads:
+        import tensorflow as tf
+
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = args.pipeline_threads
+        options.threading.max_intra_op_parallelism = 1
+        src = src.with_options(options)
     tmp = Path(args.tmp_dir)
     keep: list[Any] = []
     strategy = args.strategy.split("@")[0]
@@ -146,7 +158,9 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
 
     from client._transport import Transport, pb
     from client._writer import CacheWriter
-    from client.codec import Compressor, Layout, Leaf, encode_batch
+    from client.codec import encode_batch
+    from client.layout import Layout, Leaf
+    from client.values import Compressor
 
     records = [image_record(seed) for seed in range(16)]
     batch = np.stack([np.frombuffer(r, np.float32).reshape(RECORD_SHAPE) for r in records[:6]])
@@ -284,7 +298,8 @@ def _measure(args: argparse.Namespace, strategy: str, scratch: Path,
     daemon = daemons.get(strategy)
     root = daemon.root if daemon else REPO_ROOT
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workload", args.workload,
-           "--n", str(args.n), "--strategy", strategy, "--tmp-dir", str(tmp),
+           "--n", str(args.n), "--pipeline-threads", str(args.pipeline_threads),
+           "--strategy", strategy, "--tmp-dir", str(tmp),
            "--cache-name", f"write-path-{repeat}"]
     if daemon is not None:
         cmd += ["--socket", str(daemon.socket), "--daemon-pid", str(daemon.proc.pid)]
@@ -304,7 +319,8 @@ def _table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> s
     payload = runs["none"][0]["payload_mb"]
     lines = [
         f"`{args.workload}`, {args.n:,} elements ({payload:,.0f} MB), epoch 1, "
-        f"{args.repeat} repeat(s); bare pipeline: {payload / statistics.median(bare):,.0f} MB/s",
+        f"{args.repeat} repeat(s), pipeline threads: {args.pipeline_threads or 'all cores'}; "
+        f"bare pipeline: {payload / statistics.median(bare):,.0f} MB/s",
         "",
         "| strategy | epoch 1 s (median, min-max) | ratio to bare (median) | MB/s | "
         "client CPU s | daemon CPU s | CPU vs bare | peak RssAnon MB | checks |",
@@ -341,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                         choices=STRATEGIES + EXTRA_STRATEGIES)
     parser.add_argument("--baseline-root", type=Path, default=None,
                         help="another checkout: adds shardcache@base, run from its code")
+    parser.add_argument("--pipeline-threads", type=int, default=0, metavar="N",
+                        help="run the source's map on N threads (default 0: all cores); "
+                             "1 leaves a core to the write path (see above)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--layers", action="store_true",
                         help="measure the write path's layers (see above) instead")
