@@ -56,7 +56,7 @@ from client._direct import DirectReads  # noqa: E402
 from client._local_writer import LocalWriter  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client._writer import CacheWriter  # noqa: E402
-from client.codec import crc32 as codec_crc32  # noqa: E402
+from client.values import crc32 as codec_crc32  # noqa: E402
 
 MB = 1_000_000
 RECORD_SHAPE = (224, 224, 3)
@@ -110,7 +110,7 @@ def cpu_rows(records: list[bytes], total: int) -> dict[str, tuple[float, int]]:
     ratio = sum(map(len, records)) / sum(map(len, frames))
     print(f"zstd level 1 ratio on these records: {ratio:.3f}", file=sys.stderr)
     return {"memcpy": timed(copy), "crc32 (zlib)": timed(crc(zlib.crc32)),
-            "crc32 (ISA-L, client/codec.py)": timed(crc(codec_crc32)),
+            "crc32 (ISA-L, client/values.py)": timed(crc(codec_crc32)),
             "zstd-1 compress": timed(compress), "zstd decompress": timed(decompress)}
 
 

@@ -65,7 +65,8 @@ def build(socket: str, workload: str, n: int) -> None:
     from client import CacheClient, _tf
     from client._transport import pb
     from client._writer import CacheWriter
-    from client.codec import Compressor, encode_batch
+    from client.codec import encode_batch
+    from client.values import Compressor
 
     ds = make_source(WORKLOADS[workload], n)
     spec = ds.element_spec

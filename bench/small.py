@@ -60,7 +60,7 @@ def build(socket: str, workload: str, n: int, block_kib: int) -> dict[str, Any]:
     from client._transport import pb
     from client._writer import CacheWriter
     from client.blocks import BlockPacker, blocked
-    from client.codec import Compressor
+    from client.values import Compressor
 
     ds = make_source(WORKLOADS[workload], n)
     spec = ds.element_spec

@@ -18,7 +18,9 @@ import numpy as np
 from cacheserver.errors import DataLoss
 from cacheserver.store import ShardGetter
 from client.blocks import unpack_block, unshuffle_into
-from client.codec import TAG_RAW, Decompressor, Layout, RecordError, crc32
+from client.codec import RecordError
+from client.layout import Layout
+from client.values import TAG_RAW, Decompressor, crc32
 
 
 @functools.lru_cache(maxsize=256)

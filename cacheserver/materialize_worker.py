@@ -3,7 +3,7 @@
 Started by :mod:`cacheserver.materializer` with the ``spawn`` context (never a
 fork of the gRPC daemon), so TensorFlow is imported here, in the worker, and
 never in the daemon. Each shard is encoded exactly as write-through encodes it
-(client/_tf.py batches the source, client/codec.py encodes and compresses),
+(client/_tf.py batches the source, client/codec.py encodes, client/values.py compresses),
 stored in the shard's own LMDB environment (cacheserver/store.py, opened in
 this process), fsynced, and committed by its marker ``shard-NNNNN.json``.
 Progress goes back to the daemon as tuples on a multiprocessing queue::

@@ -217,7 +217,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
 
     def _write(self, session: WriteSession, requests: Iterator[pb.WriteCacheRequest]
                ) -> Iterator[pb.WriteCacheResponse]:
-        from client.codec import split_chunk  # the framing is shared with the client
+        from client.values import split_chunk  # the framing is shared with the client
 
         with _Overlapped(session) as store:
             for req in requests:

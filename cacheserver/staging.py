@@ -34,7 +34,8 @@ from cacheserver.errors import DataLoss, InvalidArgument
 from cacheserver.records import CacheRecord, ShardInfo, du
 from cacheserver.store import ReaderPool, ShardGetter, disk_full
 from client.blocks import unpack_block
-from client.codec import Decompressor, RecordError
+from client.codec import RecordError
+from client.values import Decompressor
 
 #: The staging directory's name inside the cache's directory.
 STAGING = "local"

@@ -18,7 +18,6 @@ from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client._write_behind import WriteBehind
 from client._writer import CacheWriter
 from client.blocks import blocked, check_block_bytes
-from client.codec import Layout
 from client.errors import (
     CacheNotFoundError,
     CacheNotReadyError,
@@ -26,6 +25,7 @@ from client.errors import (
     InvalidArgumentError,
     ServerUnavailableError,
 )
+from client.layout import Layout
 
 if TYPE_CHECKING:
     import tensorflow as tf

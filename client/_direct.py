@@ -38,7 +38,6 @@ import numpy as np
 from client._gather import CHUNK_BYTES, is_run, shard_runs
 from client._prefetch import Closed
 from client._transport import Transport, pb
-from client.codec import Layout
 from client.errors import (
     DataLossError,
     DirectReadUnavailableError,
@@ -47,6 +46,7 @@ from client.errors import (
     ShardcacheError,
 )
 from client.fixed_decode import handles
+from client.layout import Layout
 
 log = logging.getLogger("client")
 #: direct= when the argument is left at None: auto, true or false.

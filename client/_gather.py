@@ -39,7 +39,7 @@ from client._plan import ReadOptions, epoch_range
 from client._prefetch import Closed, Prefetcher
 from client._transport import Transport, pb
 from client.blocks import decode_values
-from client.codec import Decompressor, Layout, RecordError, split_chunk
+from client.codec import RecordError
 from client.errors import (
     DataLossError,
     ReconnectTimeoutError,
@@ -47,6 +47,8 @@ from client.errors import (
     from_rpc_error,
 )
 from client.fixed_decode import decode_into, handles
+from client.layout import Layout
+from client.values import Decompressor, split_chunk
 
 log = logging.getLogger("client")
 CHUNK_BYTES = 1 << 20

@@ -54,7 +54,7 @@ import numpy as np
 
 from client._write_behind import WriteBehind
 from client._writer import CacheWriter
-from client.codec import Layout
+from client.layout import Layout
 
 log = logging.getLogger("client")
 

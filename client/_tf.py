@@ -26,8 +26,9 @@ from tensorflow.python.framework import op_def_registry
 from tensorflow.python.saved_model import nested_structure_coder
 
 from client._tf_elements import BatchBuilder, CachedElements, with_spec
-from client.codec import Layout, Leaf, VarLeaf
+from client.codec import VarLeaf
 from client.errors import InvalidArgumentError
+from client.layout import Layout, Leaf
 
 _FIXED, _VAR, _EMPTY = "fixed", "var", "empty"
 

@@ -26,8 +26,8 @@ from typing import Any
 from client._transport import pb
 from client._writer import CacheWriter
 from client.blocks import BlockPacker
-from client.codec import Layout
 from client.errors import ShardcacheError
+from client.layout import Layout
 
 log = logging.getLogger("client")
 

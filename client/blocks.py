@@ -38,18 +38,16 @@ from typing import Any
 import numpy as np
 
 from client.codec import (
-    Compressor,
-    Decompressor,
-    Layout,
     RecordError,
     decode_batch,
     decode_fixed,
     encode_batch,
     encode_fixed_batch,
     fixed_columns,
-    row_delta_leaf,
 )
 from client.errors import InvalidArgumentError
+from client.layout import Layout, row_delta_leaf
+from client.values import Compressor, Decompressor
 
 #: Raw bytes per block aimed at (docs/blocks.md measures 16, 64 and 256 KiB).
 BLOCK_TARGET_BYTES = int(os.environ.get("SHARDCACHE_BLOCK_BYTES", 256 << 10))
@@ -58,7 +56,7 @@ BLOCK_TARGET_BYTES = int(os.environ.get("SHARDCACHE_BLOCK_BYTES", 256 << 10))
 #: (110 KB float32 records read 1.65x slower in blocks of two, docs/blocks.md).
 MAX_BLOCKED_RECORD_BYTES = 32 << 10
 #: A block keeps its zstd frame when at least this much smaller (one value per element:
-#: codec.MIN_COMPRESSION_RATIO). Lower, since one decompression call now serves k
+#: values.MIN_COMPRESSION_RATIO). Lower, since one decompression call now serves k
 #: elements and the issue asks for GZIP's ratio (docs/blocks.md).
 BLOCK_MIN_RATIO = 1.1
 

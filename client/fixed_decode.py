@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from client.blocks import undelta_rows, unpack_values
-from client.codec import Decompressor, Layout
+from client.layout import Layout
+from client.values import Decompressor
 
 #: TensorFlow aliases a numpy array whose data is aligned to this (EIGEN_MAX_ALIGN_BYTES).
 ALIGN = 64

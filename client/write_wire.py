@@ -14,7 +14,7 @@ These functions frame and read the same protobuf encoding directly:
   newer client), or bytes it cannot frame (protobuf then reports the error).
 
 The WriteCache stream uses them as its (de)serializers on both sides; the
-stored values are what codec.py made of them, untouched.
+stored values are what client/values.py made of them, untouched.
 
 ReadShard's responses go the other way: :func:`encode_read_shard_response`
 lets the daemon frame a chunk straight from the values' views into LMDB's map

@@ -15,7 +15,7 @@ from client import CacheClient
 from client._transport import pb
 from client._writer import CacheWriter
 from client.blocks import BlockPacker, blocked
-from client.codec import Compressor
+from client.values import Compressor
 
 
 def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,

@@ -32,7 +32,8 @@ from client import (  # noqa: E402
 from client._local_writer import LocalWriter  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client._writer import CacheWriter  # noqa: E402
-from client.codec import Compressor, Layout, Leaf  # noqa: E402
+from client.layout import Layout, Leaf  # noqa: E402
+from client.values import Compressor  # noqa: E402
 
 LAYOUT_64 = Layout((Leaf("uint8", (64,)),))
 ADOPTED = "adopted"  # the daemon's log line for a commit of staged shards

@@ -173,8 +173,9 @@ def read_elements(cc: CacheClient, cache: str, indices: list[int], fingerprint: 
                   ) -> list[int]:
     """Call ReadElements directly; decode the "i" component of every record it returns."""
     from client.blocks import decode_values
-    from client.codec import Decompressor, Layout, split_chunk
     from client.errors import from_rpc_error
+    from client.layout import Layout
+    from client.values import Decompressor, split_chunk
 
     info = cc._get(cache)
     layout = Layout.from_json(info.layout_json)

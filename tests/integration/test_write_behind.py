@@ -14,7 +14,8 @@ from client import CacheClient, CacheNotFoundError  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client._write_behind import WriteBehind  # noqa: E402
 from client._writer import CacheWriter  # noqa: E402
-from client.codec import Layout, Leaf, RecordError  # noqa: E402
+from client.codec import RecordError  # noqa: E402
+from client.layout import Layout, Leaf  # noqa: E402
 
 
 def _big_elements(n: int) -> tf.data.Dataset:

@@ -22,7 +22,7 @@ from client._tf import encode_spec  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client._write_behind import WriteBehind  # noqa: E402
 from client._writer import CacheWriter  # noqa: E402
-from client.codec import Layout, Leaf  # noqa: E402
+from client.layout import Layout, Leaf  # noqa: E402
 
 PATHS = pytest.mark.parametrize("tap", ["1", "0"], ids=["tap", "generator"])
 

@@ -1,4 +1,5 @@
-"""The record format (client/codec.py): round trips, corruption detection, framing.
+"""The record format (client/codec.py, layout.py, values.py): round trips, corruption detection,
+framing.
 
 No network and no TensorFlow: the codec must stand on numpy, zstandard and ml_dtypes.
 Numeric values are drawn as raw bytes, so NaNs, infinities, negative zeros and
@@ -23,21 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client import codec
-from client.codec import (
-    Compressor,
-    Decompressor,
-    Layout,
-    Leaf,
-    RecordError,
-    VarLeaf,
-    decode_batch,
-    encode_body,
-    encode_fixed_batch,
-    split_chunk,
-)
+from client import layout as layout_mod
+from client.codec import RecordError, VarLeaf, decode_batch, encode_body, encode_fixed_batch
+from client.layout import Layout, Leaf
+from client.values import TAG_RAW, TAG_ZSTD, Compressor, Decompressor, split_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
-NUMERIC = [d for d in codec._DTYPES if d != "string"]
+NUMERIC = [d for d in layout_mod._DTYPES if d != "string"]
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -55,7 +48,7 @@ def np_dtype(dtype: str) -> np.dtype:
 
 @st.composite
 def leaves(draw: st.DrawFn, dtypes: list[str] | None = None, fixed: bool = False) -> Leaf:
-    dtype = draw(st.sampled_from(dtypes or list(codec._DTYPES)))
+    dtype = draw(st.sampled_from(dtypes or list(layout_mod._DTYPES)))
     dims = draw(st.lists(st.integers(0, 3), max_size=3))
     if fixed:
         return Leaf(dtype, tuple(dims))
@@ -235,10 +228,10 @@ def test_layout_survives_its_json_description(layout: Layout) -> None:
         packed = Layout(layout.leaves, 7)
         text = packed.to_json()
         assert Layout.from_json(text) == packed
-        assert json.loads(text)["format"] == codec.FORMAT_VERSION == 2
+        assert json.loads(text)["format"] == layout_mod.FORMAT_VERSION == 2
 
 
-@pytest.mark.parametrize("dtype", codec._DTYPES)
+@pytest.mark.parametrize("dtype", layout_mod._DTYPES)
 def test_every_dtype_round_trips_as_a_scalar_a_matrix_and_a_ragged_leaf(dtype: str) -> None:
     dt = np_dtype(dtype)
     if dtype == "string":
@@ -307,10 +300,10 @@ def test_zero_elements_decode_to_empty_batches() -> None:
 
 def test_compressible_bodies_use_zstd_and_incompressible_ones_stay_raw() -> None:
     c = Compressor()
-    assert c.pack(bytes(4096))[0] == codec.TAG_ZSTD
+    assert c.pack(bytes(4096))[0] == TAG_ZSTD
     noise = np.random.default_rng(0).bytes(4096)
-    assert c.pack(noise)[0] == codec.TAG_RAW
-    assert c.pack(b"")[0] == codec.TAG_RAW
+    assert c.pack(noise)[0] == TAG_RAW
+    assert c.pack(b"")[0] == TAG_RAW
 
 
 @pytest.mark.parametrize("compressible", [True, False], ids=["zstd", "raw"])
@@ -322,7 +315,7 @@ def test_a_value_packed_from_parts_is_the_value_of_their_concatenation(
     parts = [bytes(3000), bytes(8)] if compressible else [rng.bytes(3000), rng.bytes(8)]
     parts_value = Compressor().pack_parts([np.frombuffer(p, np.uint8) for p in parts])
     assert parts_value == Compressor().pack(b"".join(parts))
-    assert parts_value[0] == (codec.TAG_ZSTD if compressible else codec.TAG_RAW)
+    assert parts_value[0] == (TAG_ZSTD if compressible else TAG_RAW)
     assert bytes(Decompressor().unpack(parts_value)) == b"".join(parts)
 
 
@@ -398,7 +391,7 @@ def test_a_large_record_never_decodes_to_a_different_body_after_corruption() -> 
     rng = np.random.default_rng(1)
     body = np.repeat(rng.integers(0, 256, 200_000, np.uint8), 4).tobytes()  # 800 kB
     value = zstd_value(body)
-    assert value[0] == codec.TAG_ZSTD
+    assert value[0] == TAG_ZSTD
     assert not value[5] & 0x20, "expected a frame with a window descriptor"
     dec = Decompressor()
     positions = list(range(0, 24)) + list(range(len(value) - 8, len(value)))
@@ -529,11 +522,12 @@ def test_an_element_that_does_not_match_the_layout_is_rejected() -> None:
 
 
 def test_the_codec_works_without_importing_tensorflow() -> None:
-    code = ("import sys, numpy as np, client.codec as c; "
-            "lay = c.Layout((c.Leaf('bfloat16', (2,)), c.Leaf('string', None))); "
+    code = ("import sys, numpy as np, client.codec as c, client.layout as l, "
+            "client.values as v; "
+            "lay = l.Layout((l.Leaf('bfloat16', (2,)), l.Leaf('string', None))); "
             "s = np.empty(1, object); s[:] = [b'x']; "
             "body = c.encode_body(lay, [np.zeros(2, 'float32'), s]); "
-            "c.decode_batch(lay, [c.Decompressor().unpack(c.Compressor().pack(body))]); "
+            "c.decode_batch(lay, [v.Decompressor().unpack(v.Compressor().pack(body))]); "
             "assert 'tensorflow' not in sys.modules, 'the codec imported TensorFlow'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
@@ -544,24 +538,24 @@ def _random_body(rng: np.random.Generator, size: int = 4096) -> bytes:
 
 def test_compression_is_probed_rarely_once_records_stop_compressing() -> None:
     rng = np.random.default_rng(0)
-    comp, dec = codec.Compressor(), codec.Decompressor()
+    comp, dec = Compressor(), Decompressor()
     bodies = [_random_body(rng) for _ in range(16 + 640)]
     values = [comp.pack(b) for b in bodies]
-    assert comp.attempts == codec.Compressor.GIVE_UP + 640 // codec.Compressor.PROBE_EVERY
-    assert all(v[0] == codec.TAG_RAW for v in values)
+    assert comp.attempts == Compressor.GIVE_UP + 640 // Compressor.PROBE_EVERY
+    assert all(v[0] == TAG_RAW for v in values)
     assert [bytes(dec.unpack(v)) for v in values] == bodies
 
 
 def test_a_compressible_record_found_by_a_probe_resumes_compressing_every_record() -> None:
     rng = np.random.default_rng(1)
-    comp = codec.Compressor()
-    for _ in range(codec.Compressor.GIVE_UP):
+    comp = Compressor()
+    for _ in range(Compressor.GIVE_UP):
         comp.pack(_random_body(rng))
     zeros = bytes(4096)
-    tags = [comp.pack(zeros)[0] for _ in range(codec.Compressor.PROBE_EVERY + 10)]
-    first = tags.index(codec.TAG_ZSTD)
-    assert first == codec.Compressor.PROBE_EVERY - 1, "the probe found the compressible record"
-    assert set(tags[first:]) == {codec.TAG_ZSTD}, "every record is compressed again"
+    tags = [comp.pack(zeros)[0] for _ in range(Compressor.PROBE_EVERY + 10)]
+    first = tags.index(TAG_ZSTD)
+    assert first == Compressor.PROBE_EVERY - 1, "the probe found the compressible record"
+    assert set(tags[first:]) == {TAG_ZSTD}, "every record is compressed again"
 
 
 @SETTINGS

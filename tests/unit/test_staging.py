@@ -14,7 +14,8 @@ from cacheserver.errors import DataLoss, InvalidArgument
 from cacheserver.records import CacheRecord
 from cacheserver.store import ShardWriter
 from client.blocks import BlockPacker, blocked
-from client.codec import Compressor, Layout, Leaf
+from client.layout import Layout, Leaf
+from client.values import Compressor
 
 LAYOUT = Layout((Leaf("uint8", (4096,)),))
 
