@@ -27,12 +27,12 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cacheserver import metrics, staging
+from cacheserver import metrics
 from cacheserver.blocks import block_elements
 from cacheserver.capacity import Capacity, expired_names, pick_victim, retained_summary
 from cacheserver.errors import (
@@ -42,99 +42,16 @@ from cacheserver.errors import (
     FingerprintMismatch,
     InvalidArgument,
 )
-from cacheserver.records import CacheRecord, ShardInfo, du, validate_name, write_atomic
+from cacheserver.records import CacheRecord, du, validate_name, write_atomic
 from cacheserver.recovery import RecoveryReport
 from cacheserver.retention import Retention, RetentionBook
-from cacheserver.store import ReaderPool, ShardWriter
+from cacheserver.store import ReaderPool
+from cacheserver.write_session import WriteSession
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 1 << 30
 DEFAULT_CHUNK_BYTES = 1 << 20
-
-
-class WriteSession:
-    """One writer's lease on a WRITING cache: append, then finish or abort."""
-
-    def __init__(self, catalog: Catalog, record: CacheRecord, directory: Path,
-                 shard_bytes: int) -> None:
-        self._catalog = catalog
-        self.record = record
-        self._dir = directory
-        self.shard_bytes = shard_bytes
-        self._writer: ShardWriter | None = None
-        self._done = False
-        self._k = block_elements(record.layout_json)
-        self._staging: Path | None = None  # same-host writes (cacheserver/staging.py)
-
-    def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
-        if self._writer is not None and self._writer.stored_bytes >= self.shard_bytes:
-            self._commit_shard()  # the last shard stays open until finish(): see there
-        if self._writer is None:
-            index = len(self.record.shards)
-            self._writer = ShardWriter(self._dir / f"shard-{index:05d}", self.shard_bytes)
-        self._catalog.capacity.reserve(self.record.name, sum(len(v) for v in values))
-        self._writer.append(values, raw_bytes, len(values) * self._k)
-
-    def _commit_shard(self) -> None:
-        writer, self._writer = self._writer, None
-        assert writer is not None
-        writer.commit()
-        shard = ShardInfo(len(self.record.shards), self.record.num_elements,
-                          writer.num_elements, writer.stored_bytes, writer.raw_bytes)
-        self.record.add_shard(self._dir, shard)
-
-    def stage(self) -> Path:
-        """Same-host writes: the directory the client writes its shard files into."""
-        self._staging = staging.make(self._dir)
-        return self._staging
-
-    def adopt(self, shards: Sequence[staging.StagedShard]) -> None:
-        """Check the client's staged shards and take them as this cache's shards."""
-        if self._staging is None or self._writer is not None or self.record.shards:
-            raise InvalidArgument("staged shards can only commit a write begun with "
-                                  "WriteBegin.local that sent no chunks")
-        staging.adopt(self.record, self._dir, self._staging, shards, lambda n: (
-            self._catalog.capacity.reserve(self.record.name, n, written=True)))
-
-    @property
-    def num_elements(self) -> int:
-        pending = self._writer.num_elements if self._writer else 0
-        return self.record.num_elements + pending
-
-    def finish(self, num_elements: int) -> CacheRecord:
-        """Commit the last shard and the manifest: the cache becomes READY.
-
-        Blocks of k elements: every value sent counted k elements; only the very
-        last one may hold fewer, which the writer's total says (docs/blocks.md).
-        """
-        short = self.num_elements - num_elements
-        if not 0 <= short < self._k or (short and self._writer is None):
-            raise InvalidArgument(f"writer says {num_elements} elements, sent "
-                                  f"{self.num_elements}" + (
-                                      f" in blocks of {self._k}" if self._k > 1 else ""))
-        if self._writer is not None:
-            self._writer.num_elements -= short
-            self._commit_shard()
-        if self._staging is not None:  # the client streamed after all (or wrote nothing)
-            shutil.rmtree(self._staging, ignore_errors=True)
-        self.record.state = "READY"
-        self.record.commit_time = time.time()
-        self.record.disk_bytes = du(self._dir)
-        write_atomic(self._dir / "manifest.json", self.record.to_json())
-        (self._dir / "writing.json").unlink(missing_ok=True)
-        self._done = True
-        self._catalog._release(self, committed=True)
-        return self.record
-
-    def abort(self) -> None:
-        """Discard everything this session wrote; no-op after finish()."""
-        if self._done:
-            return
-        self._done = True
-        if self._writer is not None:
-            self._writer.abort()
-        self._catalog._release(self, committed=False)
 
 
 class Catalog:
@@ -313,7 +230,8 @@ class Catalog:
             write_atomic(directory / "writing.json", record.to_json())
             self._caches[name] = record
             self.retention.forget(name)
-        session = WriteSession(self, record, directory, shard_bytes or DEFAULT_SHARD_BYTES)
+        session = WriteSession(record, directory, shard_bytes or DEFAULT_SHARD_BYTES,
+                               self.capacity, self._release)
         return "ACCEPTED", record, session
 
     def _release(self, session: WriteSession, committed: bool) -> None:

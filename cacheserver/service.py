@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cacheserver import gather, metrics, staging
-from cacheserver.catalog import Catalog, WriteSession
+from cacheserver.catalog import Catalog
 from cacheserver.errors import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
 from cacheserver.leases import LeaseTable
 from cacheserver.materializer import Materializer
@@ -25,6 +25,7 @@ from cacheserver.records import CacheRecord
 from cacheserver.retention import Retention
 from cacheserver.v1 import cache_service_pb2 as pb
 from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+from cacheserver.write_session import WriteSession
 from cacheserver.write_stream import BegunGuard
 from client.write_wire import encode_read_shard_response, read_shard_data_bytes
 
