@@ -88,9 +88,9 @@ class _Source:
         if job.entry_point:
             self._fn = _resolve(job.entry_point)
         else:
-            from client import _tf
+            from client import _tf_graph
 
-            self._graph_ds = _tf.dataset_from_graph(job.graph_def, job.element_spec)
+            self._graph_ds = _tf_graph.dataset_from_graph(job.graph_def, job.element_spec)
 
     def dataset(self, shard: int) -> Any:
         if self._graph_ds is not None:

@@ -250,7 +250,7 @@ class CacheClient:
         (default $SHARDCACHE_BLOCK_BYTES, else 256 KiB); 0 stores one element per
         value, cheaper for caches read mostly with shuffle=True (docs/blocks.md).
         """
-        from client import _tf
+        from client import _tf, _tf_graph
 
         _check_prefetch(prefetch_bytes)
         reads = _direct.DirectReads(self._transport, _direct.resolve_mode(direct),
@@ -261,7 +261,7 @@ class CacheClient:
         spec = dataset.element_spec
         layout = blocked(_tf.layout_of(spec), block_bytes)
         wire = _tf.WireFormat(spec, layout)
-        fingerprint = _tf.fingerprint_of(dataset, version)
+        fingerprint = _tf_graph.fingerprint_of(dataset, version)
         cardinality = source_count = _tf.cardinality_of(dataset)
         if cardinality == _tf.INFINITE:
             raise InvalidArgumentError(

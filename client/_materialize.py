@@ -212,14 +212,14 @@ def start(transport: Transport, source: Any, *, name: str, num_shards: int,
     if isinstance(source, str):
         request.entry_point = source
     else:
-        from client import _tf
+        from client import _tf, _tf_graph
 
         if not _tf.is_dataset(source):
             raise InvalidArgumentError(
                 f"cannot materialize a {type(source).__name__}: pass an entry point "
                 "'package.module:fn' or a tf.data.Dataset")
-        request.graph_def, request.element_spec = _tf.serialize_dataset(source)
-        request.fingerprint = _tf.fingerprint_of(source, None)
+        request.graph_def, request.element_spec = _tf_graph.serialize_dataset(source)
+        request.fingerprint = _tf_graph.fingerprint_of(source, None)
     stub = transport.stub
     op = transport.call(stub.StartMaterialize, request).operation
     return MaterializeOperation(transport, op)
