@@ -159,8 +159,12 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
     from client._transport import Transport, pb
     from client._writer import CacheWriter
     from client.codec import encode_batch
-    from client.layout import Layout, Leaf
-    from client.values import Compressor
+
+    try:
+        from client.layout import Layout, Leaf
+        from client.values import Compressor
+    except ImportError:  # --baseline-root: a checkout from before the codec split (697db04)
+        from client.codec import Compressor, Layout, Leaf  # type: ignore[attr-defined,no-redef]
 
     records = [image_record(seed) for seed in range(16)]
     batch = np.stack([np.frombuffer(r, np.float32).reshape(RECORD_SHAPE) for r in records[:6]])
