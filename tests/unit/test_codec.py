@@ -38,14 +38,6 @@ SETTINGS = settings(max_examples=150, deadline=None,
 # --------------------------------------------------------------------------- strategies
 
 
-def np_dtype(dtype: str) -> np.dtype:
-    if dtype == "string":
-        return np.dtype(object)
-    if dtype == "bfloat16":
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype).newbyteorder("<")
-
-
 @st.composite
 def leaves(draw: st.DrawFn, dtypes: list[str] | None = None, fixed: bool = False) -> Leaf:
     dtype = draw(st.sampled_from(dtypes or list(layout_mod._DTYPES)))
@@ -81,7 +73,7 @@ def arrays(draw: st.DrawFn, leaf: Leaf) -> np.ndarray:
         arr = np.empty(count, object)
         arr[:] = items
         return arr.reshape(shape)
-    dt = np_dtype(leaf.dtype)
+    dt = leaf.np_dtype
     if leaf.dtype == "bool":
         raw = bytes(draw(st.lists(st.integers(0, 1), min_size=count, max_size=count)))
     else:
@@ -233,7 +225,7 @@ def test_layout_survives_its_json_description(layout: Layout) -> None:
 
 @pytest.mark.parametrize("dtype", layout_mod._DTYPES)
 def test_every_dtype_round_trips_as_a_scalar_a_matrix_and_a_ragged_leaf(dtype: str) -> None:
-    dt = np_dtype(dtype)
+    dt = Leaf(dtype, None).np_dtype
     if dtype == "string":
         items = [b"", b"\x00", b"\x00\xff", b"abc", b"\xff" * 9, bytes(range(256))]
         matrix = np.empty(6, object)
