@@ -22,6 +22,7 @@ from tensorflow.core.protobuf import struct_pb2
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.saved_model import nested_structure_coder
 
+from client._tap import READ, SOURCE, WRITE
 from client._tf_elements import BatchBuilder, CachedElements, with_spec
 from client.codec import VarLeaf
 from client.errors import InvalidArgumentError
@@ -216,8 +217,6 @@ def tapped_batches(source: tf.data.Dataset, wire: WireFormat, epochs: Any, size:
     drop_remainder drops that one only after the tap. rebatch_reads=False
     leaves a read's decoded batches as they come (for ``unbatch``).
     """
-    from client._tap import READ, SOURCE, WRITE
-
     batched = _finalized(source.batch(size))
     dropped = _finalized(source.batch(size, drop_remainder=True)) if drop_remainder else batched
 
