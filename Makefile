@@ -20,6 +20,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check cacheserver client tests bench protos
 	$(BIN)/mypy cacheserver client
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider

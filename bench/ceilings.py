@@ -18,10 +18,10 @@ single-threaded, so the rows bound what the full path (docs/benchmarks.md) can r
   records (``cold``: right after dropping the page cache, which needs root; then warm), and
   accepting and committing them (LMDB writes plus fsync), without any decoding or TensorFlow
   on the client; ``WriteCache, same-host``: the same records written by the client itself
-  into the shard file (client/_local_writer.py: the store's ShardWriter, fsync), the daemon
+  into the shard file (client/write/direct.py: the store's ShardWriter, fsync), the daemon
   checking a sample and committing it (docs/writing.md "Same-host writes");
 - ``shardcache direct read``: the same records read by the client itself from the shard
-  files under a read lease (client/_direct.py: the daemon's ReaderPool.read_chunks on a
+  files under a read lease (client/read/direct.py: the daemon's ReaderPool.read_chunks on a
   read-only mmap), warm, without decoding: what the same-host path moves before TensorFlow;
 - ``file read cold``: plain sequential ``read()`` of a file of the same size after dropping
   the page cache: what the disk gives a reader that asks for sequential blocks.
@@ -51,12 +51,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from cacheserver.probe import wait_healthy  # noqa: E402
-from client._direct import DirectReads  # noqa: E402
-from client._local_writer import LocalWriter  # noqa: E402
+from cacheserver.launch import wait_healthy  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
-from client._writer import CacheWriter  # noqa: E402
-from client.values import crc32 as codec_crc32  # noqa: E402
+from client.format.values import crc32 as codec_crc32  # noqa: E402
+from client.read.direct import DirectReads  # noqa: E402
+from client.write.direct import LocalWriter  # noqa: E402
+from client.write.stream import CacheWriter  # noqa: E402
 
 MB = 1_000_000
 RECORD_SHAPE = (224, 224, 3)
@@ -110,7 +110,7 @@ def cpu_rows(records: list[bytes], total: int) -> dict[str, tuple[float, int]]:
     ratio = sum(map(len, records)) / sum(map(len, frames))
     print(f"zstd level 1 ratio on these records: {ratio:.3f}", file=sys.stderr)
     return {"memcpy": timed(copy), "crc32 (zlib)": timed(crc(zlib.crc32)),
-            "crc32 (ISA-L, client/values.py)": timed(crc(codec_crc32)),
+            "crc32 (ISA-L, client/format/values.py)": timed(crc(codec_crc32)),
             "zstd-1 compress": timed(compress), "zstd decompress": timed(decompress)}
 
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path.cwd() if "--child" in sys.argv else REPO_ROOT))
 sys.path.insert(0, str(BENCH_DIR))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from cacheserver.probe import wait_healthy  # noqa: E402
+from cacheserver.launch import wait_healthy  # noqa: E402
 
 ORDER = ("load", "grpc", "direct", "file")
 CHILD_ORDER = ("grpc", "direct")

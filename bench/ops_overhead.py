@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from daemon import Daemon, free_port
 from wire import records, stub, write_cache
 
-from cacheserver.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2 as pb
 
 
 def _modes(tmp: Path) -> dict[str, tuple[tuple[str, ...], dict[str, object]]]:

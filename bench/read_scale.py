@@ -62,24 +62,25 @@ def build(socket: str, workload: str, n: int) -> None:
     """Child: write the cache (untimed), in shards of SHARD_BYTES so shard modes have shards."""
     from workloads import WORKLOADS, make_source
 
-    from client import CacheClient, _tf
+    from client import CacheClient
     from client._transport import pb
-    from client._writer import CacheWriter
-    from client.codec import encode_batch
-    from client.values import Compressor
+    from client.format.codec import encode_batch
+    from client.format.values import Compressor
+    from client.tf import convert
+    from client.write.stream import CacheWriter
 
     ds = make_source(WORKLOADS[workload], n)
     spec = ds.element_spec
-    layout = _tf.layout_of(spec)
-    wire = _tf.WireFormat(spec, layout)
+    layout = convert.layout_of(spec)
+    wire = convert.WireFormat(spec, layout)
     with CacheClient("unix://" + socket) as cc:
         begin = pb.WriteBegin(name=f"{workload}-{n}", fingerprint=f"version:{workload}-{n}",
-                              layout_json=layout.to_json(), element_spec=_tf.encode_spec(spec),
+                              layout_json=layout.to_json(), element_spec=convert.encode_spec(spec),
                               shard_bytes=SHARD_BYTES)
         writer = CacheWriter(cc._transport, begin)
         writer.begin()
         compressor = Compressor()
-        for count, batch in _tf.source_batches(ds, wire, 64):
+        for count, batch in convert.source_batches(ds, wire, 64):
             bodies = encode_batch(layout, batch, count)
             raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
             writer.add([compressor.pack(b) for b in bodies], raw)
@@ -137,7 +138,7 @@ def _child(args: list[str]) -> dict[str, Any] | None:
 
 
 def run(sizes: dict[str, int], repeat: int) -> list[dict[str, Any]]:
-    from cacheserver.probe import wait_healthy
+    from cacheserver.launch import wait_healthy
 
     results = []
     with tempfile.TemporaryDirectory(prefix="read-scale-") as tmp:

@@ -88,7 +88,7 @@ class Daemon:
             self.proc = subprocess.Popen(
                 cmd, cwd=REPO_ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT
             )
-        from cacheserver.probe import NotHealthy, wait_healthy
+        from cacheserver.launch import NotHealthy, wait_healthy
 
         proc = self.proc
         try:

@@ -56,26 +56,27 @@ def build(socket: str, workload: str, n: int, block_kib: int) -> dict[str, Any]:
     """Child: write cache '<workload>-<n>-<block_kib>' (0: format 1) as write-through does."""
     from workloads import WORKLOADS, make_source
 
-    from client import CacheClient, _tf
+    from client import CacheClient
     from client._transport import pb
-    from client._writer import CacheWriter
-    from client.blocks import BlockPacker, blocked
-    from client.values import Compressor
+    from client.format.blocks import BlockPacker, blocked
+    from client.format.values import Compressor
+    from client.tf import convert
+    from client.write.stream import CacheWriter
 
     ds = make_source(WORKLOADS[workload], n)
     spec = ds.element_spec
-    layout = _tf.layout_of(spec)
+    layout = convert.layout_of(spec)
     if block_kib:
         layout = blocked(layout, block_kib << 10)
-    wire = _tf.WireFormat(spec, layout)
+    wire = convert.WireFormat(spec, layout)
     name = f"{workload}-{n}-{block_kib}"
     with CacheClient("unix://" + socket) as cc:
         begin = pb.WriteBegin(name=name, fingerprint=f"version:{name}",
-                              layout_json=layout.to_json(), element_spec=_tf.encode_spec(spec))
+                              layout_json=layout.to_json(), element_spec=convert.encode_spec(spec))
         writer = CacheWriter(cc._transport, begin)
         writer.begin()
         packer = BlockPacker(layout, None if block_kib else Compressor())
-        for count, batch in _tf.source_batches(ds, wire, 1024):
+        for count, batch in convert.source_batches(ds, wire, 1024):
             writer.add(*packer.add(batch, count))
         writer.add(*packer.flush())
         writer.finish()
@@ -125,7 +126,7 @@ def _child(args: list[str]) -> dict[str, Any]:
 
 def formats(sizes: dict[str, int], block_kibs: list[int], repeat: int) -> list[dict[str, Any]]:
     """Part 1: format 1 vs blocks, same daemon and client code."""
-    from cacheserver.probe import wait_healthy
+    from cacheserver.launch import wait_healthy
 
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-small-") as tmp:

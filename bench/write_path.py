@@ -34,7 +34,7 @@ checkout and (with ``--baseline-root``) the other one, alternating:
 ``WriteCache`` (those values through CacheWriter to a daemon, committed), and
 ``LMDB append, in-process`` (store.ShardWriter appending the same values and
 committing with fsync: what a same-host write path without gRPC would pay) and
-``WriteCache, same-host`` (the values through client/_local_writer.py's
+``WriteCache, same-host`` (the values through client/write/direct.py's
 LocalWriter: the client writes the shard file, the daemon checks and commits it).
 
 Every measurement runs in its own process (TensorFlow imported, two batches
@@ -112,15 +112,15 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         direct = False if strategy == "shardcache-grpc" else None
         ds = cc.cache(src, name=args.cache_name, direct=direct).batch(256)
     elif strategy == "passthrough":
-        from client import _malloc, _tap, _tf
+        from client.tf import convert, malloc, tap
 
-        def source_only() -> _tap.Decision:  # as CacheClient._begin_epoch with the daemon down
-            _malloc.tune()
-            return _tap.Decision(_tap.SOURCE)
+        def source_only() -> tap.Decision:  # as CacheClient._begin_epoch with the daemon down
+            malloc.tune()
+            return tap.Decision(tap.SOURCE)
 
-        wire = _tf.WireFormat(src.element_spec, _tf.layout_of(src.element_spec))
-        taps = _tap.TapEpochs(wire.layout, source_only, args.n)
-        ds = _tf.tapped_batches(src, wire, taps, 256)
+        wire = convert.WireFormat(src.element_spec, convert.layout_of(src.element_spec))
+        taps = tap.TapEpochs(wire.layout, source_only, args.n)
+        ds = convert.tapped_batches(src, wire, taps, 256)
     os.sync()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -157,14 +157,14 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
     from ceilings import RECORD_SHAPE, image_record
 
     from client._transport import Transport, pb
-    from client._writer import CacheWriter
-    from client.codec import encode_batch
+    from client.format.codec import encode_batch
+    from client.write.stream import CacheWriter
 
     try:
-        from client.layout import Layout, Leaf
-        from client.values import Compressor
+        from client.format.layout import Layout, Leaf
+        from client.format.values import Compressor
     except ImportError:  # --baseline-root: a checkout from before the codec split (697db04)
-        from client.codec import Compressor, Layout, Leaf  # type: ignore[attr-defined,no-redef]
+        from client.format.codec import Compressor, Layout, Leaf  # type: ignore[attr-defined,no-redef]
 
     records = [image_record(seed) for seed in range(16)]
     batch = np.stack([np.frombuffer(r, np.float32).reshape(RECORD_SHAPE) for r in records[:6]])
@@ -213,7 +213,7 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
     measure("WriteCache", write)
     transport.stub.DeleteCache(pb.DeleteCacheRequest(name=args.cache_name))
     try:
-        from client._local_writer import LocalWriter
+        from client.write.direct import LocalWriter
     except ImportError:  # a checkout from before same-host writes
         LocalWriter = None
 
@@ -231,7 +231,7 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
         measure("WriteCache, same-host", write_local)
         transport.stub.DeleteCache(pb.DeleteCacheRequest(name=args.cache_name))
     transport.close()
-    from cacheserver.store import ShardWriter
+    from client.format.store import ShardWriter
 
     def direct() -> None:
         shard = ShardWriter(Path(args.tmp_dir) / "direct", count * len(values[0]))
@@ -285,7 +285,7 @@ class _Daemon:
             [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(data),
              "--listen", "unix://" + str(self.socket)],
             cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        from cacheserver.probe import wait_healthy
+        from cacheserver.launch import wait_healthy
 
         wait_healthy("unix://" + str(self.socket), 60,
                      still_starting=lambda: self.proc.poll() is None)

@@ -1,3 +1,3 @@
-from cacheserver.cli import main
+from cacheserver.cli.main import main
 
 main(prog_name="cacheserver")

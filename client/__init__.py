@@ -9,7 +9,6 @@ Importing this package does not import TensorFlow; it loads on first use.
 
 from client._client import CacheClient, CacheInfo
 from client._materialize import MaterializeOperation, Progress
-from client._plan import ReadState
 from client.errors import (
     CacheExistsError,
     CacheNotFoundError,
@@ -32,6 +31,7 @@ from client.errors import (
     TooManyStreamsError,
     UnauthenticatedError,
 )
+from client.read.plan import ReadState
 
 __all__ = [
     "CacheClient",

@@ -12,12 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client import _direct, _local_writer, _malloc, _plan, _tap
-from client._gather import DEFAULT_PREFETCH_BYTES, read_epoch
+from client import _materialize
+from client._materialize import MaterializeOperation
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
-from client._write_behind import WriteBehind
-from client._writer import CacheWriter
-from client.blocks import blocked, check_block_bytes
 from client.errors import (
     CacheNotFoundError,
     CacheNotReadyError,
@@ -25,23 +22,23 @@ from client.errors import (
     InvalidArgumentError,
     ServerUnavailableError,
 )
-from client.layout import Layout
+from client.format.blocks import blocked, check_block_bytes, write_batch_elements
+from client.format.layout import Layout
+from client.read import direct as direct_read
+from client.read import plan
+from client.read.streams import DEFAULT_PREFETCH_BYTES, read_epoch
+from client.tf import malloc, tap
+from client.write import direct as direct_write
+from client.write.stream import CacheWriter
+from client.write.write_behind import WriteBehind
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from client._materialize import MaterializeOperation
-    from client._tf import WireFormat
+    from client.tf.convert import WireFormat
 
 log = logging.getLogger("client")
 _STATES = {pb.CACHE_STATE_WRITING: "WRITING", pb.CACHE_STATE_READY: "READY"}
-#: Elements per write-through batch, bounded to about this many bytes. The count
-#: bound keeps latency low: nothing is yielded (and Ctrl-C is not seen) until the
-#: source has produced a whole batch.
-_WRITE_BATCH_BYTES = 4 << 20
-_WRITE_BATCH_ELEMENTS = 256
-
-
 @dataclass(frozen=True)
 class CacheInfo:
     """What the daemon knows about one cache."""
@@ -103,7 +100,7 @@ class CacheClient:
     tune_malloc (default True) raises glibc's mmap/trim thresholds when an
     epoch starts, undoing the 128 KiB trim threshold TensorFlow's
     from_generator sets, which makes every large buffer page-fault afresh and
-    halves read throughput (client/_malloc.py has the numbers).
+    halves read throughput (client/tf/malloc.py has the numbers).
 
     local_data_dir is where the daemon's data dir is mounted in this process's
     filesystem when not at the daemon's own path (a sidecar's volume mounted
@@ -121,8 +118,8 @@ class CacheClient:
         self.target = resolve_target(target)
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
         self._transport = Transport(self.target, connect_timeout, credentials=credentials)
-        self._tune_malloc = _malloc.enabled(tune_malloc)
-        self._local_data_dir = _direct.resolve_local_data_dir(local_data_dir)
+        self._tune_malloc = malloc.enabled(tune_malloc)
+        self._local_data_dir = direct_read.resolve_local_data_dir(local_data_dir)
         _exit_hook()
 
     def __enter__(self) -> CacheClient:
@@ -183,8 +180,8 @@ class CacheClient:
     def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                 shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,
                 num_workers: int = 1, parallel_shards: int = 1, epoch: int = 0, start: int = 0,
-                resume: _plan.ReadState | None = None,
-                reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT,
+                resume: plan.ReadState | None = None,
+                reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
                 direct: bool | str | None = None) -> tf.data.Dataset:
         """A tf.data.Dataset over an existing READY cache; needs no source pipeline.
 
@@ -205,33 +202,33 @@ class CacheClient:
         False always streams over gRPC. None: $SHARDCACHE_DIRECT, else "auto".
         See docs/direct.md.
         """
-        from client import _tf
+        from client.tf import convert
 
         _check_prefetch(prefetch_bytes)
-        reads = _direct.DirectReads(self._transport, _direct.resolve_mode(direct),
+        reads = direct_read.DirectReads(self._transport, direct_read.resolve_mode(direct),
                                     self._local_data_dir)
-        options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
+        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
         cache = self._get(name)
         if cache.state != pb.CACHE_STATE_READY:
             raise CacheNotReadyError(
                 f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
                 "wait until its writer finishes, then call dataset() again")
-        wire = _tf.WireFormat(_tf.decode_spec(cache.element_spec),
+        wire = convert.WireFormat(convert.decode_spec(cache.element_spec),
                               Layout.from_json(cache.layout_json))
-        options = _plan.apply_resume(cache, options, resume).with_seed()
-        _plan.check_start(cache, options)
+        options = plan.apply_resume(cache, options, resume).with_seed()
+        plan.check_start(cache, options)
         reads.check(cache)
-        epochs = _plan.Epochs(options)
+        epochs = plan.Epochs(options)
         return wire.dataset(lambda: self._read_next(cache, wire, epochs, prefetch_bytes,
                                                     direct=reads),
-                            _plan.cardinality(cache, options))
+                            plan.cardinality(cache, options))
 
     def cache(self, dataset: tf.data.Dataset, name: str, *, version: str | None = None,
               prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
               seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
               parallel_shards: int = 1, epoch: int = 0, start: int = 0,
-              reconnect_timeout: float = _plan.DEFAULT_RECONNECT_TIMEOUT,
+              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
               direct: bool | str | None = None, block_bytes: int | None = None
               ) -> tf.data.Dataset:
         """The drop-in for ``dataset.cache()``, stored by the daemon under name.
@@ -250,20 +247,20 @@ class CacheClient:
         (default $SHARDCACHE_BLOCK_BYTES, else 256 KiB); 0 stores one element per
         value, cheaper for caches read mostly with shuffle=True (docs/blocks.md).
         """
-        from client import _tf, _tf_graph
+        from client.tf import convert, graphs
 
         _check_prefetch(prefetch_bytes)
-        reads = _direct.DirectReads(self._transport, _direct.resolve_mode(direct),
+        reads = direct_read.DirectReads(self._transport, direct_read.resolve_mode(direct),
                                     self._local_data_dir)
-        options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
+        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
         block_bytes = check_block_bytes(block_bytes)
         spec = dataset.element_spec
-        layout = blocked(_tf.layout_of(spec), block_bytes)
-        wire = _tf.WireFormat(spec, layout)
-        fingerprint = _tf_graph.fingerprint_of(dataset, version)
-        cardinality = source_count = _tf.cardinality_of(dataset)
-        if cardinality == _tf.INFINITE:
+        layout = blocked(convert.layout_of(spec), block_bytes)
+        wire = convert.WireFormat(spec, layout)
+        fingerprint = graphs.fingerprint_of(dataset, version)
+        cardinality = source_count = convert.cardinality_of(dataset)
+        if cardinality == convert.INFINITE:
             raise InvalidArgumentError(
                 f"cannot cache {name!r}: the dataset is infinite; call cc.cache() before "
                 ".repeat()")
@@ -274,23 +271,23 @@ class CacheClient:
         if existing is not None:
             _check_same_source(existing, fingerprint, layout)
             if existing.state == pb.CACHE_STATE_READY:
-                _plan.check_start(existing, options)
+                plan.check_start(existing, options)
                 reads.check(existing)
-                cardinality = _plan.cardinality(existing, options)
+                cardinality = plan.cardinality(existing, options)
             elif not options.whole_epochs:
                 cardinality = -2  # a writing iteration yields all, reading ones a share
         elif not options.whole_epochs:
             cardinality = -2
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
-                              element_spec=_tf.encode_spec(spec))
-        epochs = _plan.Epochs(options)
+                              element_spec=convert.encode_spec(spec))
+        epochs = plan.Epochs(options)
         decide = functools.partial(self._begin_epoch, wire, begin, prefetch_bytes, epochs, reads)
-        if wire.batchable_source and source_count >= 0 and _tap.enabled():  # stays in tf.data
-            taps = _tap.TapEpochs(layout, decide, source_count)
-            batches = _tf.tapped_batches(dataset, wire, taps, _write_batch_elements(layout),
+        if wire.batchable_source and source_count >= 0 and tap.enabled():  # stays in tf.data
+            taps = tap.TapEpochs(layout, decide, source_count)
+            batches = convert.tapped_batches(dataset, wire, taps, write_batch_elements(layout),
                                          rebatch_reads=False)
             return wire.elements(batches, cardinality, functools.partial(
-                _tf.tapped_batches, dataset, wire, taps))
+                convert.tapped_batches, dataset, wire, taps))
         return wire.dataset(lambda: self._cache_epoch(dataset, wire, decide), cardinality)
 
     def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
@@ -309,8 +306,6 @@ class CacheClient:
         resume attaches to a running or interrupted materialization of name.
         block_bytes: as for cache() (None: the daemon's default, 256 KiB blocks).
         """
-        from client import _materialize
-
         op = _materialize.start(self._transport, source, name=name, num_shards=num_shards,
                                 workers=workers, overwrite=overwrite, resume=resume,
                                 block_bytes=block_bytes)
@@ -321,44 +316,44 @@ class CacheClient:
 
     # ------------------------------------------------------------------ epochs
 
-    def _read_next(self, cache: pb.Cache, wire: WireFormat, epochs: _plan.Epochs,
+    def _read_next(self, cache: pb.Cache, wire: WireFormat, epochs: plan.Epochs,
                    prefetch_bytes: int, taken: tuple[int, int] | None = None,
-                   direct: _direct.DirectReads | None = None) -> Iterator[Any]:
+                   direct: direct_read.DirectReads | None = None) -> Iterator[Any]:
         """The next epoch of epochs (or the one already taken) over cache."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
-            _malloc.tune()
+            malloc.tune()
         epoch, start = taken or epochs.take()
         for n, batch in read_epoch(self._transport, cache, wire.layout, epochs.options, epoch,
                                    start, prefetch_bytes, direct):
             yield wire.to_wire(batch, n)
 
     def _begin_epoch(self, wire: WireFormat, begin: pb.WriteBegin, prefetch_bytes: int,
-                     epochs: _plan.Epochs, direct: _direct.DirectReads) -> _tap.Decision:
+                     epochs: plan.Epochs, direct: direct_read.DirectReads) -> tap.Decision:
         """What an iteration of a cc.cache() dataset does: read, write through, or pass through."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
-            _malloc.tune()
+            malloc.tune()
         taken = epochs.take()
-        writer = _local_writer.writer_for(self._transport, begin, direct,  # docs/writing.md
+        writer = direct_write.writer_for(self._transport, begin, direct,  # docs/writing.md
                                           self._local_data_dir)
         try:
             begun = writer.begin()
         except ServerUnavailableError as exc:
             writer.abort()
             log.warning("%s; this epoch runs the source pipeline without the cache", exc)
-            return _tap.Decision(_tap.SOURCE)
+            return tap.Decision(tap.SOURCE)
         if begun.decision == pb.WRITE_DECISION_ACCEPTED:
-            return _tap.Decision(_tap.WRITE, writer=writer)
+            return tap.Decision(tap.WRITE, writer=writer)
         writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
-            _plan.check_start(begun.cache, epochs.options)
-            return _tap.Decision(_tap.READ, read=functools.partial(
+            plan.check_start(begun.cache, epochs.options)
+            return tap.Decision(tap.READ, read=functools.partial(
                 self._read_next, begun.cache, wire, epochs, prefetch_bytes, taken, direct))
         log.info("cache %r is being written by another process; streaming the source "
                  "pipeline without writing", begin.name)
-        return _tap.Decision(_tap.SOURCE)
+        return tap.Decision(tap.SOURCE)
 
     def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat,
-                     decide: Callable[[], _tap.Decision]) -> Iterator[Any]:
+                     decide: Callable[[], tap.Decision]) -> Iterator[Any]:
         """One iteration of a cc.cache() dataset through from_generator (the untapped path)."""
         decision = decide()
         if decision.read is not None:
@@ -369,12 +364,12 @@ class CacheClient:
     def _write_through(self, dataset: tf.data.Dataset, wire: WireFormat,
                        writer: CacheWriter | None) -> Iterator[Any]:
         """Yield the source's batches, sending them to writer (None: just yield)."""
-        from client import _tf
+        from client.tf import convert
 
         layout = wire.layout
         behind = WriteBehind(writer, layout) if writer is not None else None
         try:
-            for n, batch in _tf.source_batches(dataset, wire, _write_batch_elements(layout)):
+            for n, batch in convert.source_batches(dataset, wire, write_batch_elements(layout)):
                 if behind is not None:
                     behind.put(n, batch)  # encoded and sent while the source runs on
                 yield wire.to_wire(batch, n)
@@ -386,7 +381,7 @@ class CacheClient:
 
     def read_state(self, name: str, *, elements_seen: int, shuffle: bool | str = False,
                    seed: int | None = None, worker_index: int = 0, num_workers: int = 1
-                   ) -> _plan.ReadState:
+                   ) -> plan.ReadState:
         """Where this worker stands after consuming elements_seen elements since epoch 0.
 
         Pass it back as cc.dataset(name, ..., resume=state) to continue exactly
@@ -394,15 +389,10 @@ class CacheClient:
         different cache, seed, shuffle mode or worker split raises
         ResumeMismatchError instead of repeating or skipping elements.
         """
-        options = _plan.ReadOptions(shuffle, seed, worker_index, num_workers)
+        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers)
         if options.shuffle and seed is None:
             raise InvalidArgumentError("a shuffled read's state needs its seed=")
-        return _plan.state_of(self._get(name), options, elements_seen)
-
-
-def _write_batch_elements(layout: Layout) -> int:
-    record = max(layout.record_size, 1) if layout.fixed_numeric else 64 << 10
-    return max(1, min(_WRITE_BATCH_ELEMENTS, _WRITE_BATCH_BYTES // record))
+        return plan.state_of(self._get(name), options, elements_seen)
 
 
 def _check_prefetch(prefetch_bytes: int) -> None:

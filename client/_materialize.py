@@ -1,6 +1,6 @@
 """Server-side materialization from the client: start, watch, wait, cancel.
 
-The daemon runs the pipeline (see cacheserver/materializer.py); this module
+The daemon runs the pipeline (see cacheserver/materialize/materializer.py); this module
 starts the operation, follows its WatchOperation stream and shows progress:
 a tqdm bar on a terminal, else a log line every few seconds.
 """
@@ -18,7 +18,6 @@ from typing import Any
 import grpc
 
 from client._transport import Transport, pb
-from client.blocks import check_block_bytes
 from client.errors import (
     _BY_CODE,
     _BY_REASON,
@@ -26,6 +25,7 @@ from client.errors import (
     ShardcacheError,
     from_rpc_error,
 )
+from client.format.blocks import check_block_bytes
 
 log = logging.getLogger("client")
 _STATES = {pb.OPERATION_STATE_RUNNING: "RUNNING", pb.OPERATION_STATE_SUCCEEDED: "SUCCEEDED",
@@ -212,14 +212,14 @@ def start(transport: Transport, source: Any, *, name: str, num_shards: int,
     if isinstance(source, str):
         request.entry_point = source
     else:
-        from client import _tf, _tf_graph
+        from client.tf import convert, graphs
 
-        if not _tf.is_dataset(source):
+        if not convert.is_dataset(source):
             raise InvalidArgumentError(
                 f"cannot materialize a {type(source).__name__}: pass an entry point "
                 "'package.module:fn' or a tf.data.Dataset")
-        request.graph_def, request.element_spec = _tf_graph.serialize_dataset(source)
-        request.fingerprint = _tf_graph.fingerprint_of(source, None)
+        request.graph_def, request.element_spec = graphs.serialize_dataset(source)
+        request.fingerprint = graphs.fingerprint_of(source, None)
     stub = transport.stub
     op = transport.call(stub.StartMaterialize, request).operation
     return MaterializeOperation(transport, op)

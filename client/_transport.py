@@ -9,9 +9,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
-from cacheserver.v1 import cache_service_pb2 as pb
-from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
 from client.errors import InvalidArgumentError, ServerUnavailableError, from_rpc_error
+from client.wire.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 #: The daemon's address when none is given: the sidecar/DaemonSet manifests set it.
@@ -40,7 +40,7 @@ class Transport:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             # a restarted daemon is found within a second (gRPC's default backoff
-            # grows to 120 s); reads reconnect mid-epoch (client/_gather.py)
+            # grows to 120 s); reads reconnect mid-epoch (client/read/streams.py)
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]

@@ -1,15 +1,17 @@
 """The client's exceptions, one per failure a caller can act on.
 
 Every error the daemon sends carries a gRPC status code and a reason
-(``shardcache-reason`` trailing metadata); :func:`from_rpc_error` maps the pair
-to one of these classes. Catch :class:`ShardcacheError` for all of them.
+(``shardcache-reason`` trailing metadata), both defined once in
+:mod:`client.wire.status`; :func:`from_rpc_error` maps the pair to one of these
+classes. Catch :class:`ShardcacheError` for all of them.
 """
 
 from __future__ import annotations
 
 import grpc
 
-REASON_KEY = "shardcache-reason"
+from client.wire import status
+from client.wire.status import REASON_KEY
 
 
 class ShardcacheError(Exception):
@@ -29,15 +31,13 @@ class ServerUnavailableError(ShardcacheError):
 class InvalidArgumentError(ShardcacheError, ValueError):
     """A request was malformed: bad cache name, bad option, unsupported element."""
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
-    reason = "INVALID_ARGUMENT"
+    code, reason = status.InvalidArgument.code, status.InvalidArgument.reason
 
 
 class CacheNotFoundError(ShardcacheError, KeyError):
     """No cache of that name exists on the daemon."""
 
-    code = grpc.StatusCode.NOT_FOUND
-    reason = "CACHE_NOT_FOUND"
+    code, reason = status.CacheNotFound.code, status.CacheNotFound.reason
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
@@ -46,36 +46,31 @@ class CacheNotFoundError(ShardcacheError, KeyError):
 class CacheNotReadyError(ShardcacheError):
     """The cache is still being written; wait until it is READY."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
-    reason = "CACHE_WRITING"
+    code, reason = status.CacheWriting.code, status.CacheWriting.reason
 
 
 class FingerprintMismatchError(ShardcacheError):
     """The cache of that name was produced by a different pipeline or version."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
-    reason = "FINGERPRINT_MISMATCH"
+    code, reason = status.FingerprintMismatch.code, status.FingerprintMismatch.reason
 
 
 class DiskFullError(ShardcacheError):
     """The daemon's disk is full; free space or delete caches."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reason = "DISK_FULL"
+    code, reason = status.DiskFull.code, status.DiskFull.reason
 
 
 class DataLossError(ShardcacheError):
     """Stored data is corrupt (checksum mismatch, damaged LMDB file)."""
 
-    code = grpc.StatusCode.DATA_LOSS
-    reason = "DATA_CORRUPT"
+    code, reason = status.DataLoss.code, status.DataLoss.reason
 
 
 class InternalError(ShardcacheError):
     """The daemon failed unexpectedly; its log says more."""
 
-    code = grpc.StatusCode.INTERNAL
-    reason = "INTERNAL"
+    code, reason = status.CacheServerError.code, status.CacheServerError.reason
 
 
 _BY_REASON: dict[str, type[ShardcacheError]] = {cls.reason: cls for cls in (
@@ -111,22 +106,19 @@ def from_rpc_error(err: grpc.RpcError, target: str) -> ShardcacheError:
 class CapacityExceededError(DiskFullError):
     """The daemon's --max-bytes / --min-free-bytes leave no room, even after evicting."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reason = "CAPACITY_EXCEEDED"
+    code, reason = status.CapacityExceeded.code, status.CapacityExceeded.reason
 
 
 class TooManyStreamsError(ShardcacheError):
     """This host already holds as many streams as the daemon allows one client."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reason = "TOO_MANY_STREAMS"
+    code, reason = status.TooManyStreams.code, status.TooManyStreams.reason
 
 
 class UnauthenticatedError(ShardcacheError):
     """The daemon wants a bearer token: pass token= or set CACHESERVER_TOKEN."""
 
-    code = grpc.StatusCode.UNAUTHENTICATED
-    reason = "UNAUTHENTICATED"
+    code, reason = status.Unauthenticated.code, status.Unauthenticated.reason
 
 
 _BY_REASON.update({cls.reason: cls for cls in (
@@ -137,15 +129,13 @@ _BY_CODE[grpc.StatusCode.UNAUTHENTICATED] = UnauthenticatedError
 class CacheExistsError(ShardcacheError):
     """A READY cache already has that name; pass overwrite=True to replace it."""
 
-    code = grpc.StatusCode.ALREADY_EXISTS
-    reason = "CACHE_EXISTS"
+    code, reason = status.CacheExists.code, status.CacheExists.reason
 
 
 class OperationNotFoundError(ShardcacheError, KeyError):
     """No operation of that name is known to the daemon."""
 
-    code = grpc.StatusCode.NOT_FOUND
-    reason = "OPERATION_NOT_FOUND"
+    code, reason = status.OperationNotFound.code, status.OperationNotFound.reason
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -154,15 +144,13 @@ class OperationNotFoundError(ShardcacheError, KeyError):
 class PipelineError(ShardcacheError):
     """The pipeline raised while the daemon materialized it; the message is its own."""
 
-    code = grpc.StatusCode.UNKNOWN
-    reason = "PIPELINE_FAILED"
+    code, reason = status.PipelineFailed.code, status.PipelineFailed.reason
 
 
 class OperationCancelledError(ShardcacheError):
     """The operation was cancelled before it finished."""
 
-    code = grpc.StatusCode.CANCELLED
-    reason = "OPERATION_CANCELLED"
+    code, reason = status.OperationCancelled.code, status.OperationCancelled.reason
 
 
 _MATERIALIZE_ERRORS: tuple[type[ShardcacheError], ...] = (
@@ -188,8 +176,7 @@ class ResumeMismatchError(ShardcacheError, ValueError):
 class LeaseNotFoundError(ShardcacheError, KeyError):
     """A direct read lease expired (not renewed within its TTL) or was released."""
 
-    code = grpc.StatusCode.NOT_FOUND
-    reason = "LEASE_NOT_FOUND"
+    code, reason = status.LeaseNotFound.code, status.LeaseNotFound.reason
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -1,12 +1,19 @@
 """Generate the Python code for the wire protocol, or check that it is current.
 
-    python protos/generate.py           # rewrite cacheserver/v1/*_pb2*.py
+    python protos/generate.py           # rewrite client/wire/v1/*_pb2*.py
     python protos/generate.py --check   # exit 1 when the committed code is stale
 
 The generator is a pinned grpcio-tools, installed (without its dependencies,
 which only the generated code's *runtime* needs) into .cache/ on first use.
 The pin is old enough that its gencode (protobuf 6.31.1) loads on every
 protobuf runtime TensorFlow 2.21 accepts (>=6.31.1,<8).
+
+protoc names the Python module after the proto file's path
+(``cacheserver/v1/cache_service.proto`` -> ``cacheserver.v1``); the code lives in
+the client's wire package instead (``client.wire.v1``, shared by client and
+daemon), so the one import between the generated modules is rewritten to that
+package. The proto package, and so every name on the wire, stays
+``cacheserver.v1``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from pathlib import Path
 GRPCIO_TOOLS = "grpcio-tools==1.75.1"
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
-OUT_PACKAGE = ROOT / "cacheserver" / "v1"
+OUT_PACKAGE = ROOT / "client" / "wire" / "v1"
+PROTO_MODULE = "cacheserver.v1"  # what protoc calls the module, after the proto's path
+OUT_MODULE = "client.wire.v1"
 TOOLS_DIR = ROOT / ".cache" / GRPCIO_TOOLS.replace("==", "-")
 
 
@@ -47,7 +56,11 @@ def generate(out_root: Path) -> list[Path]:
         f"--grpc_python_out={out_root}", *(str(p.relative_to(PROTO_ROOT)) for p in protos),
     ]
     subprocess.run(cmd, check=True, cwd=PROTO_ROOT)
-    return sorted((out_root / "cacheserver" / "v1").glob("*_pb2*.py*"))
+    written = sorted((out_root / "cacheserver" / "v1").glob("*_pb2*.py*"))
+    for path in written:
+        path.write_text(path.read_text().replace(
+            f"from {PROTO_MODULE} import ", f"from {OUT_MODULE} import "))
+    return written
 
 
 def main() -> int:

@@ -13,28 +13,28 @@ from typing import Any
 
 from client import CacheClient
 from client._transport import pb
-from client._writer import CacheWriter
-from client.blocks import BlockPacker, blocked
-from client.values import Compressor
+from client.format.blocks import BlockPacker, blocked
+from client.format.values import Compressor
+from client.write.stream import CacheWriter
 
 
 def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
                   chunk_bytes: int = 4096, version: str | None = None,
                   block_bytes: int | None = None) -> pb.Cache:
-    from client import _tf
+    from client.tf import convert
 
     spec = ds.element_spec
-    layout = _tf.layout_of(spec)
+    layout = convert.layout_of(spec)
     if block_bytes is not None:
         layout = blocked(layout, block_bytes)
-    wire = _tf.WireFormat(spec, layout)
+    wire = convert.WireFormat(spec, layout)
     begin = pb.WriteBegin(name=name, fingerprint=f"version:{version or name}",
-                          layout_json=layout.to_json(), element_spec=_tf.encode_spec(spec),
+                          layout_json=layout.to_json(), element_spec=convert.encode_spec(spec),
                           shard_bytes=shard_bytes)
     writer = CacheWriter(cc._transport, begin, chunk_bytes=chunk_bytes)
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     packer = BlockPacker(layout, None if block_bytes else Compressor())
-    for n, batch in _tf.source_batches(ds, wire, 64):
+    for n, batch in convert.source_batches(ds, wire, 64):
         writer.add(*packer.add(batch, n))
     writer.add(*packer.flush())
     return writer.finish()

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from cacheserver.v1 import cache_service_pb2 as pb
-from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+from client.wire.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
 
 def stub(channel: grpc.Channel) -> pb_grpc.CacheServiceStub:

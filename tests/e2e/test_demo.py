@@ -180,7 +180,7 @@ def test_ctrl_c_during_training_stops_the_daemon_too(tmp_path: Path) -> None:
 def test_the_demo_without_tensorflow_says_how_to_install_it(tmp_path: Path) -> None:
     # sys.modules[name] = None is how Python marks a module as not importable.
     code = ("import sys; sys.modules['tensorflow'] = None; "
-            "from cacheserver.cli import main; main(prog_name='cacheserver')")
+            "from cacheserver.cli.main import main; main(prog_name='cacheserver')")
     data_dir = tmp_path / "data"
     proc = subprocess.run(
         [sys.executable, "-c", code, "demo", *SMALL, "--data-dir", str(data_dir)],

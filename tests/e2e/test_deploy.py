@@ -31,8 +31,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cacheserver.v1 import cache_service_pb2 as pb
-from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+from client.wire.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
 yaml = pytest.importorskip("yaml")
 
@@ -471,7 +471,7 @@ def test_the_image_runs_exactly_the_command_the_manifests_run() -> None:
 def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount(
         scratch: Path) -> None:
     from client import CacheClient
-    from client._direct import LOCAL_DATA_DIR_ENV, DirectReads, resolve_local_data_dir
+    from client.read.direct import LOCAL_DATA_DIR_ENV, DirectReads, resolve_local_data_dir
 
     spec = load_one(SIDECAR_JOB, "Job")["spec"]["template"]["spec"]
     server, train = container(spec, "cacheserver"), container(spec, "train")

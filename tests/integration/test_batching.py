@@ -10,7 +10,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from client import CacheClient  # noqa: E402
-from client._tf_elements import CachedElements  # noqa: E402
+from client.tf.datasets import CachedElements  # noqa: E402
 
 N = 1000  # 4 blocks of 254 ~1 KB elements, the last one short
 
@@ -90,7 +90,7 @@ def test_caches_of_variable_shapes_keep_tf_datas_batch(cc: CacheClient, name: st
 
 
 def test_write_through_takes_the_sources_batches_without_copying_them() -> None:
-    from client._tf import WireFormat, _view, layout_of, source_batches
+    from client.tf.convert import WireFormat, _view, layout_of, source_batches
 
     wire = WireFormat(source().element_spec, layout_of(source().element_spec))
     n, arrays = next(source_batches(source(), wire, 64))

@@ -10,8 +10,8 @@ from daemon import Daemon
 from waits import wait_until
 from wire import names, read_all, reason, records, split, stub, write_cache
 
-from cacheserver.v1 import cache_service_pb2 as pb
 from client import CacheClient, CacheNotFoundError
+from client.wire.v1 import cache_service_pb2 as pb
 
 MIB = 1 << 20
 

@@ -14,9 +14,9 @@ from daemon import Daemon
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from cacheserver.probe import NotHealthy, wait_healthy
-from cacheserver.v1 import cache_service_pb2 as pb
-from cacheserver.v1 import cache_service_pb2_grpc as pb_grpc
+from cacheserver.launch import NotHealthy, wait_healthy
+from client.wire.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
 
 def test_health_and_reflection_answer_on_tcp_and_unix(daemon: Daemon) -> None:

@@ -601,18 +601,18 @@ def test_another_process_reads_the_same_elements_and_spec(cc, daemon, name, tmp_
 
 def test_a_pipeline_of_several_functions_gets_one_fingerprint(cc, name) -> None:
     """tf.data's DatasetFingerprint op answers differently from call to call here."""
-    from client import _tf_graph
+    from client.tf import graphs
 
     def build() -> tf.data.Dataset:
         return (tf.data.Dataset.range(6).map(lambda i: i + 1).filter(lambda i: i > 2)
                 .map(tf.strings.as_string))
 
     src = build()
-    prints = {_tf_graph.fingerprint_of(src, None) for _ in range(40)}
-    prints |= {_tf_graph.fingerprint_of(build(), None) for _ in range(5)}
+    prints = {graphs.fingerprint_of(src, None) for _ in range(40)}
+    prints |= {graphs.fingerprint_of(build(), None) for _ in range(5)}
     assert len(prints) == 1
     gen = generated([np.int32(1), np.int32(2)], tf.TensorSpec((), tf.int32))
-    assert len({_tf_graph.fingerprint_of(gen, None) for _ in range(40)}) == 1
+    assert len({graphs.fingerprint_of(gen, None) for _ in range(40)}) == 1
     assert_faithful(cc, name, src)
 
 

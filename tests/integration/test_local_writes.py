@@ -1,4 +1,4 @@
-"""Same-host writes (client/_local_writer.py, cacheserver/staging.py): real daemon, real
+"""Direct writes (client/write/direct.py, cacheserver/catalog/direct_writes.py): real daemon, real
 LMDB files written by the client, real faults (kill -9, a full tmpfs, a read-only mount,
 flipped bytes)."""
 
@@ -29,11 +29,11 @@ from client import (  # noqa: E402
     DirectWriteUnavailableError,
     ShardcacheError,
 )
-from client._local_writer import LocalWriter  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
-from client._writer import CacheWriter  # noqa: E402
-from client.layout import Layout, Leaf  # noqa: E402
-from client.values import Compressor  # noqa: E402
+from client.format.layout import Layout, Leaf  # noqa: E402
+from client.format.values import Compressor  # noqa: E402
+from client.write.direct import LocalWriter  # noqa: E402
+from client.write.stream import CacheWriter  # noqa: E402
 
 LAYOUT_64 = Layout((Leaf("uint8", (64,)),))
 ADOPTED = "adopted"  # the daemon's log line for a commit of staged shards

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from wire import read_all, records, stub, write_cache
 
-from cacheserver.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2 as pb
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The read path's fast paths against a real daemon (docs/reading.md, "Copies per byte").
 
 Large fixed-shape elements (>= 64 KiB) are decoded straight into aligned batch arrays
-(client/fixed_decode.py), read directly from views into the shard's map (no joined
+(client/format/fixed_decode.py), read directly from views into the shard's map (no joined
 chunk), and go through from_generator one by one (no unbatch). Each must yield what
 the plain gRPC path yields, in every order, and keep the map alive exactly as long as
 the pass that reads it.
@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 from sharded import write_sharded  # noqa: E402
 
 from client import CacheClient  # noqa: E402
-from client.fixed_decode import MIN_RECORD_BYTES  # noqa: E402
+from client.format.fixed_decode import MIN_RECORD_BYTES  # noqa: E402
 
 N = 200
 SIDE = 132  # 132 x 132 float32 = 69,696 bytes: one element per value, the aligned decoder

@@ -172,10 +172,10 @@ def test_stopping_a_parallel_shuffled_read_early_leaves_no_thread(cc, sharded,
 def read_elements(cc: CacheClient, cache: str, indices: list[int], fingerprint: str = ""
                   ) -> list[int]:
     """Call ReadElements directly; decode the "i" component of every record it returns."""
-    from client.blocks import decode_values
     from client.errors import from_rpc_error
-    from client.layout import Layout
-    from client.values import Decompressor, split_chunk
+    from client.format.blocks import decode_values
+    from client.format.layout import Layout
+    from client.format.values import Decompressor, split_chunk
 
     info = cc._get(cache)
     layout = Layout.from_json(info.layout_json)

@@ -13,8 +13,8 @@ from daemon import Daemon
 from mounts import mounted_tmpfs
 from wire import names, read_all, records, stub, write_cache, write_requests
 
-from cacheserver.recovery import LOCK_FILE
-from cacheserver.v1 import cache_service_pb2 as pb
+from cacheserver.catalog.recovery import LOCK_FILE
+from client.wire.v1 import cache_service_pb2 as pb
 
 
 def test_a_daemon_killed_mid_write_restarts_with_intact_caches_and_says_what_it_found(

@@ -13,7 +13,6 @@ import trustme
 from daemon import Daemon
 from wire import reason, records, split, stub, write_cache
 
-from cacheserver.v1 import cache_service_pb2 as pb
 from client import (
     CacheClient,
     CacheNotFoundError,
@@ -21,6 +20,7 @@ from client import (
     ServerUnavailableError,
     UnauthenticatedError,
 )
+from client.wire.v1 import cache_service_pb2 as pb
 
 
 class Pki:

@@ -1,4 +1,4 @@
-"""Write-behind (client/_write_behind.py): failures, errors and stops around its thread."""
+"""Write-behind (client/write/write_behind.py): failures, errors and stops around its thread."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ tf = pytest.importorskip("tensorflow")
 
 from client import CacheClient, CacheNotFoundError  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
-from client._write_behind import WriteBehind  # noqa: E402
-from client._writer import CacheWriter  # noqa: E402
-from client.codec import RecordError  # noqa: E402
-from client.layout import Layout, Leaf  # noqa: E402
+from client.format.codec import RecordError  # noqa: E402
+from client.format.layout import Layout, Leaf  # noqa: E402
+from client.write.stream import CacheWriter  # noqa: E402
+from client.write.write_behind import WriteBehind  # noqa: E402
 
 
 def _big_elements(n: int) -> tf.data.Dataset:
@@ -107,7 +107,7 @@ def test_closing_before_finish_cancels_the_write_and_joins_the_thread(
 
 
 def test_a_finished_write_commits_every_element_in_order(daemon, cc, name) -> None:
-    from client._tf import encode_spec
+    from client.tf.convert import encode_spec
 
     layout = Layout((Leaf("int64", ()),))
     transport, writer = _begun_writer(daemon.unix_target, name, layout,
@@ -133,8 +133,8 @@ def test_finish_after_the_daemon_ended_the_stream_raises_instead_of_waiting_fore
     """
     import threading
 
-    from client._writer import _SEND_QUEUE
     from client.errors import ShardcacheError
+    from client.write.stream import _SEND_QUEUE
 
     layout = Layout((Leaf("uint8", (1 << 10,)),))
     transport, writer = _begun_writer(fresh_daemon.unix_target, "ended", layout)

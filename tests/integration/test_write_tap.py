@@ -1,4 +1,4 @@
-"""The tapped write epoch (client/_tap.py) and the generator path, side by side.
+"""The tapped write epoch (client/tf/tap.py) and the generator path, side by side.
 
 Fixed-shape dense sources take the tap unless SHARDCACHE_WRITE_TAP=0; the
 other write-through tests (test_write_through.py, test_write_behind.py,
@@ -16,13 +16,13 @@ from waits import gone, wait_until
 
 tf = pytest.importorskip("tensorflow")
 
-from client import _write_behind  # noqa: E402
-from client._tap import TAP_ENV  # noqa: E402
-from client._tf import encode_spec  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
-from client._write_behind import WriteBehind  # noqa: E402
-from client._writer import CacheWriter  # noqa: E402
-from client.layout import Layout, Leaf  # noqa: E402
+from client.format.layout import Layout, Leaf  # noqa: E402
+from client.tf.convert import encode_spec  # noqa: E402
+from client.tf.tap import TAP_ENV  # noqa: E402
+from client.write import write_behind  # noqa: E402
+from client.write.stream import CacheWriter  # noqa: E402
+from client.write.write_behind import WriteBehind  # noqa: E402
 
 PATHS = pytest.mark.parametrize("tap", ["1", "0"], ids=["tap", "generator"])
 
@@ -159,7 +159,7 @@ def test_a_batch_larger_than_a_slice_is_packed_and_written_a_slice_at_a_time(
         daemon, cc, name, monkeypatch, no_thread_leak) -> None:
     """A tapped batch() hands over the consumer's batches (256 images are 154 MB): their
     stored values are made and written SLICE_BYTES at a time, not all before the first."""
-    monkeypatch.setattr(_write_behind, "SLICE_BYTES", 64 << 10)
+    monkeypatch.setattr(write_behind, "SLICE_BYTES", 64 << 10)
     layout = Layout((Leaf("float32", (4096,)), Leaf("int64", ())))  # 16 KiB + 8 per element
     transport = Transport(daemon.unix_target)
     spec = (tf.TensorSpec((4096,), tf.float32), tf.TensorSpec((), tf.int64))

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client.blocks import BlockPacker, blocked, decode_values
-from client.codec import RecordError
-from client.layout import Layout, Leaf
-from client.values import Decompressor
+from client.format.blocks import BlockPacker, blocked, decode_values
+from client.format.codec import RecordError
+from client.format.layout import Layout, Leaf
+from client.format.values import Decompressor
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -131,7 +131,7 @@ def test_shuffled_blocks_compress_token_ids_better_than_single_records() -> None
 def test_a_block_that_is_not_whole_records_is_a_record_error_naming_where() -> None:
     layout = blocked(Layout((Leaf("int32", (4,)),)), 64)  # 4 elements per block
     values, _, _ = BlockPacker(layout).add([np.arange(32, dtype=np.int32).reshape(8, 4)], 8)
-    from client.values import Compressor
+    from client.format.values import Compressor
 
     bad = Compressor().pack(b"\x00" * 17)
     with pytest.raises(RecordError, match="not a whole number") as info:

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from cacheserver.catalog import Catalog
-from cacheserver.errors import (
+from cacheserver.catalog.catalog import Catalog
+from cacheserver.catalog.manifest import validate_name
+from client.wire.status import (
     CacheNotFound,
     CacheWriting,
     DataLoss,
     FingerprintMismatch,
     InvalidArgument,
 )
-from cacheserver.records import validate_name
 
 
 def _write(cat: Catalog, name: str, n: int, fp: str = "fp1", shard_bytes: int = 0) -> None:

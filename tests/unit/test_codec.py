@@ -1,4 +1,5 @@
-"""The record format (client/codec.py, layout.py, values.py): round trips, corruption detection,
+"""The record format (client/format/codec.py, layout.py, values.py): round trips, corruption
+detection,
 framing.
 
 No network and no TensorFlow: the codec must stand on numpy, zstandard and ml_dtypes.
@@ -23,11 +24,11 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client import codec
-from client import layout as layout_mod
-from client.codec import RecordError, VarLeaf, decode_batch, encode_body, encode_fixed_batch
-from client.layout import Layout, Leaf
-from client.values import TAG_RAW, TAG_ZSTD, Compressor, Decompressor, split_chunk
+from client.format import codec
+from client.format import layout as layout_mod
+from client.format.codec import RecordError, VarLeaf, decode_batch, encode_body, encode_fixed_batch
+from client.format.layout import Layout, Leaf
+from client.format.values import TAG_RAW, TAG_ZSTD, Compressor, Decompressor, split_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMERIC = [d for d in layout_mod._DTYPES if d != "string"]
@@ -514,8 +515,8 @@ def test_an_element_that_does_not_match_the_layout_is_rejected() -> None:
 
 
 def test_the_codec_works_without_importing_tensorflow() -> None:
-    code = ("import sys, numpy as np, client.codec as c, client.layout as l, "
-            "client.values as v; "
+    code = ("import sys, numpy as np, client.format.codec as c, client.format.layout as l, "
+            "client.format.values as v; "
             "lay = l.Layout((l.Leaf('bfloat16', (2,)), l.Leaf('string', None))); "
             "s = np.empty(1, object); s[:] = [b'x']; "
             "body = c.encode_body(lay, [np.zeros(2, 'float32'), s]); "

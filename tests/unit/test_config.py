@@ -99,7 +99,7 @@ def test_the_operations_doc_carries_the_settings_table_exactly() -> None:
 def test_server_config_defaults_are_the_table_defaults() -> None:
     import dataclasses
 
-    from cacheserver.server import ServerConfig
+    from cacheserver.rpc.server import ServerConfig
 
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 for f in dataclasses.fields(ServerConfig) if f.name != "data_dir"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-import cacheserver.errors as server_errors
 import client.errors as client_errors
+import client.wire.status as server_errors
 
 
 def _server_classes() -> list[type[server_errors.CacheServerError]]:

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.blocks import BlockPacker, blocked, decode_values
-from client.codec import RecordError
-from client.fixed_decode import ALIGN, MIN_RECORD_BYTES, aligned_empty, decode_into, handles
-from client.layout import Layout, Leaf
-from client.values import Compressor, Decompressor
+from client.format.blocks import BlockPacker, blocked, decode_values
+from client.format.codec import RecordError
+from client.format.fixed_decode import ALIGN, MIN_RECORD_BYTES, aligned_empty, decode_into, handles
+from client.format.layout import Layout, Leaf
+from client.format.values import Compressor, Decompressor
 from tests.unit.test_blocks import SETTINGS, batch_of, fixed_layouts
 
 

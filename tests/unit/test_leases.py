@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cacheserver.catalog import Catalog
-from cacheserver.errors import CacheNotFound, FingerprintMismatch, LeaseNotFound
-from cacheserver.leases import TOKEN_FILE, LeaseTable
-from cacheserver.store import ReaderPool
+from cacheserver.catalog.catalog import Catalog
+from cacheserver.catalog.leases import TOKEN_FILE, LeaseTable
+from client.format.store import ReaderPool
+from client.wire.status import CacheNotFound, FingerprintMismatch, LeaseNotFound
 
 
 def _write(cat: Catalog, name: str, n: int = 10) -> None:

@@ -1,4 +1,4 @@
-"""glibc threshold tuning for the read path (client/_malloc.py)."""
+"""glibc threshold tuning for the read path (client/tf/malloc.py)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import platform
 
 import pytest
 
-from client import _malloc
+from client.tf import malloc
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_raising_the_thresholds_succeeds_on_glibc() -> None:
-    assert _malloc.tune()
+    assert malloc.tune()
 
 
 def test_the_environment_can_turn_tuning_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDCACHE_TUNE_MALLOC", "0")
-    assert not _malloc.enabled(True)
+    assert not malloc.enabled(True)
     monkeypatch.delenv("SHARDCACHE_TUNE_MALLOC")
-    assert _malloc.enabled(True)
-    assert not _malloc.enabled(False)
+    assert malloc.enabled(True)
+    assert not malloc.enabled(False)

@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cacheserver.catalog import Catalog
-from cacheserver.errors import CacheExists, InvalidArgument
-from cacheserver.materializer import Materializer
-from cacheserver.operation import Spec
-from cacheserver.v1 import cache_service_pb2 as pb
+from cacheserver.catalog.catalog import Catalog
+from cacheserver.materialize.materializer import Materializer
+from cacheserver.materialize.operation import Spec
 from client import (
     CacheExistsError,
     DiskFullError,
@@ -19,6 +17,8 @@ from client import (
     ServerUnavailableError,
 )
 from client._materialize import Progress, ProgressDisplay, operation_error
+from client.wire.status import CacheExists, InvalidArgument
+from client.wire.v1 import cache_service_pb2 as pb
 
 
 def test_the_persisted_spec_round_trips_including_a_binary_graph() -> None:

@@ -1,4 +1,4 @@
-"""Read options, worker shares and resume states (client/_plan.py); no daemon, no TF."""
+"""Read options, worker shares and resume states (client/read/plan.py); no daemon, no TF."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client._plan import (
+from client.errors import InvalidArgumentError, ResumeMismatchError
+from client.read.plan import (
     ReadOptions,
     ReadState,
     apply_resume,
@@ -18,7 +19,6 @@ from client._plan import (
     share_range,
     state_of,
 )
-from client.errors import InvalidArgumentError, ResumeMismatchError
 
 
 def cache(n: int = 100, name: str = "c", fingerprint: str = "fp") -> SimpleNamespace:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from client._prefetch import ByteBudgetQueue, Closed, Prefetcher
+from client.read.prefetch import ByteBudgetQueue, Closed, Prefetcher
 
 
 def test_items_arrive_in_order_and_the_end_stops_iteration() -> None:

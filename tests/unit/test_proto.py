@@ -16,7 +16,7 @@ def test_generated_code_is_current_with_the_proto_files() -> None:
 
 
 def test_every_enum_starts_with_an_unspecified_zero_value() -> None:
-    from cacheserver.v1 import cache_service_pb2 as pb
+    from client.wire.v1 import cache_service_pb2 as pb
 
     for enum in pb.DESCRIPTOR.enum_types_by_name.values():
         assert enum.values[0].number == 0

@@ -1,4 +1,4 @@
-"""ReadAhead (cacheserver/read_ahead.py): evicted pages read ahead of a reader, and the
+"""ReadAhead (client/format/read_ahead.py): evicted pages read ahead of a reader, and the
 windows a whole stream pulls in."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cacheserver import read_ahead
-from cacheserver.read_ahead import NEED_BYTES, STEP_BYTES, WINDOW_BYTES, ReadAhead
-from cacheserver.store import ReaderPool, ShardWriter
+from client.format import read_ahead
+from client.format.read_ahead import NEED_BYTES, STEP_BYTES, WINDOW_BYTES, ReadAhead
+from client.format.store import ReaderPool, ShardWriter
 
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)

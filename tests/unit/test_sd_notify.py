@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cacheserver.server import sd_notify
+from cacheserver.rpc.server import sd_notify
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""cacheserver/store.py's ShardWriter: syncing on its way, so that a commit waits little."""
+"""client/format/store.py's ShardWriter: syncing on its way, so that a commit waits little."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import lmdb
 import pytest
 
-from cacheserver import store
-from cacheserver.store import ShardWriter
+from client.format import store
+from client.format.store import ShardWriter
 
 
 class _CountingEnv:

@@ -1,4 +1,5 @@
-"""cacheserver/staging.py: what the daemon checks before adopting a client's shard files
+"""cacheserver/catalog/direct_writes.py: what the daemon checks before adopting a client's shard
+files
 (real LMDB files in a temp dir; no daemon)."""
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cacheserver import staging
-from cacheserver.errors import DataLoss, InvalidArgument
-from cacheserver.records import CacheRecord
-from cacheserver.store import ShardWriter
-from client.blocks import BlockPacker, blocked
-from client.layout import Layout, Leaf
-from client.values import Compressor
+from cacheserver.catalog import direct_writes
+from cacheserver.catalog.manifest import CacheRecord
+from client.format.blocks import BlockPacker, blocked
+from client.format.layout import Layout, Leaf
+from client.format.store import ShardWriter
+from client.format.values import Compressor
+from client.wire.status import DataLoss, InvalidArgument
 
 LAYOUT = Layout((Leaf("uint8", (4096,)),))
 
@@ -25,16 +26,16 @@ def _record(layout: Layout = LAYOUT) -> CacheRecord:
 
 
 def _stage(tmp_path: Path, shards: list[list[bytes]], k: int = 1
-           ) -> tuple[Path, Path, list[staging.StagedShard]]:
+           ) -> tuple[Path, Path, list[direct_writes.StagedShard]]:
     cache_dir = tmp_path / "caches" / "c"
     cache_dir.mkdir(parents=True)
-    where = staging.make(cache_dir)
+    where = direct_writes.make(cache_dir)
     claims = []
     for i, values in enumerate(shards):
         writer = ShardWriter(where / f"shard-{i:05d}", 1 << 20)
         writer.append(values, sum(map(len, values)), None if k == 1 else len(values) * k)
         writer.commit()
-        claims.append(staging.StagedShard(i, writer.num_elements, writer.num_records,
+        claims.append(direct_writes.StagedShard(i, writer.num_elements, writer.num_records,
                                           writer.stored_bytes, writer.raw_bytes))
     return cache_dir, where, claims
 
@@ -47,7 +48,7 @@ def test_adopted_shards_move_into_the_cache_with_markers_and_reserve_their_bytes
         tmp_path: Path) -> None:
     cache_dir, where, claims = _stage(tmp_path, [_values(3), _values(2)])
     record, reserved = _record(), []
-    staging.adopt(record, cache_dir, where, claims, reserved.append)
+    direct_writes.adopt(record, cache_dir, where, claims, reserved.append)
     assert [(s.first_element, s.num_elements) for s in record.shards] == [(0, 3), (3, 2)]
     assert sorted(p.name for p in cache_dir.iterdir()) == [
         "shard-00000", "shard-00000.json", "shard-00001", "shard-00001.json"]
@@ -61,20 +62,20 @@ def test_a_symlink_instead_of_a_data_file_is_refused(tmp_path: Path) -> None:
     data.rename(elsewhere)
     data.symlink_to(elsewhere)
     with pytest.raises(DataLoss, match=r"must hold a plain data\.mdb"):
-        staging.adopt(_record(), cache_dir, where, claims, lambda n: None)
+        direct_writes.adopt(_record(), cache_dir, where, claims, lambda n: None)
 
 
 def test_a_shard_the_writer_does_not_name_is_refused(tmp_path: Path) -> None:
     cache_dir, where, claims = _stage(tmp_path, [_values(2), _values(2)])
     with pytest.raises(DataLoss, match=r"holds \['shard-00000', 'shard-00001'\], the writer "
                                        r"says \['shard-00000'\]"):
-        staging.adopt(_record(), cache_dir, where, claims[:1], lambda n: None)
+        direct_writes.adopt(_record(), cache_dir, where, claims[:1], lambda n: None)
 
 
 def test_shards_out_of_order_are_refused_before_any_file_is_opened(tmp_path: Path) -> None:
     cache_dir, where, claims = _stage(tmp_path, [_values(1), _values(1)])
     with pytest.raises(InvalidArgument, match=r"numbered 0, 1, \.\.\. in order"):
-        staging.adopt(_record(), cache_dir, where, claims[::-1], lambda n: None)
+        direct_writes.adopt(_record(), cache_dir, where, claims[::-1], lambda n: None)
 
 
 def test_a_short_block_anywhere_but_at_the_very_end_is_refused(tmp_path: Path) -> None:
@@ -85,10 +86,10 @@ def test_a_short_block_anywhere_but_at_the_very_end_is_refused(tmp_path: Path) -
     values, _, n = packer.add([rows], 6)
     last, _, m = packer.flush()
     cache_dir, where, claims = _stage(tmp_path, [list(values), list(last)], k=4)
-    claims = [staging.StagedShard(0, 3, 1, claims[0].stored_bytes, 0),  # a short first shard
-              staging.StagedShard(1, 3, 1, claims[1].stored_bytes, 0)]
+    claims = [direct_writes.StagedShard(0, 3, 1, claims[0].stored_bytes, 0),  # a short first shard
+              direct_writes.StagedShard(1, 3, 1, claims[1].stored_bytes, 0)]
     with pytest.raises(InvalidArgument, match="only the last value of the last shard"):
-        staging.adopt(_record(layout), cache_dir, where, claims, lambda n: None)
+        direct_writes.adopt(_record(layout), cache_dir, where, claims, lambda n: None)
     assert (n, m) == (4, 2)
 
 
@@ -101,4 +102,4 @@ def test_a_record_failing_its_checksum_is_refused_as_data_loss(tmp_path: Path) -
     raw[at] ^= 1
     data.write_bytes(bytes(raw))
     with pytest.raises(DataLoss, match="record 1 is corrupt"):
-        staging.adopt(_record(), cache_dir, where, claims, lambda n: None)
+        direct_writes.adopt(_record(), cache_dir, where, claims, lambda n: None)

@@ -1,4 +1,4 @@
-"""client/write_wire.py: WriteCache chunks framed by hand, read back as views."""
+"""client/wire/chunks.py: WriteCache chunks framed by hand, read back as views."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cacheserver.v1 import cache_service_pb2 as pb
-from client.write_wire import (
+from client.wire.chunks import (
     ChunkView,
     decode_request,
     encode_chunk_request,
@@ -18,6 +17,7 @@ from client.write_wire import (
     read_shard_data_bytes,
     serialize_request,
 )
+from client.wire.v1 import cache_service_pb2 as pb
 
 values_st = st.lists(st.binary(max_size=300), max_size=20)
 

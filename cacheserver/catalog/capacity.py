@@ -1,0 +1,183 @@
+"""Disk capacity: room for writes, least-recently-read eviction, TTL sweeps.
+
+Two limits, both optional: ``max_bytes`` over all caches (committed caches
+count their files on disk, writes in progress the record bytes they stored so
+far) and ``min_free_bytes`` of free space on the data dir's filesystem. Each
+write chunk reserves its bytes before it is stored; when a limit would be
+crossed, the least recently read READY cache that is neither pinned nor being
+read is evicted, and again, until the chunk fits. When nothing is left to
+evict the write fails with CapacityExceeded, naming the numbers, and the
+writer's session discards what it stored (its space is released).
+
+Knows nothing of gRPC. The catalog supplies candidates and does the deleting.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cacheserver.catalog.retention import Retention, RetentionBook
+from client.wire.status import CapacityExceeded
+
+if TYPE_CHECKING:
+    from cacheserver.catalog.catalog import Catalog
+    from cacheserver.catalog.manifest import CacheRecord
+
+log = logging.getLogger(__name__)
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes ({n / (1 << 20):.1f} MiB)"
+
+
+class Capacity:
+    """Reserves room for writes in one data dir, evicting to make it."""
+
+    def __init__(self, data_dir: Path, max_bytes: int = 0, min_free_bytes: int = 0) -> None:
+        self.data_dir = data_dir
+        self.max_bytes = max_bytes
+        self.min_free_bytes = min_free_bytes
+        self._lock = threading.Lock()
+        self._pending: defaultdict[str, int] = defaultdict(int)
+        self._catalog: Catalog | None = None
+
+    def attach(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def pending_bytes(self) -> int:
+        with self._lock:
+            return sum(self._pending.values())
+
+    def in_use(self) -> int:
+        """Bytes of committed caches on disk plus what writes in progress stored."""
+        assert self._catalog is not None
+        return self._catalog.committed_bytes() + self.pending_bytes()
+
+    def release(self, name: str) -> None:
+        """A write ended (committed: its files now count as disk_bytes; aborted: deleted)."""
+        with self._lock:
+            self._pending.pop(name, None)
+
+    def reserve(self, name: str, nbytes: int, written: bool = False) -> None:
+        """Make room for nbytes more of cache name, evicting if need be, or raise.
+
+        written: the bytes are on the filesystem already (a same-host writer's files,
+        cacheserver/catalog/direct_writes.py), so free space counts them already."""
+        assert self._catalog is not None
+        if not (self.max_bytes or self.min_free_bytes):
+            with self._lock:
+                self._pending[name] += nbytes
+            return
+        with self._lock:  # one reservation at a time: two writers must not both evict
+            while True:
+                problem = self._shortfall(nbytes, written)
+                if problem is None:
+                    self._pending[name] += nbytes
+                    return
+                victim = self._catalog.eviction_candidate(exclude=name)
+                if victim is None:
+                    raise CapacityExceeded(
+                        f"no room for cache {name!r}: {problem}; nothing is left to evict "
+                        f"({self._catalog.retained_summary()}): delete caches (cacheserver "
+                        "ls / rm), unpin some, or raise the limit")
+                self._catalog.evict(victim, "capacity")
+
+    def _shortfall(self, nbytes: int, written: bool = False) -> str | None:
+        assert self._catalog is not None
+        if self.max_bytes:
+            in_use = self._catalog.committed_bytes() + sum(self._pending.values())
+            if in_use + nbytes > self.max_bytes:
+                return (f"the write needs {_size(nbytes)} more, caches use {_size(in_use)} "
+                        f"and --max-bytes is {_size(self.max_bytes)}")
+        if self.min_free_bytes:
+            free = shutil.disk_usage(self.data_dir).free
+            if free - (0 if written else nbytes) < self.min_free_bytes:
+                return (f"the write needs {_size(nbytes)} more, the data dir's filesystem has "
+                        f"{_size(free)} free and --min-free-bytes is {_size(self.min_free_bytes)}")
+        return None
+
+
+class TtlSweeper:
+    """A thread deleting caches idle for longer than their TTL, every interval seconds."""
+
+    def __init__(self, catalog: Catalog, interval: float) -> None:
+        self._catalog = catalog
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ttl-sweeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def sweep(self) -> list[str]:
+        """Delete every expired, unpinned cache nobody reads; returns their names."""
+        swept = []
+        for name in self._catalog.expired(time.time()):
+            if self._catalog.evict(name, "ttl"):
+                swept.append(name)
+        return swept
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("TTL sweep failed; trying again in %.0fs", self._interval)
+
+
+
+
+def _idle_since(record: CacheRecord, value: Retention) -> float:
+    return max(record.commit_time, value.last_read_time)
+
+
+def pick_victim(records: Iterable[CacheRecord], book: RetentionBook,
+                exclude: str) -> str | None:
+    """The least recently read READY cache that is neither pinned nor being read."""
+    best: tuple[float, str] | None = None
+    for r in records:
+        if r.state != "READY" or r.name == exclude or book.readers(r.name):
+            continue
+        value = book.get(r.name)
+        if value.pinned:
+            continue
+        key = (_idle_since(r, value), r.name)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[1]
+
+
+def expired_names(records: Iterable[CacheRecord], book: RetentionBook, now: float) -> list[str]:
+    """READY caches idle past their TTL, unpinned and not being read."""
+    names = []
+    for r in records:
+        value = book.get(r.name)
+        if (r.state == "READY" and not value.pinned and not book.readers(r.name)
+                and value.expired(r.commit_time, now)):
+            names.append(r.name)
+    return names
+
+
+def retained_summary(records: Iterable[CacheRecord], book: RetentionBook) -> str:
+    """Why the caches left cannot be evicted, for a refusal's message."""
+    pinned = reading = writing = 0
+    for r in records:
+        if r.state != "READY":
+            writing += 1
+        elif book.get(r.name).pinned:
+            pinned += 1
+        elif book.readers(r.name):
+            reading += 1
+    return f"{pinned} pinned, {reading} being read, {writing} being written"

@@ -1,0 +1,401 @@
+"""The catalog: which caches exist, their state, their shards and write leases.
+
+On disk, under ``<data-dir>/caches/<name>/``::
+
+    writing.json          present while the cache is WRITING (what is being written)
+    shard-00000/          one LMDB environment per shard
+    shard-00000.json      the shard's commit marker, written after the shard is fsynced
+    manifest.json         written last, atomically: the cache is READY
+    retention.json        pin, TTL, last read, hits: what changes later (retention.py)
+    materialize.json      while the daemon materializes the cache itself (what runs)
+
+A cache without manifest.json after a restart was interrupted mid-write; its
+writer is gone (the lease is the write stream), so startup discards it, unless
+it holds materialize.json: then it stays WRITING and the materializer resumes it.
+Deleting renames the directory into ``<data-dir>/trash/`` first, so a
+half-finished delete never looks like a cache.
+
+Knows nothing of gRPC: the service layer translates its exceptions.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cacheserver import metrics
+from cacheserver.catalog.capacity import Capacity, expired_names, pick_victim, retained_summary
+from cacheserver.catalog.manifest import CacheRecord, du, validate_name, write_atomic
+from cacheserver.catalog.recovery import RecoveryReport
+from cacheserver.catalog.retention import Retention, RetentionBook
+from cacheserver.catalog.write_session import WriteSession
+from client.format import lookup
+from client.format.blocks import block_elements
+from client.format.store import ReaderPool
+from client.wire.chunks import chunk_size
+from client.wire.status import (
+    CacheExists,
+    CacheNotFound,
+    CacheWriting,
+    FingerprintMismatch,
+    InvalidArgument,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHARD_BYTES = 1 << 30
+#: Most global indices one ReadElements request may name.
+MAX_INDICES = 65536
+
+
+class Catalog:
+    """Thread-safe registry of caches under one data directory."""
+
+    def __init__(self, data_dir: Path, capacity: Capacity | None = None) -> None:
+        self.data_dir = data_dir
+        self.capacity = capacity or Capacity(data_dir)
+        self.capacity.attach(self)
+        self.retention = RetentionBook(data_dir / "caches", write_atomic)
+        self._caches_dir = data_dir / "caches"
+        self._trash = data_dir / "trash"
+        self._caches_dir.mkdir(parents=True, exist_ok=True)
+        self._trash.mkdir(exist_ok=True)
+        self._lock = threading.RLock()
+        self._caches: dict[str, CacheRecord] = {}
+        self.readers = ReaderPool()
+        #: Materializations a crash interrupted: kept WRITING for the materializer to resume.
+        self.interrupted: list[CacheRecord] = []
+        self._recover_and_report()
+
+    def _recover(self) -> None:
+        shutil.rmtree(self._trash, ignore_errors=True)
+        self._trash.mkdir(exist_ok=True)
+        for d in sorted(self._caches_dir.iterdir()):
+            manifest = d / "manifest.json"
+            if manifest.exists():
+                self._caches[d.name] = CacheRecord.from_json(manifest.read_text())
+            elif self._keep_materialization(d):
+                continue
+            else:
+                log.warning("discarding cache %r: its write was interrupted", d.name)
+                self._remove_dir(d)
+
+    def _recover_and_report(self) -> None:
+        """Run _recover, then load retention of what it kept and log one summary line."""
+        found = RecoveryReport.survey(self._caches_dir, self._trash)
+        self._recover()
+        for name in self._caches:
+            self.retention.load(name)
+        found.log(self.data_dir, kept={n: r.disk_bytes for n, r in self._caches.items()})
+
+    def _remove_dir(self, d: Path) -> None:
+        """Move d to the trash at once (atomic), then delete it.
+
+        Callers hold the catalog lock only for the rename: removing a large
+        cache's files must not stall every other call.
+        """
+        self._remove_later(self._to_trash(d))
+
+    def _to_trash(self, d: Path) -> Path:
+        target = self._trash / f"{d.name}.{uuid.uuid4().hex}"
+        os.rename(d, target)
+        self.readers.forget(d)  # idle shard maps would keep the deleted files' space
+        return target
+
+    @staticmethod
+    def _remove_later(trashed: Path) -> None:
+        shutil.rmtree(trashed, ignore_errors=True)
+
+    # ------------------------------------------------------------------ queries
+
+    def list(self) -> list[CacheRecord]:
+        with self._lock:
+            return sorted(self._caches.values(), key=lambda r: r.name)
+
+    def get(self, name: str) -> CacheRecord:
+        validate_name(name)
+        with self._lock:
+            record = self._caches.get(name)
+        if record is None:
+            raise CacheNotFound(f"cache {name!r} not found; list caches with 'cacheserver ls'")
+        return record
+
+    def get_ready(self, name: str, fingerprint: str = "") -> CacheRecord:
+        record = self.get(name)
+        if record.state != "READY":
+            raise CacheWriting(f"cache {name!r} is WRITING ({record.num_elements} elements so "
+                               "far); wait until its writer finishes")
+        if fingerprint and fingerprint != record.fingerprint:
+            raise FingerprintMismatch(f"cache {name!r} was replaced (fingerprint "
+                                      f"{record.fingerprint}, expected {fingerprint})")
+        return record
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            record = self.get(name)
+            if record.state != "READY":
+                raise CacheWriting(f"cache {name!r} is being written; wait until its "
+                                   "writer finishes or stops, then delete it")
+            del self._caches[name]
+            self.retention.forget(name)
+            trashed = self._to_trash(self._caches_dir / name)
+        self._remove_later(trashed)
+
+    # ------------------------------------------------------------------ retention
+
+    def retention_of(self, name: str) -> Retention:
+        return self.retention.get(name)
+
+    def set_retention(self, name: str, pinned: bool | None, ttl_seconds: float | None
+                      ) -> CacheRecord:
+        if ttl_seconds is not None and not ttl_seconds >= 0:
+            raise InvalidArgument(f"ttl_seconds must be >= 0 (0 clears it), got {ttl_seconds}")
+        with self._lock:
+            record = self.get_ready(name)
+            self.retention.update(name, pinned, ttl_seconds)
+        return record
+
+    def committed_bytes(self) -> int:
+        with self._lock:
+            return sum(r.disk_bytes for r in self._caches.values() if r.state == "READY")
+
+    def eviction_candidate(self, exclude: str) -> str | None:
+        """The least recently read READY cache that is unpinned and unread, if any."""
+        with self._lock:
+            return pick_victim(self._caches.values(), self.retention, exclude)
+
+    def expired(self, now: float) -> builtins.list[str]:
+        with self._lock:
+            return expired_names(self._caches.values(), self.retention, now)
+
+    def retained_summary(self) -> str:
+        with self._lock:
+            return retained_summary(self._caches.values(), self.retention)
+
+    def evict(self, name: str, reason: str) -> bool:
+        """Delete a cache the daemon chose; False if it became pinned or read meanwhile."""
+        with self._lock:
+            record = self._caches.get(name)
+            value = self.retention.get(name)
+            if (record is None or record.state != "READY" or value.pinned
+                    or self.retention.readers(name)):
+                return False
+            del self._caches[name]
+            self.retention.forget(name)
+            trashed = self._to_trash(self._caches_dir / name)
+        self._remove_later(trashed)  # before returning: the caller counts on the space
+        metrics.EVICTIONS.labels(reason).inc()
+        log.info("evicted cache %r (%s): %d bytes, last read %s", name, reason,
+                 record.disk_bytes, time.strftime("%Y-%m-%dT%H:%M:%S",
+                                                  time.localtime(value.last_read_time))
+                 if value.last_read_time else "never")
+        return True
+
+    # ------------------------------------------------------------------ writing
+
+    def begin_write(self, name: str, fingerprint: str, layout_json: str, element_spec: bytes,
+                    shard_bytes: int = 0) -> tuple[str, CacheRecord, WriteSession | None]:
+        """Take the write lease on name, or say why not.
+
+        Returns ("ACCEPTED", record, session), ("ALREADY_READY", record, None) or
+        ("BUSY", record, None). Raises FingerprintMismatch when a READY cache of
+        that name came from a different pipeline.
+        """
+        validate_name(name)
+        if not fingerprint:
+            raise InvalidArgument("fingerprint is empty")
+        with self._lock:
+            existing = self._caches.get(name)
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise FingerprintMismatch(
+                        f"cache {name!r} holds elements of a different pipeline (fingerprint "
+                        f"{existing.fingerprint}, yours {fingerprint}); delete it "
+                        f"(cacheserver rm {name}, or CacheClient.delete) to rebuild it, or "
+                        "use another name or version=")
+                decision = "ALREADY_READY" if existing.state == "READY" else "BUSY"
+                return decision, existing, None
+            directory = self._caches_dir / name
+            if directory.exists():  # left by an aborted delete or write; not a cache
+                self._remove_dir(directory)
+            directory.mkdir()
+            record = CacheRecord(name, fingerprint, layout_json, element_spec, "WRITING",
+                                 time.time())
+            write_atomic(directory / "writing.json", record.to_json())
+            self._caches[name] = record
+            self.retention.forget(name)
+        session = WriteSession(record, directory, shard_bytes or DEFAULT_SHARD_BYTES,
+                               self.capacity, self._release)
+        return "ACCEPTED", record, session
+
+    def _release(self, session: WriteSession, committed: bool) -> None:
+        name = session.record.name
+        self.capacity.release(name)
+        if committed:
+            return
+        with self._lock:
+            if self._caches.get(name) is session.record:
+                del self._caches[name]
+            trashed = self._to_trash(self._caches_dir / name)
+        self._remove_later(trashed)
+
+    # ------------------------------------------------------------------ reading
+
+    @contextmanager
+    def reading(self, name: str, hit: bool = True) -> Iterator[None]:
+        """Mark cache name as being read for the block: eviction and TTL skip it.
+
+        Every read RPC streams inside one. hit counts a hit (a read from a
+        shard's first record) and the block's end records the last read time.
+        """
+        with self._lock:
+            self.get_ready(name)
+            self.retention.begin_read(name, time.time(), hit)
+        if hit:
+            metrics.CACHE_HITS.inc()
+        try:
+            yield
+        finally:
+            self.retention.end_read(name, time.time())
+
+    def shard_path(self, record: CacheRecord, shard: int) -> Path:
+        return self._caches_dir / record.name / f"shard-{shard:05d}"
+
+    def read_shard(self, name: str, shard: int, start: int, chunk_bytes: int,
+                   fingerprint: str = "", count: int = 0,
+                   join: Callable[[int, bytes, builtins.list[Any]], bytes] | None = None
+                   ) -> Iterator[tuple[int, bytes, bytes, int]]:
+        """Validate the request, then iterate the shard's chunks from start (count records,
+        0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it).
+        data is the values joined, or what join makes of them (ReaderPool.read_chunks)."""
+        record = self.get_ready(name, fingerprint)
+        if not 0 <= shard < len(record.shards):
+            raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
+                                  f"shard {shard} does not exist")
+        info = record.shards[shard]
+        if start > info.num_elements:
+            raise InvalidArgument(f"start {start} is past the end of shard {shard} "
+                                  f"({info.num_elements} elements)")
+        if count > info.num_elements - start:
+            raise InvalidArgument(f"{count} records from {start} run past the end of shard "
+                                  f"{shard} ({info.num_elements} elements)")
+        chunk = chunk_size(chunk_bytes)
+        stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
+        chunks = self.readers.read_chunks(self.shard_path(record, shard), start, stop, chunk, k,
+                                          join=join)
+        return ((first, lengths, data,  # whole blocks: the first and last may stick out
+                 min(first + len(lengths) // 4 * k, stop) - max(first, start))
+                for first, lengths, data in chunks)
+
+    def read_elements(self, name: str, fingerprint: str, indices: bytes,
+                          chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:
+        """ReadElements: validate the request, then yield (position, u32 lengths, data) chunks
+        in request order."""
+        record = self.get_ready(name, fingerprint)
+        if len(indices) % 8:
+            raise InvalidArgument(f"indices is {len(indices)} bytes, not a whole number of "
+                                  "little-endian uint64s")
+        wanted = np.frombuffer(indices, "<u8")
+        if wanted.size > MAX_INDICES:
+            raise InvalidArgument(f"{wanted.size} indices in one ReadElements request; the limit "
+                                  f"is {MAX_INDICES}: split the request")
+        total = record.num_elements
+        if wanted.size and int(wanted.max()) >= total:
+            bad = int(wanted[np.argmax(wanted >= total)])
+            raise InvalidArgument(f"element index {bad} is out of range: cache {name!r} has "
+                                  f"{total} elements")
+        window = lookup.window_records(chunk_bytes, total,
+                                       sum(s.stored_bytes for s in record.shards))
+        firsts = np.array([s.first_element for s in record.shards], np.uint64)
+        return lookup.gather_chunks(
+            lambda shard: self.readers.opened(self.shard_path(record, shard)),
+            wanted, firsts, window, record.layout_json, f"cache {name!r}")
+
+    # ------------------------------------------------------------ materializing
+    # A materialized cache's directory also holds materialize.json (what runs);
+    # worker processes write its shards and their markers (cacheserver/materialize/materializer.py).
+
+    def _keep_materialization(self, d: Path) -> bool:
+        """Startup: keep a cache whose materialization was interrupted, WRITING."""
+        if not (d / MATERIALIZE_SPEC).exists() or not (d / "writing.json").exists():
+            return False
+        try:
+            record = CacheRecord.from_json((d / "writing.json").read_text())
+        except (OSError, ValueError, TypeError, KeyError):
+            return False
+        self._caches[d.name] = record
+        self.interrupted.append(record)
+        log.info("cache %r: materialization was interrupted; it will resume", d.name)
+        return True
+
+    def cache_dir(self, name: str) -> Path:
+        return self._caches_dir / name
+
+    def begin_materialize(self, name: str, fingerprint: str, spec_json: str,
+                          overwrite: bool) -> CacheRecord:
+        """Register name as WRITING, with spec_json saved for resuming after a crash."""
+        validate_name(name)
+        trashed = None
+        with self._lock:
+            existing = self._caches.get(name)
+            if existing is not None:
+                if existing.state != "READY":
+                    raise CacheWriting(f"cache {name!r} is being written; wait until its "
+                                       "writer finishes, or attach with --resume")
+                if not overwrite:
+                    raise CacheExists(f"cache {name!r} is already READY ({existing.num_elements}"
+                                      " elements); pass --overwrite (overwrite=True) to "
+                                      "rebuild it, or choose another name")
+                del self._caches[name]
+                trashed = self._to_trash(self._caches_dir / name)
+            directory = self._caches_dir / name
+            if directory.exists():
+                self._remove_dir(directory)
+            directory.mkdir()
+            record = CacheRecord(name, fingerprint, "", b"", "WRITING", time.time())
+            try:
+                write_atomic(directory / MATERIALIZE_SPEC, spec_json)
+                write_atomic(directory / "writing.json", record.to_json())
+            except Exception:
+                self._remove_dir(directory)
+                raise
+            self._caches[name] = record
+        if trashed is not None:
+            self._remove_later(trashed)
+        return record
+
+    def commit_materialized(self, record: CacheRecord) -> CacheRecord:
+        """Write the manifest of a materialized cache: it becomes READY."""
+        directory = self._caches_dir / record.name
+        record.state = "READY"
+        record.commit_time = time.time()
+        record.disk_bytes = du(directory)
+        write_atomic(directory / "manifest.json", record.to_json())
+        (directory / "writing.json").unlink(missing_ok=True)
+        (directory / MATERIALIZE_SPEC).unlink(missing_ok=True)
+        self.capacity.release(record.name)  # its files now count as disk_bytes
+        return record
+
+    def discard_materialized(self, record: CacheRecord) -> None:
+        """Drop a failed or cancelled materialization and every file it wrote."""
+        self.capacity.release(record.name)
+        with self._lock:
+            if self._caches.get(record.name) is not record:
+                return
+            del self._caches[record.name]
+            trashed = self._to_trash(self._caches_dir / record.name)
+        self._remove_later(trashed)
+
+
+MATERIALIZE_SPEC = "materialize.json"

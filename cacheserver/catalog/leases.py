@@ -1,0 +1,160 @@
+"""Read leases: the daemon's record of clients reading shard files directly.
+
+A client on the daemon's host may read a READY cache's committed shards itself
+(read-only LMDB, mmap; client/read/direct.py) instead of streaming them. It first
+takes a lease: while the lease lives, the cache counts as being read
+(:meth:`Catalog.reading`), so capacity eviction and the TTL sweeper skip it
+exactly as they skip a cache read over gRPC. A lease expires ``ttl`` seconds
+after it was granted or last renewed; a client killed with kill -9 stops
+renewing, so its lease ends within one TTL and the cache becomes evictable.
+
+Same host is proven, not assumed: at startup the daemon writes a random token
+into ``<data-dir>/instance.token``; the lease carries the token and the paths,
+and the client must read the same token back through the path it will read the
+shards from (same host *and* the same view of the filesystem).
+
+Knows nothing of gRPC. See docs/direct.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cacheserver import metrics
+from cacheserver.catalog.catalog import Catalog
+from cacheserver.catalog.manifest import CacheRecord, write_atomic
+from client.wire.status import InvalidArgument, LeaseNotFound
+
+log = logging.getLogger(__name__)
+
+TOKEN_FILE = "instance.token"
+DEFAULT_TTL = 30.0
+
+
+@dataclass
+class Lease:
+    id: str
+    name: str
+    expires: float
+    #: Ends the catalog's "being read" mark when closed.
+    reading: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
+class LeaseTable:
+    """Live read leases of one catalog; a thread ends the ones not renewed in time."""
+
+    def __init__(self, catalog: Catalog, ttl: float = DEFAULT_TTL) -> None:
+        if not ttl > 0:
+            raise ValueError(f"lease TTL must be positive, got {ttl}")
+        self.catalog = catalog
+        self.ttl = ttl
+        self.data_dir = catalog.data_dir.resolve()
+        self.token_path = self.data_dir / TOKEN_FILE
+        self.token = secrets.token_hex(16)
+        write_atomic(self.token_path, self.token + "\n")
+        self._cond = threading.Condition()
+        self._leases: dict[str, Lease] = {}
+        self._granted: Counter[str] = Counter()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._expire_loop, name="lease-expiry",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop expiring and end every lease (the daemon is going away)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._cond:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease in leases:
+            self._end(lease)
+
+    def acquire(self, name: str, fingerprint: str, epoch_start: bool
+                ) -> tuple[Lease, CacheRecord, list[Path]]:
+        """Lease the READY cache name: (lease, its record, absolute shard directories)."""
+        self.catalog.get_ready(name, fingerprint)  # NOT_FOUND / WRITING / mismatch first
+        lease = Lease(secrets.token_hex(16), name, 0.0)
+        lease.reading.enter_context(self.catalog.reading(name, hit=epoch_start))
+        try:  # the cache may have been replaced between the check and the mark
+            record = self.catalog.get_ready(name, fingerprint)
+        except BaseException:
+            lease.reading.close()
+            raise
+        with self._cond:
+            if self._stopped:
+                lease.reading.close()
+                raise LeaseNotFound("the daemon is shutting down; read over gRPC or retry")
+            lease.expires = time.monotonic() + self.ttl
+            self._leases[lease.id] = lease
+            self._granted[name] += int(epoch_start)
+            self._cond.notify_all()
+        metrics.DIRECT_LEASES.inc()
+        if epoch_start:
+            metrics.DIRECT_READS.inc()
+        paths = [self.catalog.shard_path(record, s.index).resolve() for s in record.shards]
+        return lease, record, paths
+
+    def renew(self, lease_id: str) -> float:
+        """Extend the lease by the TTL; LeaseNotFound once it expired or was released."""
+        with self._cond:
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                raise LeaseNotFound(
+                    f"read lease {lease_id or '(empty)'} expired or was released (not renewed "
+                    f"within {self.ttl:g}s); take a new lease to keep the cache from eviction")
+            lease.expires = time.monotonic() + self.ttl
+        return self.ttl
+
+    def release(self, lease_id: str) -> None:
+        """End the lease now; an unknown (expired, released) one is ignored."""
+        if not lease_id:
+            raise InvalidArgument("lease_id is empty")
+        with self._cond:
+            lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            self._end(lease)
+
+    def counts(self, name: str) -> tuple[int, int]:
+        """(leases alive now, passes leased since start: leases with epoch_start) of name."""
+        with self._cond:
+            alive = sum(1 for lease in self._leases.values() if lease.name == name)
+            return alive, self._granted[name]
+
+    def _end(self, lease: Lease) -> None:
+        metrics.DIRECT_LEASES.dec()
+        lease.reading.close()
+
+    def _expire_loop(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                expired = [lease for lease in self._leases.values() if lease.expires <= now]
+                for lease in expired:
+                    del self._leases[lease.id]
+                if expired:
+                    self._cond.release()
+                    try:
+                        for lease in expired:
+                            log.info("read lease on cache %r expired: its reader stopped "
+                                     "renewing (killed, hung or gone)", lease.name)
+                            self._end(lease)
+                    finally:
+                        self._cond.acquire()
+                    continue
+                soonest = min((lease.expires for lease in self._leases.values()), default=None)
+                self._cond.wait(None if soonest is None else max(soonest - now, 0.0) + 0.01)
+
+
+__all__ = ["DEFAULT_TTL", "TOKEN_FILE", "Lease", "LeaseTable"]

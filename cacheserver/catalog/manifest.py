@@ -1,0 +1,106 @@
+"""What the catalog keeps on disk for each cache: its name, its record, atomic files.
+
+A cache's record (manifest.json once READY, writing.json before) lists its
+shards; docs/format.md describes the layout. Knows nothing of gRPC or LMDB.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from client.format.store import disk_full
+from client.wire.status import InvalidArgument
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAME_LEN = 200
+
+
+def validate_name(name: str) -> str:
+    """Return name if it is a valid cache name, else raise InvalidArgument."""
+    if not name:
+        raise InvalidArgument("cache name is empty; pass a name such as 'imagenet-train'")
+    if len(name) > MAX_NAME_LEN:
+        raise InvalidArgument(f"cache name is {len(name)} characters; the limit is {MAX_NAME_LEN}")
+    if not NAME_RE.fullmatch(name):
+        raise InvalidArgument(
+            f"invalid cache name {name!r}: use letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit (no '/', no control characters)")
+    return name
+
+
+@dataclass
+class ShardInfo:
+    index: int
+    first_element: int
+    num_elements: int
+    stored_bytes: int
+    raw_bytes: int
+
+
+@dataclass
+class CacheRecord:
+    name: str
+    fingerprint: str
+    layout_json: str
+    element_spec: bytes
+    state: str  # "WRITING" | "READY"
+    create_time: float
+    commit_time: float = 0.0
+    shards: list[ShardInfo] = field(default_factory=list)
+    disk_bytes: int = 0
+
+    @property
+    def num_elements(self) -> int:
+        return sum(s.num_elements for s in self.shards)
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["element_spec"] = self.element_spec.hex()
+        return json.dumps(doc, indent=1)
+
+    def add_shard(self, cache_dir: Path, shard: ShardInfo) -> None:
+        """Commit shard: its marker next to its directory in cache_dir, then the record's."""
+        write_atomic(cache_dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
+        self.shards.append(shard)
+
+    @classmethod
+    def from_json(cls, text: str) -> CacheRecord:
+        doc = json.loads(text)
+        doc["element_spec"] = bytes.fromhex(doc["element_spec"])
+        doc["shards"] = [ShardInfo(**s) for s in doc["shards"]]
+        return cls(**doc)
+
+
+def write_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Replace path with text: a crash leaves the old file or the new one, never half of it."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise disk_full(path) from exc
+        raise
+    os.replace(tmp, path)
+    if not durable:
+        return
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def du(path: Path) -> int:
+    """Disk space of the regular files below path."""
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,1 @@
+"""The ``cacheserver`` command line (:mod:`.main`) and its ``materialize`` command."""

@@ -1,0 +1,397 @@
+"""Server-side materialization: the daemon runs a pipeline, shard by shard, in workers.
+
+A long-running operation (AIP-151 style) named ``materialize/<cache>``. Its
+supervisor thread starts ``workers`` processes with the ``spawn`` context
+(never a fork of the gRPC daemon; TensorFlow loads only in them, see
+:mod:`cacheserver.materialize.worker`), hands them shard indices over a queue,
+aggregates their progress, checks that every shard yields the same element
+layout and spec, and commits the cache (manifest.json) last, its shards in
+index order, so global element indices follow shard order.
+
+What runs is saved in the cache directory (``materialize.json``). After a
+crash the catalog keeps such a cache WRITING; :meth:`Materializer.resume_interrupted`
+keeps the shards whose markers were written, deletes the others and runs the
+rest again. A failed or cancelled operation discards the cache's files.
+
+Knows nothing of gRPC: the service layer translates.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cacheserver import metrics
+from cacheserver.catalog.catalog import MATERIALIZE_SPEC, Catalog
+from cacheserver.catalog.manifest import ShardInfo, validate_name
+from cacheserver.materialize import worker
+from cacheserver.materialize.operation import (
+    Operation,
+    OperationError,
+    ShardProgress,
+    Snapshot,
+    Spec,
+    committed_shard,
+    describe,
+    graph_fingerprint,
+    leaves,
+)
+from client.wire import status
+from client.wire.status import CacheWriting, InvalidArgument, OperationNotFound
+
+log = logging.getLogger(__name__)
+
+MAX_SHARDS = 10_000
+MAX_WORKERS = 256
+#: Largest block_bytes a materialization may ask for.
+MAX_BLOCK_BYTES = 64 << 20
+#: Seconds stopped workers get to abort their shard before they are terminated.
+STOP_GRACE = 20.0
+_ENTRY_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+class Materializer:
+    """Runs materialization operations for one catalog."""
+
+    def __init__(self, catalog: Catalog, pythonpath: tuple[str, ...] = (),
+                 default_workers: int | None = None) -> None:
+        self.catalog = catalog
+        self.pythonpath = tuple(str(p) for p in pythonpath)
+        self.default_workers = default_workers or len(os.sched_getaffinity(0)) or 1
+        self._lock = threading.Lock()
+        self._ops: dict[str, Operation] = {}
+
+    # ------------------------------------------------------------------ API
+
+    def start(self, name: str, *, entry_point: str = "", graph_def: bytes = b"",
+              element_spec: bytes = b"", num_shards: int, workers: int = 0,
+              overwrite: bool = False, resume: bool = False, fingerprint: str = "",
+              block_bytes: int | None = None) -> Snapshot:
+        validate_name(name)
+        spec = self._check(entry_point, graph_def, element_spec, num_shards, workers,
+                           fingerprint, block_bytes)
+        with self._lock:
+            op = self._ops.get(name)
+            if op is not None and not op.done:
+                if not resume:
+                    progress = op.snapshot()
+                    raise CacheWriting(
+                        f"cache {name!r} is being materialized by operation {op.name} "
+                        f"({progress.shards_done}/{progress.shards_total} shards); attach to it "
+                        "with --resume (resume=True) or cancel it")
+                if not op.spec.same_source(spec):
+                    raise InvalidArgument(
+                        f"cannot resume {op.name}: it runs {describe(op.spec)}, this request "
+                        f"asks for {describe(spec)}; cancel it first to start over")
+                return op.snapshot()
+            if resume:
+                done = self._already_done(name, spec)
+                if done is not None:
+                    return done
+            record = self.catalog.begin_materialize(name, spec.fingerprint, spec.to_json(),
+                                                    overwrite)
+            op = self._ops[name] = Operation(spec, record, self._workers(spec))
+        self._launch(op)
+        log.info("materializing cache %r: %s over %d workers", name, describe(spec),
+                 op.workers)
+        return op.snapshot()
+
+    def get(self, op_name: str) -> Snapshot:
+        return self._find(op_name).snapshot()
+
+    def watch(self, op_name: str, interval: float, active: Callable[[], bool]
+              ) -> Iterator[Snapshot]:
+        """Snapshots on every change and at least every interval; the last one is done."""
+        op = self._find(op_name)
+        interval = min(max(interval or 0.5, 0.05), 60.0)
+        seen = -1
+        while True:
+            with op.cond:
+                if op.version == seen:
+                    op.cond.wait(interval)
+                seen = op.version
+            snap = op.snapshot()
+            yield snap
+            if snap.done or not active():
+                return
+
+    def cancel(self, op_name: str) -> Snapshot:
+        op = self._find(op_name)
+        with op.cond:
+            op.fail(OperationError("OPERATION_CANCELLED", f"{op.name} was cancelled"),
+                    state="CANCELLED")
+        return op.snapshot()
+
+    def resume_interrupted(self) -> None:
+        """Restart every materialization a crash interrupted (catalog.interrupted)."""
+        for record in self.catalog.interrupted:
+            directory = self.catalog.cache_dir(record.name)
+            try:
+                spec = Spec.from_json((directory / MATERIALIZE_SPEC).read_text())
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.warning("discarding cache %r: its materialization cannot be resumed "
+                            "(%s)", record.name, exc)
+                self.catalog.discard_materialized(record)
+                continue
+            op = Operation(spec, record, self._workers(spec))
+            for index in range(spec.num_shards):
+                shard = committed_shard(directory, index)
+                if shard is not None:
+                    op.committed[index] = shard
+                    op.resumed_shards.add(index)
+                    op.reference = op.reference or (index, shard.layout_json,
+                                                    shard.element_spec)
+                else:
+                    shutil.rmtree(worker.shard_path(directory, index),
+                                  ignore_errors=True)
+            with self._lock:
+                self._ops[record.name] = op
+            log.info("resuming materialization of cache %r: %d of %d shards were committed",
+                     record.name, op.resumed, spec.num_shards)
+            self._launch(op)
+        self.catalog.interrupted = []
+
+    def shutdown(self, timeout: float = STOP_GRACE + 10) -> None:
+        """Stop every running operation, keeping committed shards for the next start."""
+        with self._lock:
+            ops = [op for op in self._ops.values() if not op.done]
+        for op in ops:
+            with op.cond:
+                op.shutting_down = True
+                op.fail(OperationError("SHUTTING_DOWN", f"the daemon shut down during {op.name};"
+                                       " it resumes when the daemon starts again"))
+        for op in ops:
+            if op.thread is not None:
+                op.thread.join(timeout)
+
+    # ------------------------------------------------------------------ checks
+
+    def _check(self, entry_point: str, graph_def: bytes, element_spec: bytes, num_shards: int,
+               workers: int, fingerprint: str, block_bytes: int | None) -> Spec:
+        if bool(entry_point) == bool(graph_def):
+            raise InvalidArgument("give exactly one of an entry point ('package.module:fn') "
+                                  "and a serialized dataset graph")
+        if entry_point and not _ENTRY_RE.fullmatch(entry_point):
+            raise InvalidArgument(f"entry point {entry_point!r} is not of the form "
+                                  "'package.module:function'")
+        if graph_def and not element_spec:
+            raise InvalidArgument("a dataset graph needs its element_spec")
+        if num_shards < 1:
+            raise InvalidArgument(f"num_shards is {num_shards}; it must be at least 1")
+        if num_shards > MAX_SHARDS:
+            raise InvalidArgument(f"num_shards is {num_shards:,}; the limit is {MAX_SHARDS:,} "
+                                  "(each shard is an LMDB environment and a worker task): "
+                                  "use fewer, larger shards")
+        if workers > MAX_WORKERS:
+            raise InvalidArgument(f"workers is {workers}; the limit is {MAX_WORKERS} (one "
+                                  "process each; the default is the daemon's core count)")
+        if block_bytes is not None and block_bytes > MAX_BLOCK_BYTES:
+            raise InvalidArgument(f"block_bytes is {block_bytes:,}; the limit is "
+                                  f"{MAX_BLOCK_BYTES:,} (each worker holds a block in memory; "
+                                  "256 KiB is the default, 0 stores one element per value)")
+        if not fingerprint:
+            fingerprint = f"entry:{entry_point}" if entry_point else graph_fingerprint(graph_def)
+        return Spec(entry_point, graph_def, element_spec, num_shards, workers,
+                    f"{fingerprint}/shards={num_shards}", block_bytes)
+
+    def _workers(self, spec: Spec) -> int:
+        return max(1, min(spec.workers or self.default_workers, spec.num_shards))
+
+    def _already_done(self, name: str, spec: Spec) -> Snapshot | None:
+        """resume of a cache already READY from the same source: a finished operation."""
+        try:
+            record = self.catalog.get(name)
+        except status.CacheNotFound:
+            return None
+        if record.state != "READY" or record.fingerprint != spec.fingerprint:
+            return None
+        op = Operation(spec, record, 0, state="SUCCEEDED", done=True,
+                       start_time=record.create_time, end_time=record.commit_time)
+        for s in record.shards:
+            op.committed[s.index] = ShardProgress(s.num_elements, s.raw_bytes, s.stored_bytes)
+        op.resumed_shards = set(op.committed)
+        return op.snapshot()
+
+    def _find(self, op_name: str) -> Operation:
+        cache = op_name.removeprefix("materialize/")
+        with self._lock:
+            op = self._ops.get(cache) if op_name.startswith("materialize/") else None
+        if op is None:
+            raise OperationNotFound(f"operation {op_name!r} not found; operations are named "
+                                    "'materialize/<cache>' and live until the daemon restarts")
+        return op
+
+    # ------------------------------------------------------------------ running
+
+    def _launch(self, op: Operation) -> None:
+        op.thread = threading.Thread(target=self._supervise, args=(op,),
+                                     name=f"materialize-{op.record.name}", daemon=True)
+        op.thread.start()
+
+    def _supervise(self, op: Operation) -> None:
+        try:
+            self._run_workers(op)
+        except Exception as exc:
+            log.exception("materialization of %r failed", op.record.name)
+            with op.cond:
+                op.fail(OperationError(getattr(exc, "reason", "INTERNAL"), str(exc)))
+        try:
+            with op.cond:
+                complete = op.state == "RUNNING" and len(op.committed) == op.spec.num_shards
+            if complete:
+                self._commit(op)
+        except status.CacheServerError as exc:
+            with op.cond:
+                op.fail(OperationError(exc.reason, str(exc)))
+        with op.cond:
+            if op.state == "RUNNING":
+                op.fail(OperationError("INTERNAL", "the workers stopped with shards left; see "
+                                       "the daemon's log"))
+            if op.state != "SUCCEEDED" and not op.shutting_down:
+                self.catalog.discard_materialized(op.record)
+            op.done, op.end_time = True, time.time()
+            op.changed()
+        metrics.MATERIALIZATIONS.labels(op.state).inc()
+        level = logging.INFO if op.state == "SUCCEEDED" else logging.WARNING
+        log.log(level, "%s %s%s", op.name, op.state,
+                f": {op.error.message}" if op.error else "")
+
+    def _commit(self, op: Operation) -> None:
+        assert op.reference is not None or op.spec.num_shards == 0
+        record, first = op.record, 0
+        record.shards = []
+        for index in range(op.spec.num_shards):
+            s = op.committed[index]
+            record.shards.append(ShardInfo(index, first, s.elements, s.stored_bytes,
+                                           s.raw_bytes))
+            first += s.elements
+        assert op.reference is not None
+        record.layout_json, record.element_spec = op.reference[1], op.reference[2]
+        self.catalog.commit_materialized(record)
+        with op.cond:
+            op.state = "SUCCEEDED"
+            op.changed()
+
+    def _run_workers(self, op: Operation) -> None:
+        pending = [i for i in range(op.spec.num_shards) if i not in op.committed]
+        if not pending:
+            return
+        ctx = multiprocessing.get_context("spawn")
+        tasks, results = ctx.Queue(), ctx.Queue()
+        tasks.cancel_join_thread()
+        with op.cond:
+            op.stop = ctx.Event()
+            if op.state != "RUNNING":
+                op.stop.set()
+        for index in pending:
+            tasks.put(index)
+        count = min(op.workers, len(pending))
+        for _ in range(count):
+            tasks.put(None)
+        job = worker.Job(
+            str(self.catalog.cache_dir(op.record.name)), op.spec.num_shards,
+            op.spec.entry_point, op.spec.graph_def, op.spec.element_spec, self.pythonpath,
+            os.getpid(), op.spec.block_bytes)
+        procs = [ctx.Process(target=worker.run, args=(job, w, tasks, results, op.stop),
+                             name=f"materialize-{op.record.name}-{w}", daemon=True)
+                 for w in range(count)]
+        for p in procs:
+            p.start()
+        live, current = set(range(count)), dict[int, int]()
+        stopped_at = 0.0
+        try:
+            while live:
+                try:
+                    msg = results.get(timeout=0.25)
+                except queue.Empty:
+                    msg = None
+                if msg is not None:
+                    self._handle(op, msg, live, current)
+                    if msg[0] == "progress":
+                        self._reserve(op, msg[5])
+                for w in list(live):
+                    code = procs[w].exitcode
+                    if code not in (None, 0):
+                        live.discard(w)
+                        with op.cond:
+                            op.fail(OperationError("INTERNAL", f"worker process {w} died (exit "
+                                                   f"code {code}) while writing shard "
+                                                   f"{current.get(w, '-')}", current.get(w, -1)))
+                if op.stop.is_set():
+                    stopped_at = stopped_at or time.monotonic()
+                    if time.monotonic() - stopped_at > STOP_GRACE:
+                        for w in live:
+                            procs[w].terminate()
+                        break
+        finally:
+            for p in procs:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            for q in (tasks, results):
+                q.close()
+
+    def _reserve(self, op: Operation, stored: int) -> None:
+        """Count what the workers stored against --max-bytes, evicting to stay under it.
+
+        Workers write first and report after, so a materialization can overshoot
+        the limit by what its workers hold in flight (a batch each) before it
+        evicts or fails with CAPACITY_EXCEEDED.
+        """
+        try:
+            self.catalog.capacity.reserve(op.record.name, stored)
+        except status.CapacityExceeded as exc:
+            with op.cond:
+                op.fail(OperationError(exc.reason, str(exc)))
+
+    def _handle(self, op: Operation, msg: tuple[Any, ...], live: set[int],
+                current: dict[int, int]) -> None:
+        kind, worker = msg[0], msg[1]
+        with op.cond:
+            if kind == "begin":
+                _, _, shard, layout_json, spec = msg
+                current[worker] = shard
+                op.running[shard] = ShardProgress()
+                if op.reference is None:
+                    op.reference = (shard, layout_json, spec)
+                elif (layout_json, spec) != op.reference[1:]:
+                    ref = op.reference
+                    op.fail(OperationError(
+                        "INVALID_ARGUMENT",
+                        f"shard {shard} yields elements of another spec than shard {ref[0]}: "
+                        f"{leaves(layout_json)} vs {leaves(ref[1])}; every shard must yield "
+                        "the same element_spec", shard))
+                op.changed()
+            elif kind == "progress":
+                _, _, shard, n, raw, stored = msg
+                s = op.running.setdefault(shard, ShardProgress())
+                s.elements += n
+                s.raw_bytes += raw
+                s.stored_bytes += stored
+                metrics.MATERIALIZED_ELEMENTS.inc(n)
+                metrics.MATERIALIZED_BYTES.inc(stored)
+            elif kind == "done":
+                _, _, shard, n, raw, stored = msg
+                op.running.pop(shard, None)
+                assert op.reference is not None
+                op.committed[shard] = ShardProgress(n, raw, stored, *op.reference[1:])
+                metrics.MATERIALIZED_SHARDS.inc()
+                op.changed()
+            elif kind == "error":
+                _, _, shard, reason, message = msg
+                op.running.pop(shard, None)
+                error = OperationError(reason, message, shard)
+                op.shard_errors.append(error)
+                op.fail(error)
+                op.changed()
+            elif kind == "exit":
+                live.discard(worker)
+
+

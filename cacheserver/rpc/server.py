@@ -1,0 +1,222 @@
+"""The daemon process: gRPC server, health, reflection, listeners, graceful stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cacheserver import metrics
+from cacheserver.catalog.capacity import Capacity, TtlSweeper
+from cacheserver.catalog.catalog import Catalog
+from cacheserver.catalog.leases import LeaseTable
+from cacheserver.catalog.recovery import DataDirLock
+from cacheserver.config import DEFAULT_LISTEN
+from cacheserver.materialize.materializer import Materializer
+from cacheserver.rpc.interceptors import ServerInterceptor
+from cacheserver.rpc.service import CacheService
+from cacheserver.rpc.streams import wire_handlers
+from cacheserver.security import load_tls, load_token, warn_if_exposed
+from client.wire.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
+#: Messages carry chunks of ~1 MiB, but one record may be larger than that.
+MAX_MESSAGE_BYTES = 256 << 20
+
+
+def sd_notify(state: str) -> bool:
+    """Tell systemd (Type=notify) about a state change, e.g. "READY=1".
+
+    A no-op returning False unless $NOTIFY_SOCKET is set; a leading '@' names
+    a socket in the abstract namespace. Errors are logged, never raised.
+    """
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        log.warning("sd_notify(%r) to %s failed: %s", state, address.lstrip("\0"), exc)
+        return False
+    return True
+
+
+class ListenError(ValueError):
+    """A --listen address is malformed or cannot be bound."""
+
+
+@dataclass
+class ServerConfig:
+    data_dir: Path
+    listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
+    grace_seconds: float = 30.0
+    max_workers: int = 64
+    # operations (docs/operations.md; cacheserver/config.py has the one table)
+    shutdown_delay: float = 0.0
+    max_bytes: int = 0
+    min_free_bytes: int = 0
+    ttl_sweep_interval: float = 60.0
+    lease_ttl: float = 30.0
+    metrics_listen: str = ""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    auth_token_file: Path | None = None
+    socket_mode: int = 0o660
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_streams_per_client: int = 64
+    #: Directories materialization workers import entry points from (--pythonpath).
+    pythonpath: list[Path] = field(default_factory=list)
+
+
+def normalize_listen(address: str) -> str:
+    """Check a --listen address: 'host:port' or 'unix:///absolute/path'."""
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix://") if address.startswith("unix://") \
+            else address.removeprefix("unix:")
+        if not path.startswith("/"):
+            raise ListenError(f"--listen {address!r}: a unix socket needs an absolute path, "
+                              "as in unix:///run/cacheserver/cacheserver.sock")
+        return f"unix://{path}"
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ListenError(f"--listen {address!r}: expected HOST:PORT (e.g. 127.0.0.1:50051) "
+                          "or unix:///path/to.sock")
+    return address
+
+
+class CacheServer:
+    """A running daemon: start(), then wait() or stop()."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self._tls = load_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
+        token = load_token(config.auth_token_file)
+        self._lock = DataDirLock(config.data_dir)  # before anything reads or changes the data
+        try:
+            self._setup(config, token)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _setup(self, config: ServerConfig, token: bytes | None) -> None:
+        capacity = Capacity(config.data_dir, config.max_bytes, config.min_free_bytes)
+        self.catalog = Catalog(config.data_dir, capacity)
+        metrics.watch_disk(capacity.in_use, config.max_bytes)
+        self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
+        self.materializer = Materializer(self.catalog, tuple(map(str, config.pythonpath)))
+        self.leases = LeaseTable(self.catalog, config.lease_ttl)
+        self.service = CacheService(self.catalog, self.materializer, self.leases)
+        self.health = health.HealthServicer()
+        options = [
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._calls = ServerInterceptor(token, config.max_streams_per_client)
+        self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
+                                   options=options, interceptors=[self._calls])
+        pb_grpc.add_CacheServiceServicer_to_server(self.service, self._server)
+        # after the generated handlers, to replace theirs for these two methods
+        self._server.add_registered_method_handlers(SERVICE_NAME, wire_handlers(self.service))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        self.addresses: list[str] = []
+        for address in config.listen:
+            self.addresses.append(self._bind(normalize_listen(address)))
+        self.metrics_address = ""
+        self._stop_metrics = lambda: None
+        if config.metrics_listen:
+            self.metrics_address, self._stop_metrics = metrics.serve_http(config.metrics_listen)
+        self._stopped = threading.Event()
+
+    def _bind(self, address: str) -> str:
+        if address.startswith("unix://"):
+            path = Path(address.removeprefix("unix://"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_socket():
+                path.unlink()  # a stale socket from a previous run
+        tls = self._tls is not None and not address.startswith("unix://")
+        warn_if_exposed(address, tls)
+        try:
+            if tls:
+                assert self._tls is not None
+                port = self._server.add_secure_port(address, self._tls.server_credentials())
+            else:
+                port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise ListenError(f"cannot listen on {address}: {exc}") from exc
+        if address.startswith("unix://"):
+            os.chmod(address.removeprefix("unix://"), self.config.socket_mode)
+            return address
+        return f"{address.rpartition(':')[0]}:{port}"
+
+    def start(self) -> None:
+        self._server.start()
+        self._sweeper.start()
+        self.leases.start()
+        self.materializer.resume_interrupted()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %d caches from %s on %s%s", len(self.catalog.list()),
+                 self.config.data_dir, ", ".join(self.addresses),
+                 f"; metrics on http://{self.metrics_address}/metrics"
+                 if self.metrics_address else "")
+        sd_notify("READY=1")
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop taking new calls, let in-flight streams finish (up to grace), exit."""
+        if self._stopped.is_set():
+            return
+        grace = self.config.grace_seconds if grace is None else grace
+        sd_notify("STOPPING=1")
+        self.health.enter_graceful_shutdown()  # NOT_SERVING: probes steer traffic away
+        if self.config.shutdown_delay:
+            log.info("health is NOT_SERVING; still serving for %.1fs before draining",
+                     self.config.shutdown_delay)
+            time.sleep(self.config.shutdown_delay)
+        log.info("draining in-flight streams (up to %.0fs)", grace)
+        self.service.drain()
+        self.materializer.shutdown()
+        self._server.stop(grace).wait()
+        if not self._calls.wait_idle(5.0):
+            log.warning("some cancelled calls were still unwinding 5s after the drain")
+        self._sweeper.stop()
+        self.leases.stop()
+        self._stop_metrics()
+        self._lock.release()
+        self._stopped.set()
+        log.info("stopped")
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def run_until_signal(self) -> None:
+        """Serve until SIGTERM or SIGINT, then drain and return."""
+        def handler(signum: int, frame: object) -> None:
+            log.info("received %s", signal.Signals(signum).name)
+            threading.Thread(target=self.stop, name="shutdown", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        self.start()
+        while not self._stopped.wait(0.5):
+            pass

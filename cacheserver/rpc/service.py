@@ -1,0 +1,269 @@
+"""The gRPC adapter: translates requests to catalog calls and errors to statuses.
+
+It decides nothing; the logic lives in :mod:`cacheserver.catalog.catalog`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from cacheserver import metrics
+from cacheserver.catalog.catalog import Catalog
+from cacheserver.catalog.direct_writes import StagedShard
+from cacheserver.catalog.leases import LeaseTable
+from cacheserver.catalog.manifest import CacheRecord
+from cacheserver.catalog.retention import Retention
+from cacheserver.catalog.writes import CacheWrite
+from cacheserver.materialize.materializer import Materializer
+from cacheserver.rpc.operations import operation_to_proto
+from cacheserver.rpc.streams import BegunGuard
+from client.wire.chunks import encode_read_shard_response, read_shard_data_bytes
+from client.wire.status import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
+from client.wire.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+_STATES = {"WRITING": pb.CACHE_STATE_WRITING, "READY": pb.CACHE_STATE_READY}
+_DECISIONS = {
+    "ACCEPTED": pb.WRITE_DECISION_ACCEPTED,
+    "ALREADY_READY": pb.WRITE_DECISION_ALREADY_READY,
+    "BUSY": pb.WRITE_DECISION_BUSY,
+}
+
+
+def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cache:
+    retention = retention or Retention()
+    raw = sum(s.raw_bytes for s in record.shards)
+    stored = sum(s.stored_bytes for s in record.shards)
+    return pb.Cache(
+        name=record.name, state=_STATES[record.state], fingerprint=record.fingerprint,
+        layout_json=record.layout_json, element_spec=record.element_spec,
+        num_elements=record.num_elements, disk_bytes=record.disk_bytes,
+        raw_bytes=raw, stored_bytes=stored, create_time=record.create_time,
+        commit_time=record.commit_time,
+        shards=[pb.Shard(index=s.index, first_element=s.first_element,
+                         num_elements=s.num_elements, stored_bytes=s.stored_bytes,
+                         raw_bytes=s.raw_bytes) for s in record.shards],
+        pinned=retention.pinned, ttl_seconds=retention.ttl_seconds,
+        last_read_time=retention.last_read_time, hits=retention.hits,
+    )
+
+
+#: Failures on the daemon's side, worth an operator's attention; the rest are the caller's.
+_OPERATOR_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DATA_LOSS)
+
+
+def _abort(context: grpc.ServicerContext, exc: CacheServerError) -> None:
+    log.log(logging.WARNING if exc.code in _OPERATOR_CODES else logging.DEBUG,
+            "%s: %s", exc.reason, exc)
+    context.set_trailing_metadata(((REASON_KEY, exc.reason),))
+    context.abort(exc.code, str(exc))
+
+
+def _translating(method: F) -> F:
+    """Turn CacheServerError into a status; log and hide anything unexpected."""
+    @functools.wraps(method)
+    def unary(self: CacheService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except CacheServerError as exc:
+            _abort(context, exc)
+        except Exception:
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}; "
+                          "see the daemon's log")
+
+    @functools.wraps(method)
+    def streaming(self: CacheService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            yield from method(self, request, context)
+        except CacheServerError as exc:
+            _abort(context, exc)
+        except Exception:
+            if not context.is_active():
+                return  # the caller went away; nothing to report
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}; "
+                          "see the daemon's log")
+
+    return streaming if inspect.isgeneratorfunction(method) else unary  # type: ignore[return-value]
+
+
+class CacheService(pb_grpc.CacheServiceServicer):
+    """Serves one catalog. Tracks open streams so shutdown can drain them."""
+
+    def __init__(self, catalog: Catalog, materializer: Materializer | None = None,
+                 leases: LeaseTable | None = None) -> None:
+        self.catalog = catalog
+        self.materializer = materializer or Materializer(catalog)
+        self.leases = leases or LeaseTable(catalog)
+        self._draining = threading.Event()
+
+    def drain(self) -> None:
+        """Refuse new write streams from now on (reads in flight continue)."""
+        self._draining.set()
+
+    @_translating
+    def ListCaches(self, request: pb.ListCachesRequest,
+                   context: grpc.ServicerContext) -> pb.ListCachesResponse:
+        return pb.ListCachesResponse(caches=[self._proto(r) for r in self.catalog.list()])
+
+    @_translating
+    def GetCache(self, request: pb.GetCacheRequest,
+                 context: grpc.ServicerContext) -> pb.GetCacheResponse:
+        return pb.GetCacheResponse(cache=self._proto(self.catalog.get(request.name)))
+
+    @_translating
+    def DeleteCache(self, request: pb.DeleteCacheRequest,
+                    context: grpc.ServicerContext) -> pb.DeleteCacheResponse:
+        self.catalog.delete(request.name)
+        log.info("deleted cache %r", request.name)
+        return pb.DeleteCacheResponse()
+
+    @_translating
+    def ReadShard(self, request: pb.ReadShardRequest,
+                  context: grpc.ServicerContext) -> Iterator[bytes]:
+        """Serialized ReadShardResponses (write_stream.wire_handlers passes them as they are)."""
+        whole_shard = request.start == 0 and not request.count
+        with self.catalog.reading(request.name, hit=request.epoch_start or whole_shard):
+            chunks = self.catalog.read_shard(request.name, request.shard, request.start,
+                                             request.chunk_bytes, request.fingerprint,
+                                             request.count, join=encode_read_shard_response)
+            for _start, _lengths, message, elements in chunks:  # serialized responses
+                metrics.READ_BYTES.inc(read_shard_data_bytes(message))
+                metrics.READ_ELEMENTS.inc(elements)
+                yield message
+
+    @_translating
+    def WriteCache(self, request_iterator: Iterator[pb.WriteCacheRequest],
+                   context: grpc.ServicerContext) -> Iterator[pb.WriteCacheResponse]:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("request") != "begin":
+            raise InvalidArgument("a WriteCache stream must start with a WriteBegin")
+        if self._draining.is_set():
+            raise ShuttingDown("the daemon is shutting down; retry against its replacement")
+        begin = first.begin
+        decision, record, session = self.catalog.begin_write(
+            begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
+            begin.shard_bytes)
+        begun = pb.WriteBegun(decision=_DECISIONS[decision], cache=self._proto(record))
+        if session is None:
+            yield pb.WriteCacheResponse(begun=begun)
+            return
+        guard = BegunGuard(session, context)  # from here on, the session ends with the RPC
+        if begin.local:  # same-host writes (docs/writing.md)
+            begun.local_dir = str(session.stage().relative_to(self.catalog.data_dir))
+            begun.data_dir, begun.instance_token = str(self.leases.data_dir), self.leases.token
+            begun.shard_bytes = session.shard_bytes
+        yield pb.WriteCacheResponse(begun=begun)
+        if not guard.resumed():
+            log.warning("write of cache %r was cancelled before it sent anything; discarded",
+                        begin.name)
+            return
+        metrics.CACHE_MISSES.inc()
+        log.info("writing cache %r (fingerprint %s)", begin.name, begin.fingerprint)
+        with CacheWrite(session) as write:
+            for req in request_iterator:
+                kind = req.WhichOneof("request")
+                if kind == "chunk":  # data: a view (client/wire/chunks.py) or protobuf's copy
+                    write.add_chunk(req.chunk.lengths, req.chunk.data, req.chunk.raw_bytes)
+                elif kind == "finish" and req.finish.failed:
+                    write.give_up(req.finish.failed)
+                    return
+                elif kind == "finish":
+                    record = write.commit(req.finish.num_elements, [
+                        StagedShard(s.index, s.num_elements, s.num_records, s.stored_bytes,
+                                    s.raw_bytes) for s in req.finish.staged_shards])
+                    yield pb.WriteCacheResponse(committed=to_proto(record))
+                    return
+                else:
+                    raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")
+
+    def _proto(self, record: CacheRecord) -> pb.Cache:
+        cache = to_proto(record, self.catalog.retention_of(record.name))
+        cache.direct_leases, cache.direct_reads = self.leases.counts(record.name)
+        return cache
+
+    @_translating
+    def SetCacheRetention(self, request: pb.SetCacheRetentionRequest,
+                          context: grpc.ServicerContext) -> pb.SetCacheRetentionResponse:
+        pinned = request.pinned if request.HasField("pinned") else None
+        ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
+        record = self.catalog.set_retention(request.name, pinned, ttl)
+        log.info("cache %r: pinned=%s ttl_seconds=%s", request.name, pinned, ttl)
+        return pb.SetCacheRetentionResponse(cache=self._proto(record))
+
+    # ------------------------------------------------------------ materialization
+
+    @_translating
+    def StartMaterialize(self, request: pb.StartMaterializeRequest,
+                         context: grpc.ServicerContext) -> pb.StartMaterializeResponse:
+        if self._draining.is_set():
+            raise ShuttingDown("the daemon is shutting down; retry against its replacement")
+        snap = self.materializer.start(
+            request.name, entry_point=request.entry_point, graph_def=request.graph_def,
+            element_spec=request.element_spec, num_shards=request.num_shards,
+            workers=request.workers, overwrite=request.overwrite, resume=request.resume,
+            fingerprint=request.fingerprint,
+            block_bytes=request.block_bytes if request.HasField("block_bytes") else None)
+        return pb.StartMaterializeResponse(operation=operation_to_proto(snap))
+
+    @_translating
+    def GetOperation(self, request: pb.GetOperationRequest,
+                     context: grpc.ServicerContext) -> pb.GetOperationResponse:
+        return pb.GetOperationResponse(
+            operation=operation_to_proto(self.materializer.get(request.name)))
+
+    @_translating
+    def WatchOperation(self, request: pb.WatchOperationRequest,
+                       context: grpc.ServicerContext) -> Iterator[pb.WatchOperationResponse]:
+        for snap in self.materializer.watch(request.name, request.interval, context.is_active):
+            yield pb.WatchOperationResponse(operation=operation_to_proto(snap))
+
+    @_translating
+    def CancelOperation(self, request: pb.CancelOperationRequest,
+                        context: grpc.ServicerContext) -> pb.CancelOperationResponse:
+        return pb.CancelOperationResponse(
+            operation=operation_to_proto(self.materializer.cancel(request.name)))
+
+    @_translating
+    def ReadElements(self, request: pb.ReadElementsRequest,
+                     context: grpc.ServicerContext) -> Iterator[pb.ReadElementsResponse]:
+        with self.catalog.reading(request.name, hit=request.epoch_start):
+            chunks = self.catalog.read_elements(request.name, request.fingerprint,
+                                                request.indices, request.chunk_bytes)
+            for position, lengths, data in chunks:
+                metrics.READ_BYTES.inc(len(data))
+                metrics.READ_ELEMENTS.inc(len(lengths) // 4)
+                yield pb.ReadElementsResponse(position=position, lengths=lengths, data=data)
+
+    # ------------------------------------------------------------ direct reads
+
+    @_translating
+    def AcquireReadLease(self, request: pb.AcquireReadLeaseRequest,
+                         context: grpc.ServicerContext) -> pb.AcquireReadLeaseResponse:
+        lease, record, paths = self.leases.acquire(request.name, request.fingerprint,
+                                                   request.epoch_start)
+        return pb.AcquireReadLeaseResponse(
+            lease_id=lease.id, ttl_seconds=self.leases.ttl, cache=self._proto(record),
+            data_dir=str(self.leases.data_dir), shard_dirs=[str(p) for p in paths],
+            instance_token=self.leases.token, instance_token_path=str(self.leases.token_path))
+
+    @_translating
+    def RenewReadLease(self, request: pb.RenewReadLeaseRequest,
+                       context: grpc.ServicerContext) -> pb.RenewReadLeaseResponse:
+        return pb.RenewReadLeaseResponse(ttl_seconds=self.leases.renew(request.lease_id))
+
+    @_translating
+    def ReleaseReadLease(self, request: pb.ReleaseReadLeaseRequest,
+                         context: grpc.ServicerContext) -> pb.ReleaseReadLeaseResponse:
+        self.leases.release(request.lease_id)
+        return pb.ReleaseReadLeaseResponse()

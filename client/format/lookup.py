@@ -1,0 +1,129 @@
+"""Records by global element index, in any order: ReadElements and direct reads.
+
+Global indices are mapped to (shard, local index) with the shards' first
+indices, then served in windows of about one chunk: each window's records are
+fetched shard by shard (one short LMDB read transaction per shard and window, so
+a slow reader never pins a snapshot) and come out in request order.
+
+Cutting single elements out of blocks (format 2, k elements per value): each
+block a request touches is decompressed once, its checksum verified, and each
+wanted element is sent as a value of its own: a block of one element (tag
+``0x00``, CRC-32, the element byte-shuffled as a one-element block is), which
+the client decodes like any block. Knows nothing of gRPC or of the daemon's
+catalog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import numpy as np
+
+from client.format.blocks import layout_of_json, unpack_block, unshuffle_into
+from client.format.codec import RecordError
+from client.format.store import ShardGetter
+from client.format.values import TAG_RAW, Decompressor, crc32
+from client.wire.chunks import chunk_size
+from client.wire.status import DataLoss
+
+
+def window_records(chunk_bytes: int, num_elements: int, stored_bytes: int) -> int:
+    """Records per chunk: enough to reach chunk_bytes (two 600 KB images per 1 MiB
+    chunk, as ReadShard sends them: half the generator yields of one)."""
+    chunk = chunk_size(chunk_bytes)
+    return max(1, -(-chunk * num_elements // stored_bytes)) if stored_bytes else 1
+
+
+def gather_chunks(open_shard: Callable[[int], AbstractContextManager[ShardGetter]],
+                  wanted: np.ndarray, firsts: np.ndarray, window: int, layout_json: str,
+                  where: str) -> Iterator[tuple[int, bytes, bytes]]:
+    """(position, lengths, data) chunks of the elements at global indices wanted, in
+    order, one element per value (blocks: cut out of their blocks).
+
+    open_shard(i) opens shard i for random reads; firsts are the shards' first
+    global indices; where names the cache in errors. Shared by ReadElements and
+    the client's direct reads.
+    """
+    shard_of = np.searchsorted(firsts, wanted, side="right") - 1
+    local = wanted - firsts[shard_of]
+    extract = Extractor(layout_json)
+    span = extract.span(window, wanted.size)
+    with contextlib.ExitStack() as stack:
+        open_shards: dict[int, ShardGetter] = {}
+        for first in range(0, wanted.size, span):
+            stop = min(first + span, wanted.size)
+            shards, values = shard_of[first:stop], [b""] * (stop - first)
+            for shard in np.unique(shards):
+                getter = open_shards.get(int(shard))
+                if getter is None:
+                    getter = open_shards[int(shard)] = stack.enter_context(
+                        open_shard(int(shard)))
+                at = np.flatnonzero(shards == shard)
+                got = extract.get(getter, local[first:stop][at], f"{where} shard {int(shard)}")
+                for i, value in zip(at.tolist(), got):
+                    values[i] = value
+            for start in range(first, stop, window):
+                part = values[start - first:min(start + window, stop) - first]
+                lengths = struct.pack(f"<{len(part)}I", *map(len, part))
+                yield start, lengths, b"".join(part)
+
+
+#: A ReadElements request on blocks decodes up to this many bytes of elements at once.
+SPAN_BYTES = 32 << 20
+_GET_BLOCKS = 256
+
+
+class Extractor:
+    """Cuts elements out of their blocks for one request (not thread-safe)."""
+
+    def __init__(self, layout_json: str) -> None:
+        layout = layout_of_json(layout_json)
+        self.k = layout.block_elements
+        self._stride = layout.block_shuffle
+        self._size = layout.record_size if self.k > 1 else 0
+        self._dec = Decompressor()
+
+    def span(self, window: int, wanted: int) -> int:
+        """Elements of a request to fetch together (sent in chunks of window): every block
+        they touch is decompressed once. Blocks: up to SPAN_BYTES of elements, as a shuffled
+        request visits a block several times; one element per value: window."""
+        if self.k == 1:
+            return window
+        return max(window, min(wanted, SPAN_BYTES // self._size))
+
+    def get(self, getter: ShardGetter, local: np.ndarray, where: str) -> list[bytes]:
+        """The elements at shard-local indices local, each as a value of its own."""
+        if self.k == 1:
+            return getter.get_many(local.astype(">u8").tobytes())
+        blocks, inverse = np.unique(local // self.k, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")  # positions grouped by block
+        bounds = np.searchsorted(inverse[order], np.arange(len(blocks) + 1))
+        size, rows = self._size, np.empty((len(local), self._size), np.uint8)
+        for group in range(0, len(blocks), _GET_BLOCKS):  # bounded memory: a group at a time
+            keys = blocks[group:group + _GET_BLOCKS].astype(">u8").tobytes()
+            for b, value in enumerate(getter.get_many(keys), group):
+                try:
+                    body = unpack_block(self._dec, value, self.k, size)
+                except RecordError as exc:
+                    raise DataLoss(f"{where} block {int(blocks[b])} is corrupt: {exc}; delete "
+                                   "the cache and build it again") from exc
+                block = np.empty((len(body) // size, size), np.uint8)
+                unshuffle_into(body, block, self._stride)
+                at = order[bounds[b]:bounds[b + 1]]
+                within = local[at] % self.k
+                if within.max() >= len(block):
+                    raise DataLoss(f"{where} block {int(blocks[b])} holds {len(block)} "
+                                   f"elements, not element {int(within.max())}; delete the "
+                                   "cache and build it again")
+                rows[at] = block[within]
+        # each row as a one-element block: shuffled on its own
+        out = np.empty((len(local), 5 + size), np.uint8)
+        out[:, 5:] = rows.reshape(len(local), -1, self._stride).transpose(0, 2, 1).reshape(
+            len(local), size)
+        out[:, 0] = TAG_RAW
+        out[:, 1:5] = np.fromiter((crc32(r) for r in out[:, 5:]), "<u4",
+                                  len(local)).view(np.uint8).reshape(-1, 4)
+        return list(out)

@@ -1,0 +1,103 @@
+"""Keeps a shard's pages in the page cache ahead of a reader walking it in key order.
+
+LMDB reads through its memory map. Cold, a page fault makes the kernel read
+only around the faulting page (a shard streamed at ~250 MB/s from a disk that
+reads a plain file at ~1.5 GB/s, bench/ceilings.py), and the thread that
+faults waits for the disk *holding the GIL*: py-lmdb hands out views into the
+map, and the fault happens when Python copies them. Every other thread of the
+process stands still meanwhile; in a direct reader (client/read/direct.py) those
+are the decoders and TensorFlow's generator, so a cold direct epoch ran at
+0.73x `cache(file)` on a 200 MB/s disk where the same read over gRPC, whose
+stall is in another process, ran at 1.29x (docs/benchmarks.md).
+
+:class:`ReadAhead` runs a thread of its own that pulls the window after the
+reader into the page cache with ``sendfile()`` to /dev/null: the kernel reads
+the pages without copying them anywhere, and the GIL is free while the disk
+works (a warm window costs a page-cache walk, ~27 GB/s here). ``at()`` makes
+the reader wait, without the GIL, until the pages of its next chunk are in.
+Records are appended in key order, so record i sits near i/n of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+#: How far ahead of the reader the thread keeps the page cache.
+WINDOW_BYTES = 32 << 20
+#: One sendfile() call: the reader may go on as soon as its part is in.
+STEP_BYTES = 4 << 20
+#: at() waits until this much after the reader's estimated position is in (a
+#: chunk is ~1-4 MiB; the estimate is proportional, so keep a margin).
+NEED_BYTES = 8 << 20
+
+
+class ReadAhead:
+    """Read-ahead for one reader of one shard's data.mdb; close() when done."""
+
+    def __init__(self, path: Path, file_bytes: int, num_records: int,
+                 stop: int | None = None) -> None:
+        """For a reader of records [.., stop) of the shard at path (None: to the end)."""
+        try:
+            self._fd = os.open(path / "data.mdb", os.O_RDONLY)
+        except FileNotFoundError:  # deleted under a reader that holds it (hold()): no help
+            self._fd, file_bytes = -1, 0
+        self._records = max(num_records, 1)
+        if stop is not None and stop < num_records:  # nothing past the range (+ a page run)
+            file_bytes = min(file_bytes, -(-stop * file_bytes // self._records) + STEP_BYTES)
+        self._size = file_bytes
+        self._cond = threading.Condition()
+        self._loaded = 0  # bytes [0, _loaded) are in the page cache (or sendfile failed)
+        self._want = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def at(self, index: int) -> None:
+        """The reader is about to read from record index: wait until its pages are in."""
+        if self._size == 0:
+            return
+        pos = index * self._size // self._records
+        need = min(self._size, pos + NEED_BYTES)
+        with self._cond:
+            self._want = max(self._want, min(self._size, pos + WINDOW_BYTES))
+            if self._thread is None:
+                self._loaded = min(pos, self._size)  # a range read starts mid-file
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="shardcache-read-ahead")
+                self._thread.start()
+            self._cond.notify_all()
+            while self._loaded < need and not self._closed:
+                self._cond.wait()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+
+    def _run(self) -> None:
+        with open(os.devnull, "wb") as null:
+            while True:
+                with self._cond:
+                    while self._loaded >= self._want and not self._closed:
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    start = self._loaded
+                    end = min(self._want, start + STEP_BYTES)
+                try:
+                    while start < end:
+                        sent = os.sendfile(null.fileno(), self._fd, start, end - start)
+                        if sent == 0:  # shorter than LMDB said: the reader's checks report it
+                            end = self._size
+                            break
+                        start += sent
+                except OSError:  # no read-ahead then: the reader faults the pages in itself
+                    end = self._size
+                with self._cond:
+                    self._loaded = end
+                    self._cond.notify_all()

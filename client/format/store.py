@@ -1,0 +1,327 @@
+"""Shard storage: one LMDB environment per shard. The only module importing lmdb.
+
+Keys are shard-local value indices as big-endian u64, so a cursor walks in
+order and any value can be fetched by index. A value is a stored record or, in
+format 2, a block of ``block_elements`` (k) consecutive elements (client/format/blocks.py):
+element e of a shard is in value e // k. The store never looks inside values.
+Environments are opened without ``writemap`` (a full disk must raise, not SIGBUS) and with syncing
+deferred to :meth:`ShardWriter.commit`, which fsyncs before the caller writes
+the commit marker: an uncommitted shard may be lost in a crash, a committed
+one may not. The writer also syncs every :data:`SYNC_EVERY_BYTES` on its way,
+so that the commit's fsync has little left to wait for (docs/writing.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import shutil
+import struct
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from client.format.read_ahead import ReadAhead
+from client.wire.status import DataLoss, DiskFull
+
+_KEY = struct.Struct(">Q")
+_REBUILD = "delete the cache and build it again"
+_MIN_MAP_SIZE = 64 << 20
+#: A shard being written is flushed to disk every this many stored bytes. Left to the
+#: kernel, nothing is written back before the commit's fsync, which then waited ~0.15 s
+#: for 361 MB at the end of a write-through epoch, on the epoch's clock (the
+#: intermediate syncs run in the writer's thread, beside the pipeline).
+SYNC_EVERY_BYTES = 32 << 20
+
+
+def disk_full(path: Path) -> DiskFull:
+    return DiskFull(f"disk full under {path.parent}: free space or delete caches "
+                    "(cacheserver rm NAME), then run again")
+
+
+def _translate(exc: lmdb.Error, path: Path, write_bytes: int = 0) -> Exception:
+    """Map an lmdb error to the daemon's errors.
+
+    LMDB reports a short write on a full disk as EIO ("Input/output error"), so
+    a failed write is DiskFull when the filesystem lacks room for it.
+    """
+    text = str(exc)
+    if "No space left" in text or (write_bytes and shutil.disk_usage(path).free
+                                   < write_bytes + (1 << 20)):
+        return disk_full(path)
+    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
+        return DataLoss(f"LMDB file under {path} is corrupt: {text}; {_REBUILD}")
+    return exc
+
+
+class ShardWriter:
+    """Appends records to a new shard; commit() makes them durable."""
+
+    def __init__(self, path: Path, expected_bytes: int) -> None:
+        self.path = path
+        self.num_records = 0  # values (blocks)
+        self.num_elements = 0
+        self.stored_bytes = 0
+        self.raw_bytes = 0
+        self._unsynced = 0
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise disk_full(path) from exc
+            raise
+        self._map_size = max(_MIN_MAP_SIZE, 2 * expected_bytes)
+        try:
+            self._env = lmdb.open(str(path), map_size=self._map_size, subdir=True,
+                                  sync=False, metasync=False, writemap=False,
+                                  readahead=False, max_dbs=0, lock=True)
+        except lmdb.Error as exc:
+            raise _translate(exc, path) from exc
+        # Clear reader slots a dead process left in the lock table (none expected: readers
+        # open committed shards with lock=False, so they take no slots at all).
+        self._env.reader_check()
+
+    def append(self, values: Sequence[bytes | memoryview], raw_bytes: int,
+               num_elements: int | None = None) -> None:
+        """Store values (holding num_elements elements; default one each) as the next
+        records, in one transaction."""
+        items = [(_KEY.pack(self.num_records + i), v) for i, v in enumerate(values)]
+        size = sum(len(v) for v in values)
+        while True:
+            try:
+                with self._env.begin(write=True) as txn, txn.cursor() as cur:
+                    cur.putmulti(items, append=True)
+                break
+            except lmdb.MapFullError:
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+            except lmdb.Error as exc:
+                raise _translate(exc, self.path, size) from exc
+        self.num_records += len(values)
+        self.num_elements += len(values) if num_elements is None else num_elements
+        self.stored_bytes += size
+        self.raw_bytes += raw_bytes
+        self._unsynced += size
+        if self._unsynced >= SYNC_EVERY_BYTES:
+            self._sync()
+
+    def _sync(self) -> None:
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise _translate(exc, self.path, 1) from exc
+        self._unsynced = 0
+
+    def commit(self) -> None:
+        """Flush everything to disk and close; the caller then writes the marker."""
+        try:
+            self._sync()
+        finally:
+            self._env.close()
+        # Readers open committed shards with lock=False; a lock file left behind would only
+        # make py-lmdb's "already open" guard (keyed on file inodes) misfire once the inode
+        # of a deleted cache's lock file is reused by a new shard's data file.
+        (self.path / "lock.mdb").unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        """Close and delete the shard's files (space is released now)."""
+        try:
+            self._env.close()
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _Env:
+    def __init__(self, path: Path) -> None:
+        self.inode = (path / "data.mdb").stat().st_ino
+        self.env = lmdb.open(str(path), readonly=True, lock=False, subdir=True,
+                             readahead=True, max_dbs=0)
+        self.refs = 0
+        # Reading a page past the end of a truncated file through mmap is SIGBUS,
+        # which would kill the daemon: check the size LMDB expects up front.
+        stat = self.env.stat()
+        expected = (self.env.info()["last_pgno"] + 1) * stat["psize"]
+        actual = (path / "data.mdb").stat().st_size
+        self.num_records = stat["entries"]
+        self.file_bytes = expected
+        if actual < expected:
+            self.env.close()
+            raise lmdb.CorruptedError(f"data.mdb is {actual} bytes, LMDB expects {expected} "
+                                      "(truncated)")
+
+
+def _same_file(path: Path, ent: _Env) -> bool:
+    """True while path's data.mdb is still the file ent maps (not deleted, not rebuilt)."""
+    try:
+        return (path / "data.mdb").stat().st_ino == ent.inode
+    except FileNotFoundError:
+        return False
+
+
+class ReaderPool:
+    """Shares one read-only environment per committed shard across streams.
+
+    LMDB allows one open of an environment per process; committed shards are
+    immutable, so readers need no lock file and no writer coordination.
+    """
+
+    #: Environments kept open with no stream on them, most recently used last.
+    MAX_IDLE = 32
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._envs: dict[Path, _Env] = {}
+        self._idle: collections.OrderedDict[Path, _Env] = collections.OrderedDict()
+
+    def _acquire(self, path: Path) -> _Env:
+        """The open environment of the shard now at path (a rebuilt cache gets a new one)."""
+        with self._lock:
+            try:
+                ent = self._envs.get(path)
+                if ent is None or ent.inode != (path / "data.mdb").stat().st_ino:
+                    if ent is not None and ent.refs == 0:
+                        self._close(path, ent)
+                    ent = self._envs[path] = _Env(path)
+            except (lmdb.Error, OSError) as exc:
+                raise DataLoss(f"cannot open shard {path}: {exc}; delete the cache and "
+                               "build it again") from exc
+            ent.refs += 1
+            self._idle.pop(path, None)
+            return ent
+
+    def hold(self, path: Path) -> _Env:
+        """Open the shard at path and keep it open until release(path, env).
+
+        The files stay mapped however the shard changes meanwhile: a direct
+        reader's snapshot (client/read/direct.py). Raises DataLoss for a damaged shard.
+        """
+        return self._acquire(path)
+
+    def release(self, path: Path, ent: _Env) -> None:
+        self._release(path, ent)
+
+    def _retain(self, ent: _Env) -> _Env:
+        with self._lock:
+            ent.refs += 1
+            return ent
+
+    def _release(self, path: Path, ent: _Env) -> None:
+        """A stream is done with ent. It stays open while idle (a reader's next request
+        would otherwise map the file again and page-fault it all in afresh), up to
+        MAX_IDLE shards, until forget() or a rebuilt shard replaces it."""
+        with self._lock:
+            ent.refs -= 1
+            if ent.refs:
+                return
+            if self._envs.get(path) is not ent or not _same_file(path, ent):
+                self._close(path, ent)  # rebuilt or deleted meanwhile
+                return
+            self._idle[path] = ent
+            while len(self._idle) > self.MAX_IDLE:
+                self._close(*self._idle.popitem(last=False))
+
+    def _close(self, path: Path, ent: _Env) -> None:
+        """Call with the lock held, for an env without streams."""
+        if self._idle.get(path) is ent:
+            del self._idle[path]
+        if self._envs.get(path) is ent:
+            del self._envs[path]
+        ent.env.close()
+
+    def forget(self, directory: Path) -> None:
+        """Close the idle environments of shards under directory (it is being deleted: its
+        files' space is released once no stream maps them)."""
+        with self._lock:
+            for path, ent in list(self._idle.items()):
+                if path.is_relative_to(directory):
+                    self._close(path, ent)
+
+    def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
+                    block_elements: int = 1, held: _Env | None = None, views: bool = False,
+                    join: Callable[[int, bytes, list[Any]], bytes] | None = None
+                    ) -> Iterator[tuple[int, bytes, Any]]:
+        """Yield (first element, u32 lengths, data) for the values holding elements
+        [start, stop), k = block_elements per value: whole blocks, so the first chunk
+        may start before start and the last end after stop (the client trims).
+
+        Each chunk is read in its own short transaction, so a slow consumer never
+        pins an old snapshot. held: an environment from hold(), read even if the
+        shard was deleted or rebuilt since. views: with held, yield each chunk's data as
+        the list of its values' memoryviews into the map instead of one joined copy; they
+        stay valid until held is released (a direct reader's pass, client/read/direct.py).
+        join: instead of joining a chunk's values, data = join(first, lengths, views of
+        the values), called while the views are valid (the daemon frames its ReadShard
+        response there: client/wire/chunks.py).
+        """
+        k = block_elements
+        start, stop = start // k, -(-stop // k)  # the values holding them
+        ent = self._acquire(path) if held is None else self._retain(held)
+        ahead = ReadAhead(path, ent.file_bytes, ent.num_records, stop)
+        try:
+            index = start
+            while index < stop:
+                ahead.at(index)
+                try:
+                    first, lengths, data = index, [], []
+                    size = 0
+                    with ent.env.begin(buffers=True) as txn, txn.cursor() as cur:
+                        if not cur.set_key(_KEY.pack(index)):
+                            raise DataLoss(f"shard {path} is missing record {index}; {_REBUILD}")
+                        for key, value in cur:
+                            if index >= stop:
+                                break
+                            if bytes(key) != _KEY.pack(index):
+                                raise DataLoss(f"shard {path}: record {index} is missing; "
+                                               f"{_REBUILD}")
+                            lengths.append(len(value))
+                            data.append(value)
+                            size += len(value)
+                            index += 1
+                            if size >= chunk_bytes:
+                                break
+                        packed = struct.pack(f"<{len(lengths)}I", *lengths)
+                        blob: Any
+                        if join is not None:
+                            blob = join(first * k, packed, data)
+                        else:
+                            blob = data if views and held is not None else b"".join(data)
+                except lmdb.Error as exc:
+                    raise _translate(exc, path) from exc
+                yield first * k, packed, blob
+        finally:
+            ahead.close()
+            self._release(path, ent)
+
+    @contextlib.contextmanager
+    def opened(self, path: Path) -> Iterator[ShardGetter]:
+        """The shard at path, open for random reads while the context lasts."""
+        ent = self._acquire(path)
+        try:
+            yield ShardGetter(ent, path)
+        finally:
+            self._release(path, ent)
+
+
+class ShardGetter:
+    """Random reads from one open shard, by shard-local index."""
+
+    def __init__(self, ent: _Env, path: Path) -> None:
+        self._env = ent.env
+        self._path = path
+
+    def get_many(self, keys: bytes) -> list[bytes]:
+        """The records at the big-endian u64 keys packed in keys, in one short transaction."""
+        try:
+            with self._env.begin() as txn:
+                get = txn.get
+                values = [get(keys[i:i + 8]) for i in range(0, len(keys), 8)]
+        except lmdb.Error as exc:
+            raise _translate(exc, self._path) from exc
+        if None in values:
+            missing = _KEY.unpack_from(keys, 8 * values.index(None))[0]
+            raise DataLoss(f"shard {self._path} is missing record {missing}; {_REBUILD}")
+        return values  # type: ignore[return-value]

@@ -1,0 +1,155 @@
+"""Stored values: a record body (or a block of bodies) as it is kept in a shard.
+
+A value wraps the body with a one-byte tag: ``0x01`` + a zstd frame (content
+size and checksum on), or ``0x00`` + ``u32`` CRC-32 + the body, used when
+compression does not pay. Values travel in chunks framed as little-endian
+``u32`` lengths followed by the values back to back. docs/format.md is the
+normative description; client/format/codec.py turns elements into bodies and back.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from client.format.codec import RecordError
+
+try:  # ISA-L's CRC-32: zlib's polynomial and values, ~5x faster (docs/benchmarks.md)
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - a platform without an isal wheel
+    from zlib import crc32
+
+TAG_RAW = 0x00
+TAG_ZSTD = 0x01
+#: Keep the zstd frame only when it is at least this much smaller than the body.
+MIN_COMPRESSION_RATIO = 1.2
+_CRC = struct.Struct("<I")
+#: A zstd block of at most 128 KiB takes at least 4 bytes (header + RLE byte): no
+#: genuine frame decompresses to more than this many times its own size.
+_MAX_ZSTD_EXPANSION = 32768
+#: Frame header descriptor bits that must be clear in our frames: unused, reserved,
+#: dictionary id; and the content-checksum bit, which must be set.
+_FHD_MUST_BE_CLEAR = 0x10 | 0x08 | 0x03
+_FHD_CHECKSUM = 0x04
+
+
+class Compressor:
+    """Turns bodies into stored values (not thread-safe: one per thread).
+
+    Once GIVE_UP records in a row have not compressed well enough, only one in
+    PROBE_EVERY is tried until one does: trying costs as much as compressing
+    (random float images: ~1 ms per 600 KB record) and is thrown away.
+    """
+
+    GIVE_UP = 16
+    PROBE_EVERY = 64
+
+    def __init__(self, level: int = 1, min_ratio: float = MIN_COMPRESSION_RATIO) -> None:
+        self._min_ratio = min_ratio
+        self._zstd = zstandard.ZstdCompressor(level=level, write_checksum=True,
+                                              write_content_size=True)
+        self._misses = 0
+        self._since_probe = 0
+        self.attempts = 0  # compressions tried, for tests and stats
+
+    def pack(self, body: Any) -> bytes:
+        """The stored value of one body (bytes-like)."""
+        return self.pack_parts((body,))
+
+    def pack_parts(self, parts: Sequence[Any]) -> bytes:
+        """The stored value of the body parts[0] + parts[1] + ..., joined only once."""
+        if self._misses >= self.GIVE_UP:
+            self._since_probe += 1
+            if self._since_probe < self.PROBE_EVERY:
+                return self._raw(parts)
+            self._since_probe = 0
+        self.attempts += 1
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        frame = self._zstd.compress(body)
+        if len(frame) * self._min_ratio <= len(body):
+            self._misses = 0
+            return b"\x01" + frame
+        self._misses += 1
+        return self._raw((body,))
+
+    @staticmethod
+    def _raw(parts: Sequence[Any]) -> bytes:
+        crc = 0
+        for part in parts:
+            crc = crc32(part, crc)
+        return b"".join((b"\x00", _CRC.pack(crc), *parts))  # one copy of the body
+
+
+def split_chunk(lengths: bytes, data: bytes) -> list[memoryview]:
+    """Split a chunk framed as (little-endian u32 lengths, concatenated data)."""
+    if len(lengths) % 4:
+        raise RecordError(f"chunk framing: {len(lengths)} bytes of lengths is not a whole "
+                          "number of u32")
+    sizes = np.frombuffer(lengths, "<u4")
+    ends = np.cumsum(sizes, dtype=np.int64)
+    total = int(ends[-1]) if len(sizes) else 0
+    if total != len(data):
+        raise RecordError(f"chunk framing: lengths sum to {total}, data has {len(data)}")
+    view = memoryview(data)
+    starts = (ends - sizes).tolist()
+    return [view[s:e] for s, e in zip(starts, ends.tolist())]
+
+
+class Decompressor:
+    """Turns stored values back into bodies, verifying checksums (one per thread)."""
+
+    def __init__(self) -> None:
+        self._zstd = zstandard.ZstdDecompressor()
+
+    def unpack(self, value: memoryview | bytes) -> memoryview | bytes:
+        if len(value) == 0:
+            raise RecordError("empty record")
+        tag = value[0]
+        if tag == TAG_ZSTD:
+            return self._unzstd(memoryview(value)[1:])
+        if tag == TAG_RAW:
+            if len(value) < 5:
+                raise RecordError("raw record shorter than its header")
+            (crc,) = _CRC.unpack_from(value, 1)
+            body = value[5:]
+            if crc32(body) != crc:
+                raise RecordError("raw record fails its CRC-32 check")
+            return body
+        raise RecordError(f"unknown record tag 0x{tag:02x}")
+
+    def _unzstd(self, frame: memoryview) -> bytes:
+        """Decompress one frame as Compressor writes it, or raise RecordError.
+
+        Beyond zstd's own checks (content checksum, content size), the frame
+        header must declare both, and no bit zstd would ignore may be set; a
+        content size no frame of this length can hold is refused before any
+        allocation; bytes after the frame are an error.
+        """
+        try:
+            params = zstandard.get_frame_parameters(frame)
+        except zstandard.ZstdError as exc:
+            raise RecordError(f"zstd frame header is corrupt: {exc}") from exc
+        descriptor = frame[4]
+        if descriptor & _FHD_MUST_BE_CLEAR or not descriptor & _FHD_CHECKSUM:
+            raise RecordError(f"zstd frame header is corrupt: descriptor 0x{descriptor:02x}")
+        size = params.content_size
+        if size == zstandard.CONTENTSIZE_UNKNOWN or size > _MAX_ZSTD_EXPANSION * len(frame):
+            raise RecordError(f"zstd frame header is corrupt: content size {size} for a "
+                              f"{len(frame)}-byte frame")
+        try:
+            if size == 0:  # decompress() would return b"" unchecked: run the decoder
+                dobj = self._zstd.decompressobj()
+                body = dobj.decompress(frame)
+                if not dobj.eof or dobj.unused_data:
+                    raise zstandard.ZstdError("frame is truncated or has trailing data")
+            else:
+                body = self._zstd.decompress(frame, allow_extra_data=False)
+        except (zstandard.ZstdError, MemoryError) as exc:
+            raise RecordError(f"zstd frame is corrupt: {exc}") from exc
+        if len(body) != size:
+            raise RecordError(f"zstd frame is corrupt: {len(body)} bytes, header says {size}")
+        return body

@@ -1,0 +1,331 @@
+"""Same-host direct reads: the client reads committed shard files itself.
+
+When the training process runs on the daemon's host (a pod sidecar, a
+standalone daemon on the training node), streaming records over gRPC costs
+CPU on both sides for bytes that already sit in the local page cache. Instead,
+each pass over an epoch takes a *read lease* from the daemon
+(AcquireReadLease): the daemon answers with its data dir, the cache's shard
+directories and its instance token. The client reads the token file back
+through the path it would read the shards from; the same token proves the same
+host and the same view of the files. Then it opens every shard read-only
+(client/format/store.py: LMDB without a lock file, mmap, the size check against
+truncation) and reads them with the daemon's own functions: ReaderPool.read_chunks
+for runs of stored order (same chunks, same read-ahead as ReadShard) and
+client/format/lookup.py for any other order (as ReadElements). The chunks go to
+the same decoder as the gRPC path, so order, shuffle, worker shares and resume
+are identical. A background thread renews the lease every third of its TTL;
+the pass releases it at its end.
+
+All shards are opened when the lease is taken and stay open until the pass
+ends, so the pass reads one snapshot: a cache deleted (or deleted and rebuilt)
+meanwhile keeps serving the files that were mapped. If renewing fails (the
+daemon died, or the lease expired), the pass still finishes from those files,
+logs one warning and stops renewing. docs/direct.md has the decisions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client._transport import Transport, pb
+from client.errors import (
+    DataLossError,
+    DirectReadUnavailableError,
+    InvalidArgumentError,
+    LeaseNotFoundError,
+    ShardcacheError,
+)
+from client.format.fixed_decode import handles
+from client.format.layout import Layout
+from client.read.prefetch import Closed
+from client.read.streams import CHUNK_BYTES, is_run, shard_runs
+from client.wire.status import DataLoss
+
+log = logging.getLogger("client")
+#: direct= when the argument is left at None: auto, true or false.
+DIRECT_ENV = "SHARDCACHE_DIRECT"
+#: Where the daemon's data dir is mounted here, when not at the daemon's own path.
+LOCAL_DATA_DIR_ENV = "SHARDCACHE_LOCAL_DATA_DIR"
+_WORDS: dict[str, bool | str] = {"auto": "auto", "true": True, "1": True, "yes": True,
+                                 "false": False, "0": False, "no": False}
+_POOL: Any = None  # client.format.store.ReaderPool, made on first use (imports lmdb)
+_POOL_LOCK = threading.Lock()
+Mode = bool | str
+
+
+def resolve_mode(direct: Mode | None) -> Mode:
+    """direct= as given, else $SHARDCACHE_DIRECT, else "auto"; checked."""
+    if direct is None:
+        text = os.environ.get(DIRECT_ENV, "auto").strip().lower()
+        if text not in _WORDS:
+            raise InvalidArgumentError(f"${DIRECT_ENV}={text!r}: use auto, true or false")
+        return _WORDS[text]
+    if direct is True or direct is False or direct == "auto":
+        return direct
+    raise InvalidArgumentError(f"direct must be 'auto', True or False, got {direct!r}")
+
+
+def resolve_local_data_dir(local_data_dir: str | Path | None) -> Path | None:
+    value = local_data_dir or os.environ.get(LOCAL_DATA_DIR_ENV) or None
+    return Path(value) if value is not None else None
+
+
+def _pool() -> Any:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            from client.format.store import ReaderPool
+
+            _POOL = ReaderPool()  # one open per shard per process, shared by every pass
+            # Nothing stays mapped between passes: an idle map of a cache the daemon evicts
+            # later would keep its unlinked files' disk space from being freed.
+            _POOL.MAX_IDLE = 0
+        return _POOL
+
+
+class DirectReads:
+    """How one dataset's passes read: take a lease and read locally, or say why not."""
+
+    def __init__(self, transport: Transport, mode: Mode, local_data_dir: Path | None) -> None:
+        self.mode = mode
+        self._transport = transport
+        self._local = local_data_dir
+        self._verified = False
+
+    def check(self, cache: pb.Cache) -> None:
+        """With direct=True, raise DirectReadUnavailableError now (not mid-iteration, where
+        tf.data would wrap it) when this process cannot read cache's files."""
+        if self.mode is True:
+            self._verify(cache)
+
+    def _verify(self, cache: pb.Cache) -> bool:
+        """Prove once that this process sees the daemon's files, with a lease that counts
+        nothing and ends at once; False (after _refuse) when it does not."""
+        if self._verified:
+            return True
+        granted = self._acquire(cache, epoch_start=False)
+        if granted is None:
+            return False
+        why, _ = local_view(granted, self._local)
+        release = _Releaser(self._transport, granted.lease_id)
+        release()
+        if why:
+            self._refuse(why)
+            return False
+        self._verified = True
+        return True
+
+    def _acquire(self, cache: pb.Cache, epoch_start: bool
+                 ) -> pb.AcquireReadLeaseResponse | None:
+        request = pb.AcquireReadLeaseRequest(name=cache.name, fingerprint=cache.fingerprint,
+                                             epoch_start=epoch_start)
+        try:
+            return self._transport.call(self._transport.stub.AcquireReadLease, request)
+        except ShardcacheError as exc:
+            if type(exc) is not ShardcacheError:  # not found, replaced, unavailable: as gRPC
+                raise
+            self._refuse(f"the daemon does not grant read leases ({exc})")
+            return None
+
+    def lease(self, cache: pb.Cache) -> tuple[ReadLease | None, bool]:
+        """(a lease for one pass over cache, or None: read over gRPC; whether the daemon
+        counted the pass's hit already)."""
+        if self.mode is False or not self._verify(cache):
+            return None, False
+        granted = self._acquire(cache, epoch_start=True)
+        if granted is None:
+            return None, False
+        release = _Releaser(self._transport, granted.lease_id)
+        why, paths = local_view(granted, self._local)
+        if why:  # unmounted since it was verified; the lease counted the pass's hit
+            release()
+            self._refuse(why)
+            return None, True
+        envs: list[Any] = []
+        pool = _pool()
+        try:
+            for path in paths:
+                envs.append(pool.hold(path))
+        except DataLoss as exc:
+            for path, env in zip(paths, envs):
+                pool.release(path, env)
+            release()
+            raise DataLossError(f"cache {cache.name!r}: {exc}") from exc
+        return ReadLease(release, granted, paths, envs), True
+
+    def _refuse(self, why: str) -> None:
+        if self.mode is True:
+            raise DirectReadUnavailableError(
+                f"direct=True, but this process cannot read the daemon's files: {why}; pass "
+                "direct='auto' (or False) to read over gRPC")
+        self.mode = False  # the host does not change: later passes go straight to gRPC
+        log.info("reading over gRPC, not directly: %s", why)
+
+
+def local_view(granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None
+               ) -> tuple[str, list[Path]]:
+    """("", shard dirs as seen here), or (why they cannot be read here, [])."""
+    daemon_dir = Path(granted.data_dir)
+    base = local_data_dir or daemon_dir
+    where = (f"the daemon's data dir {daemon_dir}" if local_data_dir is None else
+             f"local_data_dir {local_data_dir} (the daemon's {daemon_dir})")
+    hint = ("run on the daemon's host, or mount its data dir here and pass local_data_dir= "
+            f"(${LOCAL_DATA_DIR_ENV}) naming where")
+
+    def here(path: str) -> Path:
+        return base / Path(path).relative_to(daemon_dir)
+
+    token_path = here(granted.instance_token_path)
+    try:
+        token = token_path.read_text().strip()
+    except FileNotFoundError:
+        return f"{token_path} does not exist: {where} is not visible here ({hint})", []
+    except PermissionError:
+        return (f"cannot read {token_path}: permission denied; run as a user or group that "
+                "may read the daemon's data dir"), []
+    except OSError as exc:
+        return f"cannot read {token_path}: {exc.strerror}", []
+    if token != granted.instance_token:
+        return (f"{token_path} belongs to another daemon: {where} here is not the files that "
+                f"daemon serves ({hint})"), []
+    paths = [here(d) for d in granted.shard_dirs]
+    for path in paths:
+        if not os.access(path / "data.mdb", os.R_OK):
+            return (f"cannot read {path / 'data.mdb'}: permission denied; run as a user or "
+                    "group that may read the daemon's data dir"), []
+    return "", paths
+
+
+class _Releaser:
+    """Ends one lease on the daemon, once; a daemon gone meanwhile is only logged."""
+
+    def __init__(self, transport: Transport, lease_id: str) -> None:
+        self.transport = transport
+        self.lease_id = lease_id
+        self._done = False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        stub = self.transport.stub
+        try:
+            self.transport.call(stub.ReleaseReadLease,
+                                pb.ReleaseReadLeaseRequest(lease_id=self.lease_id), timeout=5)
+        except ShardcacheError as exc:
+            log.debug("could not release read lease %s: %s", self.lease_id, exc)
+
+
+class ReadLease:
+    """One pass's lease: the shards held open, and a thread renewing the lease."""
+
+    def __init__(self, release: _Releaser, granted: pb.AcquireReadLeaseResponse,
+                 paths: list[Path], envs: list[Any]) -> None:
+        self.cache = granted.cache
+        self.paths = paths
+        self._envs = envs
+        self._release = release
+        self._interval = granted.ttl_seconds / 3
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, name="shardcache-lease",
+                                         daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        transport, lease_id = self._release.transport, self._release.lease_id
+        request = pb.RenewReadLeaseRequest(lease_id=lease_id)
+        while not self._stop.wait(self._interval):
+            try:
+                transport.call(transport.stub.RenewReadLease, request,
+                               timeout=max(self._interval, 1.0))
+            except ShardcacheError as exc:
+                lost = ("the lease expired" if isinstance(exc, LeaseNotFoundError)
+                        else f"cannot renew it ({exc})")
+                log.warning("read lease on cache %r: %s; this pass finishes from the shard "
+                            "files it holds open, the daemon may evict the cache meanwhile, "
+                            "and the next pass takes a new lease", self.cache.name, lost)
+                return
+
+    def fetcher(self, closing: threading.Event) -> LocalFetcher:
+        return LocalFetcher(self.cache, self.paths, self._envs, closing)
+
+    def close(self) -> None:
+        """Stop renewing, close the shards, end the lease on the daemon."""
+        self._stop.set()
+        self._renewer.join()
+        pool = _pool()
+        for path, env in zip(self.paths, self._envs):
+            pool.release(path, env)
+        self._envs = []
+        self._release()
+
+
+class LocalFetcher:
+    """Chunks of records by index from the leased shard files: what gRPC's _Fetcher
+    returns, (position in the request, u32 lengths, data), read locally."""
+
+    def __init__(self, cache: pb.Cache, paths: list[Path], envs: list[Any],
+                 closing: threading.Event) -> None:
+        self._cache = cache
+        self._paths = paths
+        self._envs = envs
+        self._closing = closing
+        self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
+        layout = Layout.from_json(cache.layout_json)
+        self._k = layout.block_elements
+        # values as views into the held map, no joined copy: decode_into copies them out
+        # into fresh arrays before the pass ends and the map goes (docs/reading.md)
+        self._views = handles(layout)
+
+    def cancel(self) -> None:
+        self._closing.set()
+
+    def __call__(self, indices: Any, epoch_start: bool = False) -> list[Any]:
+        return list(self.stream(indices, epoch_start))
+
+    def stream(self, indices: Any, epoch_start: bool = False) -> Iterator[Any]:
+        """epoch_start is the lease's business here (counted when it was granted)."""
+        chunks = self._chunks(indices)
+        try:
+            for chunk in chunks:
+                if self._closing.is_set():
+                    raise Closed()
+                yield chunk
+        except DataLoss as exc:  # the daemon's own words, as ReadShard would send them
+            raise DataLossError(str(exc)) from exc
+        finally:
+            chunks.close()  # ends the shard cursor now, not when collected
+
+    def _chunks(self, indices: Any) -> Generator[Any, None, None]:
+        if not len(indices):
+            return
+        first = int(indices[0])
+        if not is_run(indices):
+            from client.format.lookup import gather_chunks, window_records
+
+            window = window_records(CHUNK_BYTES, self._cache.num_elements,
+                                    self._cache.stored_bytes)
+            yield from gather_chunks(self._getter, indices.astype(np.uint64), self._firsts,
+                                     window, self._cache.layout_json,
+                                     f"cache {self._cache.name!r}")
+            return
+        pool = _pool()
+        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
+            offset = shard.first_element - first
+            for local, lengths, data in pool.read_chunks(
+                    self._paths[shard.index], start, start + count, CHUNK_BYTES,
+                    block_elements=self._k, held=self._envs[shard.index], views=self._views):
+                yield offset + local, lengths, data
+
+    def _getter(self, shard: int) -> contextlib.AbstractContextManager[Any]:
+        from client.format.store import ShardGetter
+
+        return contextlib.nullcontext(ShardGetter(self._envs[shard], self._paths[shard]))

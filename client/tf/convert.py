@@ -1,0 +1,304 @@
+"""The TensorFlow adapter: with _tf_elements.py and _tf_graph.py, the only client modules
+importing tensorflow (others import them lazily, when a dataset is made).
+
+Elements are flattened with ``expand_composites=True`` into dense leaves
+(RaggedTensor -> values + row splits, SparseTensor -> indices, values, shape).
+The generator behind ``from_generator`` yields one *batch* per call: fixed-shape
+leaves as stacked arrays, variable-shape leaves as a ragged pair (flat values,
+dims); ``unbatch`` splits them in C++, and only when needed a map rebuilds
+variable shapes and composites. Leaves whose fixed shape holds zero items are
+not sent at all (``unbatch`` crashes TF 2.21 on zero-size components): the map
+creates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import struct_pb2
+from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.saved_model import nested_structure_coder
+
+from client.errors import InvalidArgumentError
+from client.format.codec import VarLeaf
+from client.format.layout import Layout, Leaf
+from client.tf.datasets import BatchBuilder, CachedElements, with_spec
+from client.tf.tap import READ, SOURCE, WRITE
+
+_FIXED, _VAR, _EMPTY = "fixed", "var", "empty"
+
+
+def layout_of(spec: Any) -> Layout:
+    """The record layout of a dataset's element_spec."""
+    leaves = []
+    for component in tf.nest.flatten(spec, expand_composites=True):
+        if not isinstance(component, tf.TensorSpec):
+            raise InvalidArgumentError(f"cannot cache component {component!r}: only tensors, "
+                                       "RaggedTensor and SparseTensor are supported")
+        shape = None if component.shape.rank is None else tuple(component.shape.as_list())
+        try:
+            leaves.append(Leaf(component.dtype.name, shape))
+        except ValueError as exc:
+            raise InvalidArgumentError(f"cannot cache component {component!r}: {exc}") from exc
+    return Layout(tuple(leaves))
+
+
+def encode_spec(spec: Any) -> bytes:
+    return nested_structure_coder.encode_structure(spec).SerializeToString(deterministic=True)
+
+
+def decode_spec(data: bytes) -> Any:
+    value = struct_pb2.StructuredValue()
+    value.ParseFromString(data)
+    return nested_structure_coder.decode_proto(value)
+
+
+class WireFormat:
+    """How one cache's batches travel through from_generator and back to elements."""
+
+    def __init__(self, spec: Any, layout: Layout) -> None:
+        self.spec = spec
+        self.layout = layout
+        self._kinds = [
+            _EMPTY if leaf.fixed and leaf.size == 0 else _FIXED if leaf.fixed else _VAR
+            for leaf in layout.leaves
+        ]
+        composite = any(isinstance(s, tf.TypeSpec) and not isinstance(s, tf.TensorSpec)
+                        for s in tf.nest.flatten(spec))
+        self.direct = not composite and bool(self._kinds) and all(k == _FIXED for k in self._kinds)
+        if self.direct:  # the generator yields the element structure itself, batched
+            self.signature = tf.nest.map_structure(
+                lambda s: tf.TensorSpec((None, *s.shape), s.dtype), spec)
+            return
+        sig: list[Any] = []
+        for leaf, kind in zip(layout.leaves, self._kinds):
+            dtype = tf.as_dtype(leaf.dtype)
+            if kind == _FIXED:
+                sig.append(tf.TensorSpec((None, *leaf.shape), dtype))  # type: ignore[misc]
+            elif kind == _VAR:
+                sig.append(tf.RaggedTensorSpec((None, None), dtype, 1, tf.int64))
+                sig.append(tf.RaggedTensorSpec((None, None), tf.int64, 1, tf.int64))
+        self._dummy = not sig
+        if self._dummy:  # unbatch needs one component to count elements
+            sig.append(tf.TensorSpec((None,), tf.uint8))
+        self.signature = tuple(sig)
+
+    @property
+    def kinds(self) -> list[str]:
+        """Per leaf: "fixed", "var" or "empty" (fixed shape holding zero items)."""
+        return self._kinds
+
+    @property
+    def batchable_source(self) -> bool:
+        """True when the source can be read with .batch() (fixed dense leaves only)."""
+        return self.direct
+
+    def to_wire(self, batch: list[Any], n: int) -> Any:
+        """Turn a decoded batch (codec.decode_batch output) into a generator yield."""
+        if self.direct:
+            return tf.nest.pack_sequence_as(self.signature, batch)
+        out: list[Any] = []
+        for kind, leaf in zip(self._kinds, batch):
+            if kind == _FIXED:
+                out.append(leaf)
+            elif kind == _VAR:
+                assert isinstance(leaf, VarLeaf)
+                out.append(tf.RaggedTensor.from_row_lengths(leaf.values, leaf.sizes,
+                                                            validate=False))
+                out.append(tf.RaggedTensor.from_row_lengths(leaf.dims, leaf.ranks,
+                                                            validate=False))
+        if self._dummy:
+            out.append(np.zeros(n, np.uint8))
+        return tuple(out)
+
+    def _assemble(self, *wire: Any) -> Any:
+        it = iter(wire)
+        leaves = []
+        for kind, leaf in zip(self._kinds, self.layout.leaves):
+            dtype = tf.as_dtype(leaf.dtype)
+            if kind == _FIXED:
+                leaves.append(next(it))
+            elif kind == _EMPTY:
+                leaves.append(tf.zeros(leaf.shape, dtype))
+            else:
+                values, dims = next(it), next(it)
+                tensor = tf.reshape(values, dims)
+                if leaf.shape is not None:
+                    tensor = tf.ensure_shape(tensor, leaf.shape)
+                leaves.append(tensor)
+        return tf.nest.pack_sequence_as(self.spec, leaves, expand_composites=True)
+
+    def dataset(self, batches: Callable[[], Iterator[Any]], cardinality: int) -> tf.data.Dataset:
+        """A dataset over the batches a fresh call of batches() yields, one per epoch."""
+        generated = tf.data.Dataset.from_generator(batches, output_signature=self.signature)
+        return self.elements(generated, cardinality)
+
+    def elements(self, generated: tf.data.Dataset, cardinality: int,
+                 batched: BatchBuilder | None = None) -> tf.data.Dataset:
+        """The element dataset of generated, a dataset of batches in the wire form.
+
+        Its batch() is batched(size, drop_remainder), by default rebatch on generated.
+        """
+        ds = generated.unbatch()
+        if not self.direct:
+            ds = ds.map(self._assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if cardinality >= 0:
+            ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = with_spec(ds, self.spec)
+        if not self.direct:
+            return ds
+        if batched is None:
+            def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
+                return generated.rebatch(size, drop_remainder=drop_remainder)
+        return CachedElements(ds, batched, cardinality)
+
+
+#: Batches the source computes ahead of the write-through generator, which spends
+#: time between two of its calls handing batches over (docs/writing.md).
+SOURCE_PREFETCH_BATCHES = 2
+
+
+def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
+                   batch_elements: int) -> Iterator[tuple[int, list[Any]]]:
+    """Iterate a source pipeline for write-through, batched in TF.
+
+    Yields (n, batch) with batch in codec.decode_batch's form: a stacked array
+    per fixed-shape leaf, a VarLeaf per variable-shape one. Variable-shape
+    leaves (and the components of composites) are flattened to 1-D plus their
+    shape inside TF, then ragged_batch'ed: one TF call per batch, never one
+    per element.
+    """
+    if wire.batchable_source:
+        for batch in dataset.batch(batch_elements).prefetch(SOURCE_PREFETCH_BATCHES):
+            arrays = [_view(t) for t in tf.nest.flatten(batch)]
+            yield len(arrays[0]), arrays
+        return
+    kinds = wire.kinds
+
+    def flatten(*args: Any) -> tuple[Any, ...]:
+        element = args[0] if len(args) == 1 else args  # map unpacks plain tuples only
+        out: list[Any] = []
+        for tensor, kind in zip(tf.nest.flatten(element, expand_composites=True), kinds):
+            if kind == _VAR:
+                out += [tf.reshape(tensor, [-1]), tf.shape(tensor, out_type=tf.int64)]
+            else:
+                out.append(tensor)
+        if not out:  # nothing but zero-size leaves: count elements with a dummy
+            out.append(tf.zeros((), tf.uint8))
+        return tuple(out)
+
+    batches = dataset.map(flatten).ragged_batch(batch_elements)
+    for batch in batches.prefetch(SOURCE_PREFETCH_BATCHES):
+        n = int(batch[0].nrows() if isinstance(batch[0], tf.RaggedTensor)
+                else batch[0].shape[0])
+        parts = iter(batch)
+        leaves: list[Any] = []
+        for kind in kinds:
+            if kind == _VAR:
+                values, sizes = _rows(next(parts), n)
+                dims, ranks = _rows(next(parts), n)
+                leaves.append(VarLeaf(values, sizes, dims, ranks))
+            else:
+                leaves.append(next(parts).numpy())
+        yield n, leaves
+
+
+def tapped_batches(source: tf.data.Dataset, wire: WireFormat, epochs: Any, size: int,
+                   drop_remainder: bool = False, rebatch_reads: bool = True) -> tf.data.Dataset:
+    """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
+
+    client/tf/tap.py has the design. epochs is a _tap.TapEpochs; source must be
+    wire.batchable_source. The control generator yields (token, mode) per
+    iteration, and take(0) never starts the branches the mode does not pick. A
+    write taps every batch of the source, the short last one included, and
+    drop_remainder drops that one only after the tap. rebatch_reads=False
+    leaves a read's decoded batches as they come (for ``unbatch``).
+    """
+    batched = _finalized(source.batch(size))
+    dropped = _finalized(source.batch(size, drop_remainder=True)) if drop_remainder else batched
+
+    def branch(token: tf.Tensor, mode: tf.Tensor) -> tf.data.Dataset:
+        def tap(*args: Any) -> Any:  # map unpacks a tuple into args
+            leaves = tf.nest.flatten(args)
+            done = tf.numpy_function(epochs.tap, [token, *leaves], tf.int64, stateful=True)
+            with tf.control_dependencies([done]):
+                return tf.nest.pack_sequence_as(wire.signature, [tf.identity(x) for x in leaves])
+
+        def full(*args: Any) -> tf.Tensor:
+            return tf.equal(tf.shape(tf.nest.flatten(args)[0], out_type=tf.int64)[0], size)
+
+        def only(ds: tf.data.Dataset, picked: int) -> tf.data.Dataset:
+            ds = with_spec(ds, wire.signature)  # concatenate wants the same names
+            return ds.take(tf.where(tf.equal(mode, picked), np.int64(-1), np.int64(0)))
+
+        written = batched.map(tap)
+        if drop_remainder:
+            written = written.filter(full)
+        reads = tf.data.Dataset.from_generator(epochs.read, args=(token,),
+                                               output_signature=wire.signature)
+        if rebatch_reads:
+            reads = reads.rebatch(size, drop_remainder=drop_remainder)
+        return (only(written, WRITE).concatenate(only(dropped, SOURCE))
+                .concatenate(only(reads, READ)))
+
+    control = (tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.int64))
+    return tf.data.Dataset.from_generator(epochs.control,
+                                          output_signature=control).flat_map(branch)
+
+
+def _finalized(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """ds with its options applied as an iterator over ds itself would apply them.
+
+    tf.data applies options (static optimizations such as map and batch
+    fusion, autotuning) to the dataset an iterator is made from, not to the
+    datasets a flat_map's function returns: a tapped source without this ran
+    its map and its batch apart, ~10% more CPU on 1 KB elements (docs/writing.md).
+    """
+    variant = tf.raw_ops.FinalizeDataset(input_dataset=ds._variant_tensor,
+                                         output_types=ds._flat_types,
+                                         output_shapes=ds._flat_shapes)
+    return dataset_ops._VariantDataset(variant, ds.element_spec)
+
+
+def _view(tensor: tf.Tensor) -> np.ndarray:
+    """A tensor's values without copying them: a read-only view of its buffer.
+
+    ``numpy()`` copies (TF 2.21 documents it: tensors are immutable) into a
+    16-byte aligned array, which ``from_generator`` then copies again into an
+    aligned tensor; ``memoryview`` is zero-copy on CPU and keeps the tensor
+    alive. On 602 KB `jpeg` elements that is ~0.3 CPU s and ~90,000 page
+    faults less per 600 elements of the write-through epoch (docs/writing.md).
+    Strings, and dtypes the buffer protocol cannot describe, are copied.
+    """
+    if tensor.dtype != tf.string:
+        try:
+            return np.asarray(memoryview(tensor))
+        except (TypeError, ValueError, BufferError):
+            pass
+    return tensor.numpy()
+
+
+def _rows(batch: tf.Tensor | tf.RaggedTensor, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A ragged_batch'ed 1-D component as (concatenated values, length of each row).
+
+    ragged_batch keeps a component dense when every row has the same static
+    length (a shape vector of known rank, a flattened (0, None) tensor).
+    """
+    if isinstance(batch, tf.RaggedTensor):
+        return batch.flat_values.numpy(), batch.row_lengths().numpy()
+    dense = batch.numpy()
+    return dense.reshape(-1), np.full(n, dense.shape[1], np.int64)
+
+
+def cardinality_of(dataset: tf.data.Dataset) -> int:
+    return int(dataset.cardinality())
+
+
+INFINITE = int(tf.data.INFINITE_CARDINALITY)
+
+
+def is_dataset(value: Any) -> bool:
+    return isinstance(value, tf.data.Dataset)
