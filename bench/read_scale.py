@@ -72,7 +72,7 @@ def build(socket: str, workload: str, n: int) -> None:
     ds = make_source(WORKLOADS[workload], n)
     spec = ds.element_spec
     layout = convert.layout_of(spec)
-    wire = convert.WireFormat(spec, layout)
+    fmt = convert.BatchFormat(spec, layout)
     with CacheClient("unix://" + socket) as cc:
         begin = pb.WriteBegin(name=f"{workload}-{n}", fingerprint=f"version:{workload}-{n}",
                               layout_json=layout.to_json(), element_spec=convert.encode_spec(spec),
@@ -80,7 +80,7 @@ def build(socket: str, workload: str, n: int) -> None:
         writer = CacheWriter(cc._transport, begin)
         writer.begin()
         compressor = Compressor()
-        for count, batch in convert.source_batches(ds, wire, 64):
+        for count, batch in convert.source_batches(ds, fmt, 64):
             bodies = encode_batch(layout, batch, count)
             raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
             writer.add([compressor.pack(b) for b in bodies], raw)

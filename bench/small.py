@@ -68,7 +68,7 @@ def build(socket: str, workload: str, n: int, block_kib: int) -> dict[str, Any]:
     layout = convert.layout_of(spec)
     if block_kib:
         layout = blocked(layout, block_kib << 10)
-    wire = convert.WireFormat(spec, layout)
+    fmt = convert.BatchFormat(spec, layout)
     name = f"{workload}-{n}-{block_kib}"
     with CacheClient("unix://" + socket) as cc:
         begin = pb.WriteBegin(name=name, fingerprint=f"version:{name}",
@@ -76,7 +76,7 @@ def build(socket: str, workload: str, n: int, block_kib: int) -> dict[str, Any]:
         writer = CacheWriter(cc._transport, begin)
         writer.begin()
         packer = BlockPacker(layout, None if block_kib else Compressor())
-        for count, batch in convert.source_batches(ds, wire, 1024):
+        for count, batch in convert.source_batches(ds, fmt, 1024):
             writer.add(*packer.add(batch, count))
         writer.add(*packer.flush())
         writer.finish()

@@ -118,9 +118,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             malloc.tune()
             return tap.Decision(tap.SOURCE)
 
-        wire = convert.WireFormat(src.element_spec, convert.layout_of(src.element_spec))
-        taps = tap.TapEpochs(wire.layout, source_only, args.n)
-        ds = convert.tapped_batches(src, wire, taps, 256)
+        fmt = convert.BatchFormat(src.element_spec, convert.layout_of(src.element_spec))
+        taps = tap.TapEpochs(fmt.layout, source_only, args.n)
+        ds = convert.tapped_batches(src, fmt, taps, 256)
     os.sync()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)

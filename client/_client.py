@@ -35,7 +35,7 @@ from client.write.write_behind import WriteBehind
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from client.tf.convert import WireFormat
+    from client.tf.convert import BatchFormat
 
 log = logging.getLogger("client")
 _STATES = {pb.CACHE_STATE_WRITING: "WRITING", pb.CACHE_STATE_READY: "READY"}
@@ -214,13 +214,13 @@ class CacheClient:
             raise CacheNotReadyError(
                 f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
                 "wait until its writer finishes, then call dataset() again")
-        wire = convert.WireFormat(convert.decode_spec(cache.element_spec),
+        fmt = convert.BatchFormat(convert.decode_spec(cache.element_spec),
                               Layout.from_json(cache.layout_json))
         options = plan.apply_resume(cache, options, resume).with_seed()
         plan.check_start(cache, options)
         reads.check(cache)
         epochs = plan.Epochs(options)
-        return wire.dataset(lambda: self._read_next(cache, wire, epochs, prefetch_bytes,
+        return fmt.dataset(lambda: self._read_next(cache, fmt, epochs, prefetch_bytes,
                                                     direct=reads),
                             plan.cardinality(cache, options))
 
@@ -257,7 +257,7 @@ class CacheClient:
         block_bytes = check_block_bytes(block_bytes)
         spec = dataset.element_spec
         layout = blocked(convert.layout_of(spec), block_bytes)
-        wire = convert.WireFormat(spec, layout)
+        fmt = convert.BatchFormat(spec, layout)
         fingerprint = graphs.fingerprint_of(dataset, version)
         cardinality = source_count = convert.cardinality_of(dataset)
         if cardinality == convert.INFINITE:
@@ -281,14 +281,14 @@ class CacheClient:
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                               element_spec=convert.encode_spec(spec))
         epochs = plan.Epochs(options)
-        decide = functools.partial(self._begin_epoch, wire, begin, prefetch_bytes, epochs, reads)
-        if wire.batchable_source and source_count >= 0 and tap.enabled():  # stays in tf.data
+        decide = functools.partial(self._begin_epoch, fmt, begin, prefetch_bytes, epochs, reads)
+        if fmt.batchable_source and source_count >= 0 and tap.enabled():  # stays in tf.data
             taps = tap.TapEpochs(layout, decide, source_count)
-            batches = convert.tapped_batches(dataset, wire, taps, write_batch_elements(layout),
+            batches = convert.tapped_batches(dataset, fmt, taps, write_batch_elements(layout),
                                          rebatch_reads=False)
-            return wire.elements(batches, cardinality, functools.partial(
-                convert.tapped_batches, dataset, wire, taps))
-        return wire.dataset(lambda: self._cache_epoch(dataset, wire, decide), cardinality)
+            return fmt.elements(batches, cardinality, functools.partial(
+                convert.tapped_batches, dataset, fmt, taps))
+        return fmt.dataset(lambda: self._cache_epoch(dataset, fmt, decide), cardinality)
 
     def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -316,18 +316,18 @@ class CacheClient:
 
     # ------------------------------------------------------------------ epochs
 
-    def _read_next(self, cache: pb.Cache, wire: WireFormat, epochs: plan.Epochs,
+    def _read_next(self, cache: pb.Cache, fmt: BatchFormat, epochs: plan.Epochs,
                    prefetch_bytes: int, taken: tuple[int, int] | None = None,
                    direct: direct_read.DirectReads | None = None) -> Iterator[Any]:
         """The next epoch of epochs (or the one already taken) over cache."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
             malloc.tune()
         epoch, start = taken or epochs.take()
-        for n, batch in read_epoch(self._transport, cache, wire.layout, epochs.options, epoch,
+        for n, batch in read_epoch(self._transport, cache, fmt.layout, epochs.options, epoch,
                                    start, prefetch_bytes, direct):
-            yield wire.to_wire(batch, n)
+            yield fmt.to_wire(batch, n)
 
-    def _begin_epoch(self, wire: WireFormat, begin: pb.WriteBegin, prefetch_bytes: int,
+    def _begin_epoch(self, fmt: BatchFormat, begin: pb.WriteBegin, prefetch_bytes: int,
                      epochs: plan.Epochs, direct: direct_read.DirectReads) -> tap.Decision:
         """What an iteration of a cc.cache() dataset does: read, write through, or pass through."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
@@ -347,32 +347,32 @@ class CacheClient:
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             plan.check_start(begun.cache, epochs.options)
             return tap.Decision(tap.READ, read=functools.partial(
-                self._read_next, begun.cache, wire, epochs, prefetch_bytes, taken, direct))
+                self._read_next, begun.cache, fmt, epochs, prefetch_bytes, taken, direct))
         log.info("cache %r is being written by another process; streaming the source "
                  "pipeline without writing", begin.name)
         return tap.Decision(tap.SOURCE)
 
-    def _cache_epoch(self, dataset: tf.data.Dataset, wire: WireFormat,
+    def _cache_epoch(self, dataset: tf.data.Dataset, fmt: BatchFormat,
                      decide: Callable[[], tap.Decision]) -> Iterator[Any]:
         """One iteration of a cc.cache() dataset through from_generator (the untapped path)."""
         decision = decide()
         if decision.read is not None:
             yield from decision.read()
         else:
-            yield from self._write_through(dataset, wire, decision.writer)
+            yield from self._write_through(dataset, fmt, decision.writer)
 
-    def _write_through(self, dataset: tf.data.Dataset, wire: WireFormat,
+    def _write_through(self, dataset: tf.data.Dataset, fmt: BatchFormat,
                        writer: CacheWriter | None) -> Iterator[Any]:
         """Yield the source's batches, sending them to writer (None: just yield)."""
         from client.tf import convert
 
-        layout = wire.layout
+        layout = fmt.layout
         behind = WriteBehind(writer, layout) if writer is not None else None
         try:
-            for n, batch in convert.source_batches(dataset, wire, write_batch_elements(layout)):
+            for n, batch in convert.source_batches(dataset, fmt, write_batch_elements(layout)):
                 if behind is not None:
                     behind.put(n, batch)  # encoded and sent while the source runs on
-                yield wire.to_wire(batch, n)
+                yield fmt.to_wire(batch, n)
             if behind is not None and (cache := behind.finish()) is not None:
                 log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
         finally:

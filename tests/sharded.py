@@ -27,14 +27,14 @@ def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
     layout = convert.layout_of(spec)
     if block_bytes is not None:
         layout = blocked(layout, block_bytes)
-    wire = convert.WireFormat(spec, layout)
+    fmt = convert.BatchFormat(spec, layout)
     begin = pb.WriteBegin(name=name, fingerprint=f"version:{version or name}",
                           layout_json=layout.to_json(), element_spec=convert.encode_spec(spec),
                           shard_bytes=shard_bytes)
     writer = CacheWriter(cc._transport, begin, chunk_bytes=chunk_bytes)
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     packer = BlockPacker(layout, None if block_bytes else Compressor())
-    for n, batch in convert.source_batches(ds, wire, 64):
+    for n, batch in convert.source_batches(ds, fmt, 64):
         writer.add(*packer.add(batch, n))
     writer.add(*packer.flush())
     return writer.finish()

@@ -145,7 +145,7 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
                           "pipeline (a cache holds one epoch)")
     spec = ds.element_spec
     layout = blocked(convert.layout_of(spec), check_block_bytes(job.block_bytes))
-    wire = convert.WireFormat(spec, layout)
+    fmt = convert.BatchFormat(spec, layout)
     spec_bytes = convert.encode_spec(spec)
     results.put(("begin", worker, shard, layout.to_json(), spec_bytes))
     batch_elements = write_batch_elements(layout)
@@ -157,7 +157,7 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
         results.put(("progress", worker, shard, elements, raw, sum(len(v) for v in values)))
 
     try:
-        for n, batch in convert.source_batches(ds, wire, batch_elements):
+        for n, batch in convert.source_batches(ds, fmt, batch_elements):
             if should_stop():
                 raise Stopped
             store(*packer.add(batch, n))

@@ -56,7 +56,7 @@ def decode_spec(data: bytes) -> Any:
     return nested_structure_coder.decode_proto(value)
 
 
-class WireFormat:
+class BatchFormat:
     """How one cache's batches travel through from_generator and back to elements."""
 
     def __init__(self, spec: Any, layout: Layout) -> None:
@@ -114,8 +114,8 @@ class WireFormat:
             out.append(np.zeros(n, np.uint8))
         return tuple(out)
 
-    def _assemble(self, *wire: Any) -> Any:
-        it = iter(wire)
+    def _assemble(self, *fmt: Any) -> Any:
+        it = iter(fmt)
         leaves = []
         for kind, leaf in zip(self._kinds, self.layout.leaves):
             dtype = tf.as_dtype(leaf.dtype)
@@ -161,7 +161,7 @@ class WireFormat:
 SOURCE_PREFETCH_BATCHES = 2
 
 
-def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
+def source_batches(dataset: tf.data.Dataset, fmt: BatchFormat,
                    batch_elements: int) -> Iterator[tuple[int, list[Any]]]:
     """Iterate a source pipeline for write-through, batched in TF.
 
@@ -171,12 +171,12 @@ def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
     shape inside TF, then ragged_batch'ed: one TF call per batch, never one
     per element.
     """
-    if wire.batchable_source:
+    if fmt.batchable_source:
         for batch in dataset.batch(batch_elements).prefetch(SOURCE_PREFETCH_BATCHES):
             arrays = [_view(t) for t in tf.nest.flatten(batch)]
             yield len(arrays[0]), arrays
         return
-    kinds = wire.kinds
+    kinds = fmt.kinds
 
     def flatten(*args: Any) -> tuple[Any, ...]:
         element = args[0] if len(args) == 1 else args  # map unpacks plain tuples only
@@ -206,12 +206,12 @@ def source_batches(dataset: tf.data.Dataset, wire: WireFormat,
         yield n, leaves
 
 
-def tapped_batches(source: tf.data.Dataset, wire: WireFormat, epochs: Any, size: int,
+def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, size: int,
                    drop_remainder: bool = False, rebatch_reads: bool = True) -> tf.data.Dataset:
     """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
 
     client/tf/tap.py has the design. epochs is a _tap.TapEpochs; source must be
-    wire.batchable_source. The control generator yields (token, mode) per
+    fmt.batchable_source. The control generator yields (token, mode) per
     iteration, and take(0) never starts the branches the mode does not pick. A
     write taps every batch of the source, the short last one included, and
     drop_remainder drops that one only after the tap. rebatch_reads=False
@@ -225,20 +225,20 @@ def tapped_batches(source: tf.data.Dataset, wire: WireFormat, epochs: Any, size:
             leaves = tf.nest.flatten(args)
             done = tf.numpy_function(epochs.tap, [token, *leaves], tf.int64, stateful=True)
             with tf.control_dependencies([done]):
-                return tf.nest.pack_sequence_as(wire.signature, [tf.identity(x) for x in leaves])
+                return tf.nest.pack_sequence_as(fmt.signature, [tf.identity(x) for x in leaves])
 
         def full(*args: Any) -> tf.Tensor:
             return tf.equal(tf.shape(tf.nest.flatten(args)[0], out_type=tf.int64)[0], size)
 
         def only(ds: tf.data.Dataset, picked: int) -> tf.data.Dataset:
-            ds = with_spec(ds, wire.signature)  # concatenate wants the same names
+            ds = with_spec(ds, fmt.signature)  # concatenate wants the same names
             return ds.take(tf.where(tf.equal(mode, picked), np.int64(-1), np.int64(0)))
 
         written = batched.map(tap)
         if drop_remainder:
             written = written.filter(full)
         reads = tf.data.Dataset.from_generator(epochs.read, args=(token,),
-                                               output_signature=wire.signature)
+                                               output_signature=fmt.signature)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
         return (only(written, WRITE).concatenate(only(dropped, SOURCE))

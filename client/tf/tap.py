@@ -36,7 +36,7 @@ injects one, users add their own) asks again, and the source's batches may
 then end as if complete. So a write commits only when the tap has seen exactly
 the source's cardinality of elements; one short of it is discarded (logged).
 Only sources of known cardinality whose leaves are all fixed-shape dense
-tensors take this path (``WireFormat.batchable_source``); the others keep the
+tensors take this path (``BatchFormat.batchable_source``); the others keep the
 generator path (ragged, sparse and variable-shape leaves batched with
 ``ragged_batch``), where a source error ends the generator for good.
 """

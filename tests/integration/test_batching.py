@@ -90,10 +90,10 @@ def test_caches_of_variable_shapes_keep_tf_datas_batch(cc: CacheClient, name: st
 
 
 def test_write_through_takes_the_sources_batches_without_copying_them() -> None:
-    from client.tf.convert import WireFormat, _view, layout_of, source_batches
+    from client.tf.convert import BatchFormat, _view, layout_of, source_batches
 
-    wire = WireFormat(source().element_spec, layout_of(source().element_spec))
-    n, arrays = next(source_batches(source(), wire, 64))
+    fmt = BatchFormat(source().element_spec, layout_of(source().element_spec))
+    n, arrays = next(source_batches(source(), fmt, 64))
     assert n == 64 and all(not a.flags.writeable for a in arrays)  # views of TF's buffers
     assert all(a.ctypes.data % 64 == 0 for a in arrays)  # from_generator aliases them
     tensor = tf.random.uniform((4, 8))
