@@ -245,7 +245,7 @@ class CacheClient:
 
         block_bytes: raw bytes per stored block of small fixed-shape elements
         (default $SHARDCACHE_BLOCK_BYTES, else 256 KiB); 0 stores one element per
-        value, cheaper for caches read mostly with shuffle=True (docs/blocks.md).
+        value, cheaper for caches read mostly with shuffle=True (docs/format.md, "Blocks").
         """
         from client.tf import convert, graphs
 

@@ -25,7 +25,7 @@ TARGET_HELP = ("daemon address: HOST:PORT or unix:///path.sock "
 @click.option("--block-bytes", type=click.IntRange(min=0), default=None,
               help="Raw bytes per stored block of small fixed-shape elements; 0 stores one "
                    "element per value, for caches read mostly with shuffle=True "
-                   "(docs/blocks.md) [default: $SHARDCACHE_BLOCK_BYTES, else 256 KiB].")
+                   "(docs/format.md) [default: $SHARDCACHE_BLOCK_BYTES, else 256 KiB].")
 @click.option("--no-wait", is_flag=True,
               help="Print the operation's name and return at once.")
 def materialize(entry: str, name: str, shards: int, workers: int | None, target: str | None,

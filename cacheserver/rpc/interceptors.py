@@ -66,7 +66,7 @@ class _Call:
             self.bytes += len(request.chunk.data)
 
     def see_response(self, response: Any) -> None:
-        if isinstance(response, bytes):  # a serialized ReadShardResponse (write_stream.py)
+        if isinstance(response, bytes):  # a serialized ReadShardResponse (rpc/streams.py)
             self.bytes += read_shard_data_bytes(response)
             return
         data = getattr(response, "data", None)

@@ -131,7 +131,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def ReadShard(self, request: pb.ReadShardRequest,
                   context: grpc.ServicerContext) -> Iterator[bytes]:
-        """Serialized ReadShardResponses (write_stream.wire_handlers passes them as they are)."""
+        """Serialized ReadShardResponses (streams.wire_handlers passes them as they are)."""
         whole_shard = request.start == 0 and not request.count
         with self.catalog.reading(request.name, hit=request.epoch_start or whole_shard):
             chunks = self.catalog.read_shard(request.name, request.shard, request.start,

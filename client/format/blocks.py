@@ -1,4 +1,4 @@
-"""Block packing: k consecutive elements per stored value (format 2, docs/blocks.md).
+"""Block packing: k consecutive elements per stored value (format 2, docs/format.md, "Blocks").
 
 A cache whose leaves are all fixed-shape numbers stores ``block_elements`` (k)
 consecutive elements per LMDB value: the k record bodies back to back, wrapped
@@ -18,14 +18,14 @@ smallest itemsize of the leaves): the block's bytes, seen as an (m, s) array,
 are stored transposed, all first bytes of each s-byte word, then all second
 bytes, ... (the Blosc/HDF5 shuffle filter). Exponents and high-order bytes of
 numbers then sit together and compress: 1 KB float32 records 1.12x -> 1.16x,
-2 KB int32 token ids 2.1x -> 2.7x with zstd-1 (docs/blocks.md).
+2 KB int32 token ids 2.1x -> 2.7x with zstd-1 (docs/format.md, "Blocks").
 
 *Row delta* (format 3, ``row_delta``): every row of an image-like leaf (uint8,
 fixed shape, rank >= 2: height x width [x channels]) but the first is stored
 as its byte-wise difference from the row above, modulo 256 (PNG's "Up"
 filter). Neighbouring rows of a photo are alike, so the differences are small
 numbers that zstd compresses where it cannot compress the pixels themselves:
-decoded 224x224x3 photo crops 1.00x -> 1.82x with zstd-1 (docs/blocks.md).
+decoded 224x224x3 photo crops 1.00x -> 1.82x with zstd-1 (docs/format.md, "Blocks").
 Undoing it is one vectorized add per row, across the whole batch.
 """
 
@@ -50,15 +50,15 @@ from client.format.codec import (
 from client.format.layout import Layout, row_delta_leaf
 from client.format.values import Compressor, Decompressor
 
-#: Raw bytes per block aimed at (docs/blocks.md measures 16, 64 and 256 KiB).
+#: Raw bytes per block aimed at (docs/format.md, "Blocks" measures 16, 64 and 256 KiB).
 BLOCK_TARGET_BYTES = int(os.environ.get("SHARDCACHE_BLOCK_BYTES", 256 << 10))
 #: Larger records stay one per value whatever the target: a block of a few of them saves
 #: no per-element work worth having and adds the unshuffle and zstd to every read
-#: (110 KB float32 records read 1.65x slower in blocks of two, docs/blocks.md).
+#: (110 KB float32 records read 1.65x slower in blocks of two, docs/format.md, "Blocks").
 MAX_BLOCKED_RECORD_BYTES = 32 << 10
 #: A block keeps its zstd frame when at least this much smaller (one value per element:
 #: values.MIN_COMPRESSION_RATIO). Lower, since one decompression call now serves k
-#: elements and the issue asks for GZIP's ratio (docs/blocks.md).
+#: elements and the issue asks for GZIP's ratio (docs/format.md, "Blocks").
 BLOCK_MIN_RATIO = 1.1
 
 

@@ -75,7 +75,7 @@ def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
 
     On a cache of blocks a request may be 4x larger: the daemon decompresses each block
     a request touches once, so a shuffled read decompresses less per element the more
-    elements a request holds (docs/blocks.md).
+    elements a request holds (docs/format.md, "Blocks").
     """
     avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
     most = _MAX_REQUEST_BYTES * (4 if Layout.from_json(cache.layout_json).block_elements > 1

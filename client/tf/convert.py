@@ -1,4 +1,4 @@
-"""The TensorFlow adapter: with _tf_elements.py and _tf_graph.py, the only client modules
+"""The TensorFlow adapter: with datasets.py and graphs.py, the only client modules
 importing tensorflow (others import them lazily, when a dataset is made).
 
 Elements are flattened with ``expand_composites=True`` into dense leaves
@@ -210,7 +210,7 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, size:
                    drop_remainder: bool = False, rebatch_reads: bool = True) -> tf.data.Dataset:
     """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
 
-    client/tf/tap.py has the design. epochs is a _tap.TapEpochs; source must be
+    client/tf/tap.py has the design. epochs is a tap.TapEpochs; source must be
     fmt.batchable_source. The control generator yields (token, mode) per
     iteration, and take(0) never starts the branches the mode does not pick. A
     write taps every batch of the source, the short last one included, and

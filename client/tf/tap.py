@@ -12,7 +12,7 @@ the source stays in tf.data and only the bytes to store leave it::
         .concatenate(finalized(source.batch(B)).take(-1 if mode == SOURCE else 0))
         .concatenate(from_generator(read, token).rebatch(B).take(-1 if mode == READ else 0)))
 
-(``_tf.tapped_batches`` builds it; ``take(0)`` never starts its input.) B is
+(``convert.tapped_batches`` builds it; ``take(0)`` never starts its input.) B is
 the size the consumer's ``batch()`` asks for (client/tf/datasets.py): the
 tap sees the very batches the consumer gets, and a write epoch adds no copy.
 The cache's elements, without ``batch()``, come from ~4 MiB batches
