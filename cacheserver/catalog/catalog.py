@@ -36,7 +36,7 @@ import numpy as np
 
 from cacheserver import metrics
 from cacheserver.catalog.capacity import Capacity, expired_names, pick_victim, retained_summary
-from cacheserver.catalog.manifest import CacheRecord, du, validate_name, write_atomic
+from cacheserver.catalog.manifest import CacheRecord, validate_name, write_atomic
 from cacheserver.catalog.recovery import RecoveryReport
 from cacheserver.catalog.retention import Retention, RetentionBook
 from cacheserver.catalog.write_session import WriteSession
@@ -378,11 +378,7 @@ class Catalog:
     def commit_materialized(self, record: CacheRecord) -> CacheRecord:
         """Write the manifest of a materialized cache: it becomes READY."""
         directory = self._caches_dir / record.name
-        record.state = "READY"
-        record.commit_time = time.time()
-        record.disk_bytes = du(directory)
-        write_atomic(directory / "manifest.json", record.to_json())
-        (directory / "writing.json").unlink(missing_ok=True)
+        record.commit(directory)
         (directory / MATERIALIZE_SPEC).unlink(missing_ok=True)
         self.capacity.release(record.name)  # its files now count as disk_bytes
         return record

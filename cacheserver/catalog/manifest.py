@@ -10,8 +10,9 @@ import errno
 import json
 import os
 import re
+import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from client.format.store import disk_full
@@ -68,6 +69,16 @@ class CacheRecord:
         """Commit shard: its marker next to its directory in cache_dir, then the record's."""
         write_atomic(cache_dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
         self.shards.append(shard)
+
+    def commit(self, cache_dir: Path) -> None:
+        """Make the cache READY: its manifest is written and synced first, and only then
+        does the state change, so nothing that acts on READY caches (eviction, readers)
+        can see it before the commit is durable."""
+        ready = replace(self, state="READY", commit_time=time.time(), disk_bytes=du(cache_dir))
+        write_atomic(cache_dir / "manifest.json", ready.to_json())
+        (cache_dir / "writing.json").unlink(missing_ok=True)
+        self.commit_time, self.disk_bytes = ready.commit_time, ready.disk_bytes
+        self.state = "READY"
 
     @classmethod
     def from_json(cls, text: str) -> CacheRecord:

@@ -10,13 +10,12 @@ WriteCache handler (cacheserver/rpc/streams.py) drives it.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cacheserver.catalog import direct_writes
 from cacheserver.catalog.capacity import Capacity
-from cacheserver.catalog.manifest import CacheRecord, ShardInfo, du, write_atomic
+from cacheserver.catalog.manifest import CacheRecord, ShardInfo
 from client.format.blocks import block_elements
 from client.format.store import ShardWriter
 from client.wire.status import InvalidArgument
@@ -76,7 +75,7 @@ class WriteSession:
         """Commit the last shard and the manifest: the cache becomes READY.
 
         Blocks of k elements: every value sent counted k elements; only the very
-        last one may hold fewer, which the writer's total says (docs/blocks.md).
+        last one may hold fewer, which the writer's total says (docs/format.md, "Blocks").
         """
         short = self.num_elements - num_elements
         if not 0 <= short < self._k or (short and self._writer is None):
@@ -88,11 +87,7 @@ class WriteSession:
             self._commit_shard()
         if self._staging is not None:  # the client streamed after all (or wrote nothing)
             shutil.rmtree(self._staging, ignore_errors=True)
-        self.record.state = "READY"
-        self.record.commit_time = time.time()
-        self.record.disk_bytes = du(self._dir)
-        write_atomic(self._dir / "manifest.json", self.record.to_json())
-        (self._dir / "writing.json").unlink(missing_ok=True)
+        self.record.commit(self._dir)
         self._done = True
         self._release(self, True)
         return self.record

@@ -152,3 +152,39 @@ def test_a_cache_rebuilt_while_an_old_reader_streams_serves_the_new_records(
     session.finish(1)
     assert _read_all(cat, "c") == [b"new-record"]
     assert sum(len(d) for _, _, d, _ in old) > 0, "the old stream keeps reading its own files"
+
+
+def test_a_commit_racing_an_eviction_is_never_evicted_before_its_manifest_is_written(
+        tmp_path: Path) -> None:
+    """An eviction that picks a cache the moment it is marked READY must not delete it
+    before its commit is durable: each round, one thread evicts the cache being committed
+    as soon as it can while the writer finishes; no commit may fail."""
+    import threading
+
+    cat = Catalog(tmp_path)
+    failures: list[BaseException] = []
+    for round_ in range(150):
+        name = f"c{round_}"
+        decision, _, session = cat.begin_write(name, "fp", "{}", b"")
+        assert session is not None
+        for i in range(20):
+            session.append([f"record-{i}".encode() * 50], 8)
+        stop = threading.Event()
+
+        def evict_when_ready(name: str = name, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                if cat.evict(name, "test"):
+                    return
+
+        evicter = threading.Thread(target=evict_when_ready)
+        evicter.start()
+        try:
+            session.finish(20)
+        except Exception as exc:  # the bug: FileNotFoundError writing the manifest
+            failures.append(exc)
+        finally:
+            stop.set()
+            evicter.join()
+    assert not failures, failures[:3]
+    for d in (tmp_path / "caches").iterdir():  # evicted or whole: never a cache half gone
+        assert d.name.startswith(".") or (d / "manifest.json").exists(), d
