@@ -47,6 +47,9 @@ DISK_BYTES = Gauge("shardcache_disk_bytes",
                    "in progress).", unit="bytes", registry=REGISTRY)
 CAPACITY_BYTES = Gauge("shardcache_capacity_bytes", "--max-bytes (0: no limit).",
                        unit="bytes", registry=REGISTRY)
+DISK_FREE_BYTES = Gauge("shardcache_disk_free_bytes",
+                        "Free space on the data dir's filesystem (below 1 MiB: disk full, "
+                        "writes refused).", unit="bytes", registry=REGISTRY)
 MATERIALIZED_ELEMENTS = Counter("shardcache_materialized_elements",
                                 "Elements stored by materialization workers.", registry=REGISTRY)
 MATERIALIZED_BYTES = Counter("shardcache_materialized_bytes",

@@ -19,7 +19,7 @@ import shutil
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -137,6 +137,61 @@ class TtlSweeper:
                 log.exception("TTL sweep failed; trying again in %.0fs", self._interval)
 
 
+
+
+#: Below this much free space the data dir's filesystem counts as full.
+FULL_BELOW_BYTES = 1 << 20
+
+
+class DiskWatch:
+    """A thread watching the data dir's free space: reads go on when it fills up, writes
+    fail with DISK_FULL, and this says so (a log line at each change, the callback, which
+    the server turns into the health status of WRITES_HEALTH_SERVICE) until space returns.
+    """
+
+    def __init__(self, data_dir: Path, on_change: Callable[[bool], None],
+                 interval: float = 5.0) -> None:
+        self._data_dir = data_dir
+        self._on_change = on_change
+        self._interval = interval
+        self._full: bool | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="disk-watch", daemon=True)
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self._data_dir).free
+
+    def check(self) -> bool:
+        """Look now; True while the disk is full."""
+        free = self.free_bytes()
+        full = free < FULL_BELOW_BYTES
+        if full != self._full:
+            if full:
+                log.warning("disk full under %s (%s free): serving reads of READY caches; "
+                            "writes fail with DISK_FULL until space returns (free space or "
+                            "delete caches: cacheserver rm NAME)", self._data_dir, _size(free))
+            elif self._full:
+                log.info("disk space returned under %s (%s free): writes accepted again",
+                         self._data_dir, _size(free))
+            self._full = full
+            self._on_change(full)
+        return full
+
+    def start(self) -> None:
+        self.check()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.check()
+            except OSError as exc:
+                log.warning("cannot check free space under %s: %s", self._data_dir, exc)
 
 
 def _idle_since(record: CacheRecord, value: Retention) -> float:

@@ -30,7 +30,7 @@ from pathlib import Path
 from cacheserver import metrics
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.manifest import CacheRecord, write_atomic
-from client.wire.status import InvalidArgument, LeaseNotFound
+from client.wire.status import DiskFull, InvalidArgument, LeaseNotFound
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,31 @@ class LeaseTable:
         self.ttl = ttl
         self.data_dir = catalog.data_dir.resolve()
         self.token_path = self.data_dir / TOKEN_FILE
-        self.token = secrets.token_hex(16)
-        write_atomic(self.token_path, self.token + "\n")
+        self.token = self._new_token()
         self._cond = threading.Condition()
         self._leases: dict[str, Lease] = {}
         self._granted: Counter[str] = Counter()
         self._stopped = False
         self._thread = threading.Thread(target=self._expire_loop, name="lease-expiry",
                                         daemon=True)
+
+    def _new_token(self) -> str:
+        """Write this instance's token; on a full disk keep the previous run's (the same
+        data dir, so it proves the same thing), else direct access stays off."""
+        token = secrets.token_hex(16)
+        try:
+            write_atomic(self.token_path, token + "\n")
+            return token
+        except DiskFull:
+            with contextlib.suppress(OSError):
+                previous = self.token_path.read_text().strip()
+                if previous:
+                    log.warning("disk full: kept the previous %s for direct reads and writes",
+                                self.token_path)
+                    return previous
+            log.warning("disk full: cannot write %s; direct reads and writes fall back to "
+                        "gRPC until the daemon restarts with free space", self.token_path)
+            return token
 
     def start(self) -> None:
         self._thread.start()

@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cacheserver import metrics
-from cacheserver.catalog.capacity import Capacity, TtlSweeper
+from cacheserver.catalog.capacity import Capacity, DiskWatch, TtlSweeper
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.leases import LeaseTable
 from cacheserver.catalog.recovery import DataDirLock
@@ -33,6 +33,8 @@ from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
+#: A health service name that is NOT_SERVING while the disk is full (reads go on).
+WRITES_HEALTH_SERVICE = "shardcache.writes"
 #: Messages carry chunks of ~1 MiB, but one record may be larger than that.
 MAX_MESSAGE_BYTES = 256 << 20
 
@@ -125,6 +127,8 @@ class CacheServer:
         self.leases = LeaseTable(self.catalog, config.lease_ttl)
         self.service = CacheService(self.catalog, self.materializer, self.leases)
         self.health = health.HealthServicer()
+        self._disk = DiskWatch(config.data_dir, self._writes_health)
+        metrics.DISK_FREE_BYTES.set_function(self._disk.free_bytes)
         options = [
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -169,6 +173,10 @@ class CacheServer:
             return address
         return f"{address.rpartition(':')[0]}:{port}"
 
+    def _writes_health(self, disk_full: bool) -> None:
+        self.health.set(WRITES_HEALTH_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING
+                        if disk_full else health_pb2.HealthCheckResponse.SERVING)
+
     def start(self) -> None:
         self._server.start()
         self._sweeper.start()
@@ -180,6 +188,7 @@ class CacheServer:
                  self.config.data_dir, ", ".join(self.addresses),
                  f"; metrics on http://{self.metrics_address}/metrics"
                  if self.metrics_address else "")
+        self._disk.start()
         sd_notify("READY=1")
 
     def stop(self, grace: float | None = None) -> None:
@@ -200,6 +209,7 @@ class CacheServer:
         if not self._calls.wait_idle(5.0):
             log.warning("some cancelled calls were still unwinding 5s after the drain")
         self._sweeper.stop()
+        self._disk.stop()
         self.leases.stop()
         self._stop_metrics()
         self._lock.release()

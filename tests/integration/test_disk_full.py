@@ -92,3 +92,62 @@ def test_a_free_space_floor_evicts_unpinned_caches_then_refuses_with_the_numbers
             assert _free_bytes(small_disk) >= free_before - (256 << 10), "space not released"
     finally:
         daemon.close()
+
+
+def _fill(disk: Path) -> Path:
+    """Fill the filesystem to the last byte with one file; returns it (delete it for room)."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        block = b"\0" * (1 << 20)
+        try:
+            while True:
+                f.write(block)
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    assert _free_bytes(disk) < 64 << 10
+    return filler
+
+
+def test_a_daemon_starts_on_a_full_disk_serves_its_caches_and_writes_again_once_space_returns(
+        small_disk: Path) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from waits import wait_until
+    from wire import names, read_all, reason, records, write_cache
+
+    daemon = Daemon(data_dir=small_disk / "data")
+    daemon.start()
+    kept = records(16, 64 << 10, 1)
+    with grpc.insecure_channel(daemon.unix_target) as ch:
+        write_cache(ch, "kept", kept)
+    assert daemon.terminate() == 0
+    filler = _fill(small_disk)
+    try:
+        daemon.start()  # a full disk must not stop the daemon from starting
+        with grpc.insecure_channel(daemon.unix_target) as ch:
+            assert names(ch) == ["kept"] and read_all(ch, "kept") == kept
+            with pytest.raises(grpc.RpcError) as err:
+                write_cache(ch, "new", records(8, 64 << 10, 2))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert reason(err.value) == "DISK_FULL"
+            health = health_pb2_grpc.HealthStub(ch)
+            serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                                    health_pb2.HealthCheckResponse.NOT_SERVING)
+            assert health.Check(health_pb2.HealthCheckRequest()).status == serving  # reads
+            writes = health_pb2.HealthCheckRequest(service="shardcache.writes")
+            assert health.Check(writes).status == not_serving
+            filler.unlink()  # space returns: writes go on without a restart
+            new = records(8, 64 << 10, 3)
+            write_cache(ch, "new", new)
+            wait_until(lambda: health.Check(writes).status == serving, 30)
+            assert names(ch) == ["kept", "new"] and read_all(ch, "new") == new
+        assert "serving reads of READY caches; writes fail with DISK_FULL" in daemon.log()
+        assert "writes accepted again" in daemon.log()
+    finally:
+        filler.unlink(missing_ok=True)
+        daemon.close()
