@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXTRAS ?= tf-cpu,dev
 
-.PHONY: demo test lint bench proto
+.PHONY: demo test lint bench bench-quick proto
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,14 @@ lint: $(VENV)/.installed
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# make bench: the full benchmark (~20 min on 2 cores; root for the memory cgroup), raw results
+# in bench/results/latest.json, report and plots rewritten in docs/benchmarks.md and docs/img/.
+# make bench-quick: the same on small sizes (~3 min): bench/results/quick.json, report on stdout.
 bench: $(VENV)/.installed
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py --doc docs/benchmarks.md
+
+bench-quick: $(VENV)/.installed
+	$(BIN)/python bench/run.py --quick
 
 proto: $(VENV)/.installed
 	$(BIN)/python protos/generate.py

@@ -51,7 +51,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from cacheserver.launch import wait_healthy  # noqa: E402
+from daemons import BenchDaemon  # noqa: E402
+
 from client._transport import Transport, pb  # noqa: E402
 from client.format.values import crc32 as codec_crc32  # noqa: E402
 from client.read.direct import DirectReads  # noqa: E402
@@ -171,13 +172,10 @@ def grpc_rows(tmp: Path, total: int) -> dict[str, tuple[float, int]]:
 
 
 def daemon_rows(tmp: Path, records: list[bytes], total: int) -> dict[str, tuple[float, int]]:
-    target = f"unix://{tmp}/daemon.sock"
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(tmp / "data"),
-         "--listen", target], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+    daemon = BenchDaemon(tmp / "data", tmp / "daemon.sock", tmp / "daemon.log")
+    target = daemon.address
     try:
-        wait_healthy(target, still_starting=lambda: daemon.poll() is None)
+        daemon.start()
         transport = Transport(target)
         # stored records as write-through stores incompressible ones: 0x00, CRC-32, body
         stored = [b"\x00" + zlib.crc32(r).to_bytes(4, "little") + r for r in records]
@@ -231,8 +229,7 @@ def daemon_rows(tmp: Path, records: list[bytes], total: int) -> dict[str, tuple[
         transport.close()
         return rows
     finally:
-        daemon.terminate()
-        daemon.wait()
+        daemon.stop()
 
 
 def file_read_cold(tmp: Path, records: list[bytes], total: int) -> tuple[float, int]:

@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path.cwd() if "--child" in sys.argv else REPO_ROOT))
 sys.path.insert(0, str(BENCH_DIR))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from cacheserver.launch import wait_healthy  # noqa: E402
 
 ORDER = ("load", "grpc", "direct", "file")
 CHILD_ORDER = ("grpc", "direct")
@@ -68,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return _child(*args.child, args.batch_size)
 
     import tensorflow as tf
+    from daemons import BenchDaemon
     from strategies import timed_iteration
     from workloads import WORKLOADS, make_source
 
@@ -76,12 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     workload = WORKLOADS[args.workload]
     with tempfile.TemporaryDirectory(prefix="direct-ab-") as tmp_name:
         tmp = Path(tmp_name)
-        target = f"unix://{tmp}/d.sock"
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(tmp / "data"),
-             "--listen", target, "--log-level", "warning"], cwd=REPO_ROOT)
+        daemon = BenchDaemon(tmp / "data", tmp / "d.sock", tmp / "daemon.log",
+                             extra_args=("--log-level", "warning"))
+        target = daemon.address
         try:
-            wait_healthy(target, still_starting=lambda: daemon.poll() is None)
+            daemon.start()
             src = make_source(workload, args.n)
             with CacheClient(target) as cc:
                 for _ in cc.cache(src, "ab").batch(args.batch_size):
@@ -120,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"daemon {cpu[key][-1][1]:.2f}", file=sys.stderr, flush=True)
                 info = cc.info("ab")
         finally:
-            daemon.terminate()
-            daemon.wait()
+            daemon.stop()
     element = workload.element_bytes
     base = statistics.median(seconds["load"]) if "load" in seconds else None
     print(f"Reproduce: `.venv/bin/python bench/direct_ab.py --workload {args.workload} "

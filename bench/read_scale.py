@@ -138,17 +138,15 @@ def _child(args: list[str]) -> dict[str, Any] | None:
 
 
 def run(sizes: dict[str, int], repeat: int) -> list[dict[str, Any]]:
-    from cacheserver.launch import wait_healthy
+    from daemons import BenchDaemon
 
     results = []
     with tempfile.TemporaryDirectory(prefix="read-scale-") as tmp:
         socket = f"{tmp}/cs.sock"
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "cacheserver", "serve", "--data-dir", f"{tmp}/data",
-             "--listen", "unix://" + socket, "--log-level", "warning"], cwd=ROOT,
-            env=_client_env())
+        daemon = BenchDaemon(Path(tmp) / "data", Path(socket), Path(tmp) / "daemon.log",
+                             extra_args=("--log-level", "warning"))
         try:
-            wait_healthy("unix://" + socket, still_starting=lambda: daemon.poll() is None)
+            daemon.start()
             for workload, n in sizes.items():
                 for size in (n, 4 * n):
                     _child(["--build", socket, workload, str(size)])
@@ -167,8 +165,7 @@ def run(sizes: dict[str, int], repeat: int) -> list[dict[str, Any]]:
                     best["cpu_us_per_element"] = min(r["cpu_us_per_element"] for r in point_runs)
                     results.append(best)
         finally:
-            daemon.terminate()
-            daemon.wait(60)
+            daemon.stop(60)
     return results
 
 

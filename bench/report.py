@@ -1,4 +1,9 @@
-"""Turn measurement records into the markdown pasted into ``docs/benchmarks.md``."""
+"""Derived numbers of measurement records, and the report's markdown tables.
+
+``add_derived`` and ``add_ratios`` run when the records are made (``run.py``); the
+``render_*`` functions turn a results file's records into the tables of the generated block of
+``docs/benchmarks.md`` (``render.py`` puts them together with the plots of ``plots.py``).
+"""
 
 from __future__ import annotations
 
@@ -12,19 +17,6 @@ if TYPE_CHECKING:
 GB = 1_000_000_000
 MB = 1_000_000
 
-COLUMNS = (
-    "workload",
-    "size (elements, GB)",
-    "strategy",
-    "epoch1 s",
-    "epoch2 s",
-    "epoch2 elem/s",
-    "epoch2 MB/s",
-    "peak RssAnon MB",
-    "ratio vs load",
-    "ratio vs cache()",
-)
-MISSING = "-"
 
 
 def add_derived(record: dict[str, Any]) -> None:
@@ -61,20 +53,59 @@ def representative(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return chosen
 
 
+def epoch1_seconds(record: dict[str, Any] | None) -> float | None:
+    """Epoch-1 seconds of a successful record, else None."""
+    if record is None or record.get("status") != "ok" or not record.get("epochs"):
+        return None
+    return record["epochs"][0].get("seconds")
+
+
 def add_ratios(records: list[dict[str, Any]]) -> None:
-    """Add epoch-2 throughput ratios vs ``save_load`` and vs ``memory`` of the same size."""
+    """Add ratios to tf.data's caches of the same workload and size, from the same run.
+
+    Epoch-2 throughput vs ``save_load`` (``ratio_vs_load``), ``memory`` (``ratio_vs_cache``)
+    and ``file`` (``ratio_vs_file``); epoch-1 time vs the bare pipeline ``none``
+    (``epoch1_vs_bare``: 1.0 costs nothing over computing the source).
+    """
     by_key = {(r["workload"], r["n"], r["strategy"]): r for r in records}
     for record in records:
         rate = epoch2_rate(record)
-        for ratio_key, baseline in (("ratio_vs_load", "save_load"), ("ratio_vs_cache", "memory")):
+        for ratio_key, baseline in (("ratio_vs_load", "save_load"), ("ratio_vs_cache", "memory"),
+                                    ("ratio_vs_file", "file")):
             base = epoch2_rate(by_key.get((record["workload"], record["n"], baseline)))
             record[ratio_key] = rate / base if rate is not None and base else None
+        bare = epoch1_seconds(by_key.get((record["workload"], record["n"], "none")))
+        mine = epoch1_seconds(record)
+        record["epoch1_vs_bare"] = mine / bare if mine is not None and bare else None
+
+
+
+MISSING = "-"
+#: How the report names each strategy (the keys are the ``--strategies`` names).
+LABELS = {
+    "none": "no cache (bare pipeline)",
+    "memory": "`ds.cache()`",
+    "file": "`ds.cache(filename)`",
+    "save_load": "`Dataset.save`/`load`",
+    "save_load_gzip": "`Dataset.save`/`load`, GZIP",
+    "shardcache": "shardcache, gRPC",
+    "shardcache_direct": "shardcache, direct",
+    "shardcache_read": "shardcache, read only",
+}
+
+
+def label(strategy: str) -> str:
+    """The report's name of a strategy."""
+    return LABELS.get(strategy, strategy)
+
+
+def size_text(workload: str, n: int) -> str:
+    """``1,000 (0.60 GB)``: elements and payload."""
+    return f"{n:,} ({WORKLOADS[workload].dataset_bytes(n) / GB:.2f} GB)"
 
 
 def _num(value: float | None, digits: int = 0) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:,.{digits}f}"
+    return MISSING if value is None else f"{value:,.{digits}f}"
 
 
 def _seconds(value: float | None, spread: list[float] | None = None) -> str:
@@ -89,62 +120,139 @@ def _seconds(value: float | None, spread: list[float] | None = None) -> str:
     return f"{fmt(value)} ({fmt(min(spread))}-{fmt(max(spread))})"
 
 
-def _ratio(value: float | None) -> str:
-    return MISSING if value is None else f"{value:.2f}x"
+def _ratio(value: float | None, bold: bool = False) -> str:
+    if value is None:
+        return MISSING
+    return f"**{value:.2f}x**" if bold else f"{value:.2f}x"
 
 
-def _row(record: dict[str, Any], footnote: int | None) -> list[str]:
-    workload = WORKLOADS[record["workload"]]
-    n = record["n"]
-    size = f"{n:,} ({workload.dataset_bytes(n) / GB:.2f} GB)"
-    strategy = record["strategy"] + (f" [{footnote}]" if footnote is not None else "")
-    epochs = record.get("epochs", []) if record.get("status") == "ok" else []
-    e1 = epochs[0] if len(epochs) > 0 else {}
-    e2 = epochs[1] if len(epochs) > 1 else {}
-    peak = record.get("peak_rss_anon_mb") if record.get("status") == "ok" else None
-    spreads = record.get("repeat_epoch_seconds") or []
-    return [
-        workload.name,
-        size,
-        strategy,
-        _seconds(e1.get("seconds"), spreads[0] if len(spreads) > 0 else None),
-        _seconds(e2.get("seconds"), spreads[1] if len(spreads) > 1 else None),
-        _num(e2.get("elements_per_s")),
-        _num(e2.get("mb_per_s"), 1),
-        _num(peak),
-        _ratio(record.get("ratio_vs_load")),
-        _ratio(record.get("ratio_vs_cache")),
-    ]
-
-
-def _problems(record: dict[str, Any]) -> list[str]:
+def problems(record: dict[str, Any]) -> list[str]:
     """Human-readable problems with a record (failure, wrong element count or checksum)."""
     if record.get("status") != "ok":
         return [f"{record.get('status')}: {record.get('error')}"]
-    problems = []
+    found = []
     for index, epoch in enumerate(record["epochs"], start=1):
         if not epoch.get("elements_ok", True):
-            problems.append(f"epoch {index} yielded {epoch['elements']} elements")
+            found.append(f"epoch {index} yielded {epoch['elements']} elements")
         if epoch.get("label_sum_ok") is False:
-            problems.append(f"epoch {index} label checksum mismatch")
-    return problems
+            found.append(f"epoch {index} label checksum mismatch")
+    return found
 
 
-def render_table(records: list[dict[str, Any]]) -> str:
-    """Render the results table, with footnotes for failed or suspicious rows."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    footnotes: list[str] = []
+class Footnotes:
+    """Numbered footnotes for table cells."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def mark(self, record: dict[str, Any]) -> str:
+        """`` [n]`` for a record with problems (one footnote each), else the empty string."""
+        found = problems(record)
+        if not found:
+            return ""
+        self.texts.append("; ".join(found))
+        return f" [{len(self.texts)}]"
+
+    def render(self) -> list[str]:
+        if not self.texts:
+            return []
+        return ["", *(f"[{i}] {text}" for i, text in enumerate(self.texts, 1))]
+
+
+def _epochs(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    epochs = record.get("epochs", []) if record.get("status") == "ok" else []
+    return (epochs[0] if epochs else {}), (epochs[1] if len(epochs) > 1 else {})
+
+
+def render_epoch2_table(records: list[dict[str, Any]]) -> str:
+    """Epoch 2 (reading the cache) per workload, size and strategy, with ratios."""
+    columns = ("workload", "size (elements, GB)", "strategy", "epoch 2 s", "elements/s",
+               "MB/s", "vs `ds.cache()`", "vs `cache(filename)`", "vs `Dataset.load`",
+               "peak RssAnon MB")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    notes = Footnotes()
     for record in records:
-        problems = _problems(record)
-        footnote = None
-        if problems:
-            footnotes.append("; ".join(problems))
-            footnote = len(footnotes)
-        lines.append("| " + " | ".join(_row(record, footnote)) + " |")
-    if footnotes:
-        lines.append("")
-        lines.extend(f"[{i}] {text}" for i, text in enumerate(footnotes, start=1))
-    return "\n".join(lines)
+        _, e2 = _epochs(record)
+        spreads = record.get("repeat_epoch_seconds") or []
+        ours = record["strategy"].startswith("shardcache")
+        peak = record.get("peak_rss_anon_mb") if record.get("status") == "ok" else None
+        lines.append("| " + " | ".join([
+            record["workload"], size_text(record["workload"], record["n"]),
+            label(record["strategy"]) + notes.mark(record),
+            _seconds(e2.get("seconds"), spreads[1] if len(spreads) > 1 else None),
+            _num(e2.get("elements_per_s")), _num(e2.get("mb_per_s"), 1),
+            _ratio(record.get("ratio_vs_cache"), ours), _ratio(record.get("ratio_vs_file"), ours),
+            _ratio(record.get("ratio_vs_load"), ours), _num(peak)]) + " |")
+    return "\n".join(lines + notes.render())
+
+
+#: The epoch-1 table's columns: every strategy that caches, against the bare pipeline.
+EPOCH1_STRATEGIES = ("memory", "file", "save_load", "shardcache", "shardcache_direct")
+
+
+def render_epoch1_table(records: list[dict[str, Any]]) -> str:
+    """Epoch 1 (filling the cache) as a ratio to the bare pipeline, one row per size."""
+    present = [s for s in EPOCH1_STRATEGIES if any(r["strategy"] == s for r in records)]
+    columns = ["workload", "size (elements, GB)", "bare pipeline s",
+               *(label(s) for s in present)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    notes = Footnotes()
+    keys = list(dict.fromkeys((r["workload"], r["n"]) for r in records))
+    for workload, n in keys:
+        mine = {r["strategy"]: r for r in records if (r["workload"], r["n"]) == (workload, n)}
+        bare = mine.get("none")
+        cells = [workload, size_text(workload, n),
+                 _seconds(epoch1_seconds(bare)) + (notes.mark(bare) if bare else "")]
+        for strategy in present:
+            record = mine.get(strategy)
+            if record is None:
+                cells.append(MISSING)
+                continue
+            seconds = epoch1_seconds(record)
+            ratio = record.get("epoch1_vs_bare")
+            text = _ratio(ratio, strategy.startswith("shardcache"))
+            cells.append((f"{text} ({_seconds(seconds)} s)" if seconds is not None else text)
+                         + notes.mark(record))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + notes.render())
+
+
+def render_memory_table(section: dict[str, Any]) -> str:
+    """The memory section: client peak RssAnon (and epoch-2 MB/s) per size and strategy."""
+    records = section.get("records", [])
+    strategies = list(section.get("strategies", []))
+    columns = ["dataset GiB (elements)"]
+    for strategy in strategies:
+        columns.append(f"{label(strategy)}: client peak RssAnon MB")
+        if strategy.startswith("shardcache"):
+            columns += [f"{label(strategy)}: daemon MB", f"{label(strategy)}: epoch 2 MB/s"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    notes = Footnotes()
+    for gib in section.get("sizes_gib", []):
+        row = [r for r in records if r.get("dataset_gib") == gib]
+        if not row:
+            continue
+        cells = [f"{gib:g} ({row[0]['n']:,})"]
+        for strategy in strategies:
+            record = next((r for r in row if r["strategy"] == strategy), None)
+            status = record.get("status") if record else None
+            if record is None:
+                cell = MISSING
+            elif status == "oom_killed":
+                cell = "**OOM-killed**"
+            elif status == "skipped":
+                cell = "not run (killed at a smaller size)"
+            else:
+                cell = _num(record.get("peak_rss_anon_mb") if status == "ok" else None)
+                cell += notes.mark(record)
+            cells.append(cell)
+            if strategy.startswith("shardcache"):
+                ok = record is not None and status == "ok"
+                _, e2 = _epochs(record) if ok else ({}, {})
+                cells += [_num(record.get("daemon_peak_rss_anon_mb") if ok else None),
+                          _num(e2.get("mb_per_s"), 0)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + notes.render())
 
 
 def _range(values: Iterable[float]) -> str:
@@ -155,47 +263,33 @@ def _range(values: Iterable[float]) -> str:
 
 
 def render_notes(records: list[dict[str, Any]], daemons: list[dict[str, Any]]) -> str:
-    """Render secondary facts: baseline RSS, on-disk sizes, shardcache daemon memory."""
-    lines = ["Notes:", ""]
-    for name in sorted({r["workload"] for r in records}):
-        mine = [r for r in records if r["workload"] == name and "warm_rss_anon_mb" in r]
-        if mine:
-            lines.append(
-                f"- `{name}`: RssAnon of a measurement process after `import tensorflow`: "
-                f"{_range(r['baseline_rss_anon_mb'] for r in mine)} MB; after the warm-up, "
-                f"before building the pipeline: {_range(r['warm_rss_anon_mb'] for r in mine)} MB "
-                "(both included in the peaks above)."
-            )
-    for key in sorted({(r["workload"], r["n"]) for r in records}, key=lambda k: (k[0], k[1])):
-        workload = WORKLOADS[key[0]]
-        payload = workload.dataset_bytes(key[1])
+    """Secondary facts: baseline RSS, on-disk sizes, the shardcache daemon's memory."""
+    lines = []
+    mine = [r for r in records if "warm_rss_anon_mb" in r]
+    if mine:
+        lines.append(
+            "- RssAnon of a measurement process after `import tensorflow`: "
+            f"{_range(r['baseline_rss_anon_mb'] for r in mine)} MB; after the warm-up: "
+            f"{_range(r['warm_rss_anon_mb'] for r in mine)} MB (both included in the peaks).")
+    for workload, n in dict.fromkeys((r["workload"], r["n"]) for r in records):
+        payload = WORKLOADS[workload].dataset_bytes(n)
         sizes = []
         for record in records:
-            if (record["workload"], record["n"]) != key or record.get("status") != "ok":
+            if (record["workload"], record["n"]) != (workload, n) or record["status"] != "ok":
                 continue
             disk = record.get("disk_bytes") or record.get("daemon_disk_bytes")
             if disk:
-                sizes.append(
-                    f"{record['strategy']} {disk / GB:.3f} GB (payload/disk {payload / disk:.2f})"
-                )
+                sizes.append(f"{label(record['strategy'])} {payload / disk:.2f}")
         if sizes:
-            lines.append(
-                f"- On-disk size, {key[0]} {key[1]:,} elements (payload {payload / GB:.3f} GB): "
-                + ", ".join(sizes)
-                + "."
-            )
+            lines.append(f"- Payload/disk, {workload} {n:,}: " + ", ".join(sizes) + ".")
     for daemon in daemons:
         if daemon.get("status") != "ok":
             lines.append(f"- `{daemon['workload']}`: no daemon, {daemon.get('error')}")
             continue
-        peaks = ", ".join(
-            f"{r['n']:,} elements {r['daemon_peak_rss_anon_mb']:,.0f} MB"
-            for r in records
-            if r["workload"] == daemon["workload"] and "daemon_peak_rss_anon_mb" in r
-        )
+        peaks = [r["daemon_peak_rss_anon_mb"] for r in records
+                 if r["workload"] == daemon["workload"] and "daemon_peak_rss_anon_mb" in r]
         lines.append(
-            f"- cacheserver daemon (`{daemon['workload']}`), not included in the shardcache rows: "
-            f"RssAnon {daemon['start_rss_anon_mb']:,.0f} MB after start; peak during the "
-            f"shardcache run: {peaks or MISSING}."
-        )
+            f"- cacheserver daemon ({daemon['workload']}), not in the client's column: RssAnon "
+            f"{daemon['start_rss_anon_mb']:,.0f} MB after start, peak "
+            f"{_range(peaks) if peaks else MISSING} MB during the shardcache rows.")
     return "\n".join(lines)

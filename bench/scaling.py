@@ -50,9 +50,11 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
+from daemons import BenchDaemon  # noqa: E402
+from machine import machine_facts, reproducing_command  # noqa: E402
 from measure import parse_client_option  # noqa: E402
 from report import GB, MB, add_derived  # noqa: E402
-from run import Benchmark, Daemon, machine_facts, reproducing_command  # noqa: E402
+from run import Benchmark  # noqa: E402
 from scaling_build import (  # noqa: E402
     PLAN_ENV,
     cold_sequential_read,
@@ -88,9 +90,10 @@ class Scaling:
         self.bench = Benchmark(ns, scratch_root=scratch, socket_root=socket_root)
         self.plan_file = scratch / "plan.json"
         os.environ[PLAN_ENV] = str(self.plan_file)  # the daemon's workers inherit it
-        self.daemon = Daemon(scratch / "daemon", socket_root / "d.sock", scratch / "daemon.log",
-                             extra_args=("--pythonpath", str(BENCH_DIR), "--log-level",
-                                         "warning"))
+        self.daemon = BenchDaemon(scratch / "daemon", socket_root / "d.sock",
+                                  scratch / "daemon.log",
+                                  extra_args=("--pythonpath", str(BENCH_DIR), "--log-level",
+                                              "warning"))
         self.client_args = tuple(f"--client-option={k}={v}" for k, v in args.client_option)
         self.records: list[dict[str, Any]] = []
         self.builds: list[dict[str, Any]] = []

@@ -126,16 +126,15 @@ def _child(args: list[str]) -> dict[str, Any]:
 
 def formats(sizes: dict[str, int], block_kibs: list[int], repeat: int) -> list[dict[str, Any]]:
     """Part 1: format 1 vs blocks, same daemon and client code."""
-    from cacheserver.launch import wait_healthy
+    from daemons import BenchDaemon
 
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-small-") as tmp:
         socket = f"{tmp}/cs.sock"
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "cacheserver", "serve", "--data-dir", f"{tmp}/data",
-             "--listen", "unix://" + socket, "--log-level", "warning"], cwd=ROOT, env=_env())
+        daemon = BenchDaemon(Path(tmp) / "data", Path(socket), Path(tmp) / "daemon.log",
+                             extra_args=("--log-level", "warning"))
         try:
-            wait_healthy("unix://" + socket, still_starting=lambda: daemon.poll() is None)
+            daemon.start()
             for workload, n in sizes.items():
                 caches = [_child(["--build", socket, workload, str(n), str(kib)])
                           for kib in [0, *block_kibs]]
@@ -156,8 +155,7 @@ def formats(sizes: dict[str, int], block_kibs: list[int], repeat: int) -> list[d
                                                                   for r in got),
                                         "ok": all(r["ok"] for r in got)})
         finally:
-            daemon.terminate()
-            daemon.wait(60)
+            daemon.stop(60)
     return results
 
 
@@ -186,7 +184,8 @@ def tf_comparison(sizes: dict[str, int], strategies: list[str], repeat: int,
         out = Path(tmp) / "run.json"
         cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--workloads", *sizes,
                "--sizes", *(f"{w}={n}" for w, n in sizes.items()), "--strategies", *strategies,
-               "--repeat", str(repeat), "--out", str(out)] + (["--cold"] if cold else [])
+               "--repeat", str(repeat), "--out", str(out), "--sections", "throughput",
+               *(["--cold"] if cold else [])]
         print("$ " + " ".join(cmd[1:]), file=sys.stderr)
         subprocess.run(cmd, cwd=ROOT, env=_env(), check=True, stdout=subprocess.DEVNULL)
         return json.loads(out.read_text())  # type: ignore[no-any-return]
@@ -209,7 +208,7 @@ def tf_table(raw: dict[str, Any], against: str) -> str:
         lines.append(f"| {r['workload']} | {r['strategy']} | {e2['seconds']:.2f} | "
                      f"{e2['elements_per_s']:,.0f} | {e2['elements_per_s'] / mine:.2f}x | "
                      f"{mine / e2['elements_per_s']:.2f}x | {disk} |")
-    lines.append(f"\n(load average {raw['machine']['loadavg']} at the start, "
+    lines.append(f"\n(load average {raw['machine'].get('loadavg', '?')} at the start, "
                  f"{raw['machine'].get('loadavg_end', '?')} at the end; {against})")
     return "\n".join(lines)
 

@@ -59,7 +59,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from daemons import BenchDaemon
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -243,14 +246,15 @@ def child_layers(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows}
 
 
-def _layers(args: argparse.Namespace, scratch: Path, daemons: dict[str, _Daemon]) -> str:
+def _layers(args: argparse.Namespace, scratch: Path, daemons: dict[str, BenchDaemon]) -> str:
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in daemons}
     for repeat in range(args.repeat):
         for label, daemon in daemons.items():
             tmp = Path(tempfile.mkdtemp(dir=scratch))
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child-layers",
-                   "--mb", str(args.mb), "--tmp-dir", str(tmp), "--socket", str(daemon.socket),
-                   "--daemon-pid", str(daemon.proc.pid), "--cache-name", f"layers-{repeat}"]
+                   "--mb", str(args.mb), "--tmp-dir", str(tmp),
+                   "--socket", str(daemon.socket_path), "--daemon-pid", str(daemon.pid),
+                   "--cache-name", f"layers-{repeat}"]
             env = dict(os.environ, PYTHONPATH=str(daemon.root))
             out = subprocess.run(cmd, cwd=daemon.root, env=env, capture_output=True, text=True,
                                  timeout=args.timeout, check=False)
@@ -273,31 +277,17 @@ def _layers(args: argparse.Namespace, scratch: Path, daemons: dict[str, _Daemon]
     return "\n".join(table)
 
 
-class _Daemon:
-    def __init__(self, root: Path, scratch: Path, label: str) -> None:
-        self.root = root
-        self.socket = scratch / f"{label}.sock"
-        data = scratch / f"data-{label}"
-        data.mkdir()
-        env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
-        self.log = open(scratch / f"{label}.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(data),
-             "--listen", "unix://" + str(self.socket)],
-            cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        from cacheserver.launch import wait_healthy
+def _daemon(root: Path, scratch: Path, label: str) -> BenchDaemon:
+    """A started daemon running ``root``'s cacheserver (this checkout or a baseline's)."""
+    from daemons import BenchDaemon
 
-        wait_healthy("unix://" + str(self.socket), 60,
-                     still_starting=lambda: self.proc.poll() is None)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-        self.log.close()
+    daemon = BenchDaemon(scratch / f"data-{label}", scratch / f"{label}.sock",
+                         scratch / f"{label}.log", root=root)
+    return daemon.start(60)  # type: ignore[return-value]
 
 
 def _measure(args: argparse.Namespace, strategy: str, scratch: Path,
-             daemons: dict[str, _Daemon], repeat: int) -> dict[str, Any]:
+             daemons: dict[str, BenchDaemon], repeat: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{strategy}-", dir=scratch))
     daemon = daemons.get(strategy)
     root = daemon.root if daemon else REPO_ROOT
@@ -306,7 +296,7 @@ def _measure(args: argparse.Namespace, strategy: str, scratch: Path,
            "--strategy", strategy, "--tmp-dir", str(tmp),
            "--cache-name", f"write-path-{repeat}"]
     if daemon is not None:
-        cmd += ["--socket", str(daemon.socket), "--daemon-pid", str(daemon.proc.pid)]
+        cmd += ["--socket", str(daemon.socket_path), "--daemon-pid", str(daemon.pid)]
     env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
                          timeout=args.timeout, check=False)
@@ -383,22 +373,22 @@ def main(argv: list[str] | None = None) -> int:
         args.strategies.insert(0, "none")
     strategies = list(args.strategies)
     scratch = Path(tempfile.mkdtemp(prefix="wp-"))
-    daemons: dict[str, _Daemon] = {}
+    daemons: dict[str, BenchDaemon] = {}
     try:
         if args.layers:
-            daemons["head"] = _Daemon(REPO_ROOT, scratch, "head")
+            daemons["head"] = _daemon(REPO_ROOT, scratch, "head")
             if args.baseline_root is not None:
-                daemons["base"] = _Daemon(args.baseline_root.resolve(), scratch, "base")
+                daemons["base"] = _daemon(args.baseline_root.resolve(), scratch, "base")
             print(_layers(args, scratch, daemons))
             print(f"\nLoad average (1/5/15 min) at the end: "
                   f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             return 0
         if any(s.startswith("shardcache") for s in strategies):
-            head = _Daemon(REPO_ROOT, scratch, "head")
+            head = _daemon(REPO_ROOT, scratch, "head")
             for strategy in ("shardcache", "shardcache-grpc", "shardcache-generator"):
                 daemons[strategy] = head
             if args.baseline_root is not None:
-                daemons["shardcache@base"] = _Daemon(args.baseline_root.resolve(), scratch,
+                daemons["shardcache@base"] = _daemon(args.baseline_root.resolve(), scratch,
                                                      "base")
                 strategies.append("shardcache@base")
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
