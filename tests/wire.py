@@ -11,6 +11,10 @@ import grpc
 from client.wire.v1 import cache_service_pb2 as pb
 from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
+#: The layout of opaque records: no leaves. The daemon checks a write's layout but never
+#: decodes its records.
+LAYOUT = '{"format": 1, "leaves": []}'
+
 
 def stub(channel: grpc.Channel) -> pb_grpc.CacheServiceStub:
     return pb_grpc.CacheServiceStub(channel)
@@ -24,7 +28,7 @@ def records(n: int, size: int, seed: int = 0) -> list[bytes]:
 def write_requests(name: str, values: list[bytes], per_chunk: int = 4
                    ) -> Iterator[pb.WriteCacheRequest]:
     yield pb.WriteCacheRequest(begin=pb.WriteBegin(name=name, fingerprint=f"fp-{name}",
-                                                   layout_json="{}"))
+                                                   layout_json=LAYOUT))
     for i in range(0, len(values), per_chunk):
         part = values[i:i + per_chunk]
         yield pb.WriteCacheRequest(chunk=pb.WriteChunk(

@@ -15,6 +15,10 @@ it holds materialize.json: then it stays WRITING and the materializer resumes it
 Deleting renames the directory into ``<data-dir>/trash/`` first, so a
 half-finished delete never looks like a cache.
 
+A cache whose manifest cannot be read or encoded is *broken*: not listed, every
+call naming it is DATA_LOSS saying which file and what to do, and delete()
+removes it (a warning at startup names it).
+
 Knows nothing of gRPC: the service layer translates its exceptions.
 """
 
@@ -36,10 +40,17 @@ import numpy as np
 
 from cacheserver import metrics
 from cacheserver.catalog.capacity import Capacity, expired_names, pick_victim, retained_summary
-from cacheserver.catalog.manifest import CacheRecord, validate_name, write_atomic
+from cacheserver.catalog.manifest import (
+    MAX_NAME_LEN,
+    NAME_RE,
+    CacheRecord,
+    validate_name,
+    write_atomic,
+)
 from cacheserver.catalog.recovery import RecoveryReport
 from cacheserver.catalog.retention import Retention, RetentionBook
 from cacheserver.catalog.write_session import WriteSession
+from cacheserver.logs import shown
 from client.format import lookup
 from client.format.blocks import block_elements
 from client.format.store import ReaderPool
@@ -48,6 +59,7 @@ from client.wire.status import (
     CacheExists,
     CacheNotFound,
     CacheWriting,
+    DataLoss,
     FingerprintMismatch,
     InvalidArgument,
 )
@@ -73,6 +85,8 @@ class Catalog:
         self._trash.mkdir(exist_ok=True)
         self._lock = threading.RLock()
         self._caches: dict[str, CacheRecord] = {}
+        #: Caches whose manifest cannot be read: name -> what is wrong (see _load).
+        self._broken: dict[str, str] = {}
         self.readers = ReaderPool()
         #: Materializations a crash interrupted: kept WRITING for the materializer to resume.
         self.interrupted: list[CacheRecord] = []
@@ -83,13 +97,34 @@ class Catalog:
         self._trash.mkdir(exist_ok=True)
         for d in sorted(self._caches_dir.iterdir()):
             manifest = d / "manifest.json"
-            if manifest.exists():
-                self._caches[d.name] = CacheRecord.from_json(manifest.read_text())
+            if not d.is_dir() or not NAME_RE.fullmatch(d.name) or len(d.name) > MAX_NAME_LEN:
+                log.warning("ignoring %s: not a cache directory (no valid cache name)",
+                            shown(str(d)))
+            elif manifest.exists():
+                self._load(d.name, manifest)
             elif self._keep_materialization(d):
                 continue
             else:
                 log.warning("discarding cache %r: its write was interrupted", d.name)
                 self._remove_dir(d)
+
+    def _load(self, name: str, manifest: Path) -> None:
+        """Load a READY cache's manifest; one that cannot be read or encoded is broken."""
+        try:
+            record = CacheRecord.from_json(manifest.read_text())
+            if record.name != name or record.state != "READY":
+                raise ValueError(f"it describes {record.state} cache {record.name!r}")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            self._broken[name] = f"{manifest} cannot be read ({shown(str(exc))})"
+            log.warning("cache %r is broken: %s; it is not listed and every call naming it "
+                        "fails; delete it with 'cacheserver rm %s'", name, self._broken[name],
+                        name)
+            return
+        self._caches[name] = record
+
+    def _broken_error(self, name: str) -> DataLoss:
+        return DataLoss(f"cache {name!r} is broken: {self._broken[name]}; delete it with "
+                        f"'cacheserver rm {name}' (CacheClient.delete) and build it again")
 
     def _recover_and_report(self) -> None:
         """Run _recover, then load retention of what it kept and log one summary line."""
@@ -127,6 +162,8 @@ class Catalog:
         validate_name(name)
         with self._lock:
             record = self._caches.get(name)
+            if record is None and name in self._broken:
+                raise self._broken_error(name)
         if record is None:
             raise CacheNotFound(f"cache {name!r} not found; list caches with 'cacheserver ls'")
         return record
@@ -142,12 +179,14 @@ class Catalog:
         return record
 
     def delete(self, name: str) -> None:
+        """Delete a READY cache, or a broken one, and its files."""
         with self._lock:
-            record = self.get(name)
-            if record.state != "READY":
-                raise CacheWriting(f"cache {name!r} is being written; wait until its "
-                                   "writer finishes or stops, then delete it")
-            del self._caches[name]
+            if self._broken.pop(name, None) is None:
+                record = self.get(name)
+                if record.state != "READY":
+                    raise CacheWriting(f"cache {name!r} is being written; wait until its "
+                                       "writer finishes or stops, then delete it")
+                del self._caches[name]
             self.retention.forget(name)
             trashed = self._to_trash(self._caches_dir / name)
         self._remove_later(trashed)
@@ -216,6 +255,8 @@ class Catalog:
         if not fingerprint:
             raise InvalidArgument("fingerprint is empty")
         with self._lock:
+            if name in self._broken:
+                raise self._broken_error(name)
             existing = self._caches.get(name)
             if existing is not None:
                 if existing.fingerprint != fingerprint:
@@ -348,6 +389,8 @@ class Catalog:
         validate_name(name)
         trashed = None
         with self._lock:
+            if name in self._broken:
+                raise self._broken_error(name)
             existing = self._caches.get(name)
             if existing is not None:
                 if existing.state != "READY":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import time
@@ -20,6 +21,9 @@ from client.wire.status import InvalidArgument
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_NAME_LEN = 200
+#: A cache's counts and byte totals, each and summed, stay below 2^63: every reader of a
+#: record (the wire's uint64 fields, JSON consumers, numpy int64) can hold them.
+MAX_TOTAL = (1 << 63) - 1
 
 
 def validate_name(name: str) -> str:
@@ -70,11 +74,45 @@ class CacheRecord:
         write_atomic(cache_dir / f"shard-{shard.index:05d}.json", json.dumps(asdict(shard)))
         self.shards.append(shard)
 
+    def check(self) -> CacheRecord:
+        """Raise ValueError unless every field can be encoded (on the wire, in JSON)."""
+        if not isinstance(self.name, str) or not NAME_RE.fullmatch(self.name) \
+                or len(self.name) > MAX_NAME_LEN:
+            raise ValueError(f"invalid cache name {str(self.name)[:MAX_NAME_LEN]!r}")
+        if not (isinstance(self.fingerprint, str) and isinstance(self.layout_json, str)
+                and isinstance(self.element_spec, bytes)):
+            raise ValueError("fingerprint and layout_json must be strings")
+        if self.state not in ("WRITING", "READY"):
+            raise ValueError(f"unknown state {str(self.state)[:20]!r}")
+        for key in ("create_time", "commit_time"):
+            value = getattr(self, key)
+            if type(value) not in (int, float) or not math.isfinite(value):
+                raise ValueError(f"{key} {value!r} is not a finite number")
+        _count("disk_bytes", self.disk_bytes)
+        first = 0
+        for i, shard in enumerate(self.shards):
+            if not isinstance(shard, ShardInfo):
+                raise ValueError(f"shard {i} is not a shard record")
+            for key, value in asdict(shard).items():
+                _count(f"shard {i} {key}", value)
+            if shard.index != i or shard.first_element != first:
+                raise ValueError(f"shard {i} says index {shard.index}, first element "
+                                 f"{shard.first_element}; expected {i}, {first}")
+            first += shard.num_elements
+        for key in ("num_elements", "stored_bytes", "raw_bytes"):
+            _count(f"the cache's {key}", sum(getattr(s, key, 0) for s in self.shards))
+        return self
+
     def commit(self, cache_dir: Path) -> None:
         """Make the cache READY: its manifest is written and synced first, and only then
         does the state change, so nothing that acts on READY caches (eviction, readers)
-        can see it before the commit is durable."""
+        can see it before the commit is durable. A record that could not be encoded
+        (check) is refused with InvalidArgument, nothing committed."""
         ready = replace(self, state="READY", commit_time=time.time(), disk_bytes=du(cache_dir))
+        try:
+            ready.check()
+        except ValueError as exc:
+            raise InvalidArgument(f"cache {self.name!r} cannot be committed: {exc}") from None
         write_atomic(cache_dir / "manifest.json", ready.to_json())
         (cache_dir / "writing.json").unlink(missing_ok=True)
         self.commit_time, self.disk_bytes = ready.commit_time, ready.disk_bytes
@@ -82,10 +120,19 @@ class CacheRecord:
 
     @classmethod
     def from_json(cls, text: str) -> CacheRecord:
-        doc = json.loads(text)
-        doc["element_spec"] = bytes.fromhex(doc["element_spec"])
-        doc["shards"] = [ShardInfo(**s) for s in doc["shards"]]
-        return cls(**doc)
+        """Parse and check (check()) a record; ValueError saying what is wrong."""
+        try:
+            doc = json.loads(text)
+            doc["element_spec"] = bytes.fromhex(doc["element_spec"])
+            doc["shards"] = [ShardInfo(**s) for s in doc["shards"]]
+            return cls(**doc).check()
+        except (KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _count(what: str, value: object) -> None:
+    if type(value) is not int or not 0 <= value <= MAX_TOTAL:
+        raise ValueError(f"{what} is {str(value)[:40]}, not an integer from 0 to 2^63-1")
 
 
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:

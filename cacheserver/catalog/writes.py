@@ -17,6 +17,7 @@ from cacheserver import metrics
 from cacheserver.catalog.direct_writes import StagedShard
 from cacheserver.catalog.manifest import CacheRecord
 from cacheserver.catalog.write_session import WriteSession
+from cacheserver.logs import shown
 from client.format.values import split_chunk
 from client.wire.status import InvalidArgument
 
@@ -51,7 +52,8 @@ class CacheWrite:
     def give_up(self, why: str) -> None:
         """The writer failed on its side: the write is discarded when the block ends."""
         self._drain()
-        log.warning("the writer of cache %r gave up: %s", self.session.record.name, why)
+        log.warning("the writer of cache %r gave up: %s", self.session.record.name,
+                    shown(why, 1000))
 
     def commit(self, num_elements: int, staged: Sequence[StagedShard] = ()) -> CacheRecord:
         """Store what is in flight, adopt the shards a direct writer wrote, commit."""

@@ -26,6 +26,8 @@ from typing import Any
 import grpc
 
 from cacheserver import metrics
+from cacheserver.logs import shown
+from cacheserver.rpc import validate
 from client.wire.chunks import read_shard_data_bytes
 from client.wire.status import REASON_KEY, CacheServerError, TooManyStreams, Unauthenticated
 
@@ -57,11 +59,11 @@ class _Call:
     def see_request(self, request: Any) -> None:
         name = getattr(request, "name", None)
         if isinstance(name, str) and name:
-            self.cache = name
+            self.cache = shown(name)
         which = request.WhichOneof("request") if hasattr(request, "WhichOneof") and \
             "request" in request.DESCRIPTOR.oneofs_by_name else None
         if which == "begin":
-            self.cache = request.begin.name
+            self.cache = shown(request.begin.name)
         elif which == "chunk":
             self.bytes += len(request.chunk.data)
 
@@ -181,6 +183,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 guard(context)
                 if limited:
                     peer = interceptor._enter_stream(context)
+                request = parsed(request, context)
                 if streaming_request:
                     request = _observed(request, call)
                 else:
@@ -206,6 +209,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
             failed: BaseException | None = None
             try:
                 guard(context)
+                request = parsed(request, context)
                 if streaming_request:
                     request = _observed(request, call)
                 else:
@@ -221,15 +225,23 @@ class ServerInterceptor(grpc.ServerInterceptor):
         return _rebuild(handler, stream, unary)
 
 
+def parsed(request: Any, context: grpc.ServicerContext) -> Any:
+    """A request that did not parse (validate.tolerant) is INVALID_ARGUMENT."""
+    try:
+        return validate.parsed(request)
+    except CacheServerError as exc:
+        _deny(context, exc)
+
+
 def _observed(requests: Iterator[Any], call: _Call) -> Iterator[Any]:
     for request in requests:
         call.see_request(request)
-        yield request
+        yield validate.parsed(request)  # raised in the handler, which translates it
 
 
 def _rebuild(handler: Any, stream: Callable[..., Any], unary: Callable[..., Any]) -> Any:
     """The same handler with its behaviour wrapped by stream/unary."""
-    kw = {"request_deserializer": handler.request_deserializer,
+    kw = {"request_deserializer": validate.tolerant(handler.request_deserializer),
           "response_serializer": handler.response_serializer}
     if handler.unary_unary:
         inner = handler.unary_unary

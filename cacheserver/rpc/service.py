@@ -21,7 +21,9 @@ from cacheserver.catalog.leases import LeaseTable
 from cacheserver.catalog.manifest import CacheRecord
 from cacheserver.catalog.retention import Retention
 from cacheserver.catalog.writes import CacheWrite
+from cacheserver.logs import shown
 from cacheserver.materialize.materializer import Materializer
+from cacheserver.rpc import validate
 from cacheserver.rpc.operations import operation_to_proto
 from cacheserver.rpc.streams import BegunGuard
 from client.wire.chunks import encode_read_shard_response, read_shard_data_bytes
@@ -63,7 +65,7 @@ _OPERATOR_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DATA_LOSS
 
 def _abort(context: grpc.ServicerContext, exc: CacheServerError) -> None:
     log.log(logging.WARNING if exc.code in _OPERATOR_CODES else logging.DEBUG,
-            "%s: %s", exc.reason, exc)
+            "%s: %s", exc.reason, shown(str(exc), 1000))
     context.set_trailing_metadata(((REASON_KEY, exc.reason),))
     context.abort(exc.code, str(exc))
 
@@ -119,11 +121,13 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def GetCache(self, request: pb.GetCacheRequest,
                  context: grpc.ServicerContext) -> pb.GetCacheResponse:
+        validate.name(request.name)
         return pb.GetCacheResponse(cache=self._proto(self.catalog.get(request.name)))
 
     @_translating
     def DeleteCache(self, request: pb.DeleteCacheRequest,
                     context: grpc.ServicerContext) -> pb.DeleteCacheResponse:
+        validate.name(request.name)
         self.catalog.delete(request.name)
         log.info("deleted cache %r", request.name)
         return pb.DeleteCacheResponse()
@@ -132,6 +136,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
     def ReadShard(self, request: pb.ReadShardRequest,
                   context: grpc.ServicerContext) -> Iterator[bytes]:
         """Serialized ReadShardResponses (streams.wire_handlers passes them as they are)."""
+        validate.read(request.name, request.fingerprint)
         whole_shard = request.start == 0 and not request.count
         with self.catalog.reading(request.name, hit=request.epoch_start or whole_shard):
             chunks = self.catalog.read_shard(request.name, request.shard, request.start,
@@ -151,6 +156,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
         if self._draining.is_set():
             raise ShuttingDown("the daemon is shutting down; retry against its replacement")
         begin = first.begin
+        validate.write_begin(begin.name, begin.fingerprint, begin.layout_json,
+                             begin.element_spec, begin.shard_bytes)
         decision, record, session = self.catalog.begin_write(
             begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
             begin.shard_bytes)
@@ -169,19 +176,23 @@ class CacheService(pb_grpc.CacheServiceServicer):
                         begin.name)
             return
         metrics.CACHE_MISSES.inc()
-        log.info("writing cache %r (fingerprint %s)", begin.name, begin.fingerprint)
+        log.info("writing cache %r (fingerprint %s)", begin.name, shown(begin.fingerprint))
         with CacheWrite(session) as write:
             for req in request_iterator:
                 kind = req.WhichOneof("request")
                 if kind == "chunk":  # data: a view (client/wire/chunks.py) or protobuf's copy
+                    validate.write_chunk(req.chunk.lengths, len(req.chunk.data),
+                                         req.chunk.raw_bytes)
                     write.add_chunk(req.chunk.lengths, req.chunk.data, req.chunk.raw_bytes)
                 elif kind == "finish" and req.finish.failed:
                     write.give_up(req.finish.failed)
                     return
                 elif kind == "finish":
-                    record = write.commit(req.finish.num_elements, [
-                        StagedShard(s.index, s.num_elements, s.num_records, s.stored_bytes,
-                                    s.raw_bytes) for s in req.finish.staged_shards])
+                    staged = [StagedShard(s.index, s.num_elements, s.num_records,
+                                          s.stored_bytes, s.raw_bytes)
+                              for s in req.finish.staged_shards]
+                    validate.write_finish(staged)
+                    record = write.commit(req.finish.num_elements, staged)
                     yield pb.WriteCacheResponse(committed=to_proto(record))
                     return
                 else:
@@ -197,6 +208,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
                           context: grpc.ServicerContext) -> pb.SetCacheRetentionResponse:
         pinned = request.pinned if request.HasField("pinned") else None
         ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
+        validate.retention(request.name, ttl)
         record = self.catalog.set_retention(request.name, pinned, ttl)
         log.info("cache %r: pinned=%s ttl_seconds=%s", request.name, pinned, ttl)
         return pb.SetCacheRetentionResponse(cache=self._proto(record))
@@ -208,6 +220,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
                          context: grpc.ServicerContext) -> pb.StartMaterializeResponse:
         if self._draining.is_set():
             raise ShuttingDown("the daemon is shutting down; retry against its replacement")
+        validate.start_materialize(request.name, request.entry_point, request.element_spec,
+                                   request.fingerprint)
         snap = self.materializer.start(
             request.name, entry_point=request.entry_point, graph_def=request.graph_def,
             element_spec=request.element_spec, num_shards=request.num_shards,
@@ -219,24 +233,29 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def GetOperation(self, request: pb.GetOperationRequest,
                      context: grpc.ServicerContext) -> pb.GetOperationResponse:
+        validate.operation(request.name)
         return pb.GetOperationResponse(
             operation=operation_to_proto(self.materializer.get(request.name)))
 
     @_translating
     def WatchOperation(self, request: pb.WatchOperationRequest,
                        context: grpc.ServicerContext) -> Iterator[pb.WatchOperationResponse]:
+        validate.operation(request.name)
+        validate.watch_interval(request.interval)
         for snap in self.materializer.watch(request.name, request.interval, context.is_active):
             yield pb.WatchOperationResponse(operation=operation_to_proto(snap))
 
     @_translating
     def CancelOperation(self, request: pb.CancelOperationRequest,
                         context: grpc.ServicerContext) -> pb.CancelOperationResponse:
+        validate.operation(request.name)
         return pb.CancelOperationResponse(
             operation=operation_to_proto(self.materializer.cancel(request.name)))
 
     @_translating
     def ReadElements(self, request: pb.ReadElementsRequest,
                      context: grpc.ServicerContext) -> Iterator[pb.ReadElementsResponse]:
+        validate.read_elements(request.name, request.fingerprint, request.indices)
         with self.catalog.reading(request.name, hit=request.epoch_start):
             chunks = self.catalog.read_elements(request.name, request.fingerprint,
                                                 request.indices, request.chunk_bytes)
@@ -250,6 +269,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def AcquireReadLease(self, request: pb.AcquireReadLeaseRequest,
                          context: grpc.ServicerContext) -> pb.AcquireReadLeaseResponse:
+        validate.read(request.name, request.fingerprint)
         lease, record, paths = self.leases.acquire(request.name, request.fingerprint,
                                                    request.epoch_start)
         return pb.AcquireReadLeaseResponse(
@@ -260,10 +280,12 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def RenewReadLease(self, request: pb.RenewReadLeaseRequest,
                        context: grpc.ServicerContext) -> pb.RenewReadLeaseResponse:
+        validate.lease_id(request.lease_id)
         return pb.RenewReadLeaseResponse(ttl_seconds=self.leases.renew(request.lease_id))
 
     @_translating
     def ReleaseReadLease(self, request: pb.ReleaseReadLeaseRequest,
                          context: grpc.ServicerContext) -> pb.ReleaseReadLeaseResponse:
+        validate.lease_id(request.lease_id)
         self.leases.release(request.lease_id)
         return pb.ReleaseReadLeaseResponse()

@@ -47,7 +47,7 @@ from client.format.codec import (
     encode_fixed_batch,
     fixed_columns,
 )
-from client.format.layout import Layout, row_delta_leaf
+from client.format.layout import MAX_BLOCK_BYTES, Layout, row_delta_leaf
 from client.format.values import Compressor, Decompressor
 
 #: Raw bytes per block aimed at (docs/format.md, "Blocks" measures 16, 64 and 256 KiB).
@@ -134,7 +134,7 @@ def blocked(layout: Layout, target: int = BLOCK_TARGET_BYTES) -> Layout:
     if not layout.fixed_numeric or layout.record_size == 0:
         return Layout(layout.leaves, 1)
     small = layout.record_size <= MAX_BLOCKED_RECORD_BYTES
-    k = max(1, target // layout.record_size) if small else 1
+    k = max(1, min(target, MAX_BLOCK_BYTES) // layout.record_size) if small else 1
     stride = min(leaf.np_dtype.itemsize for leaf in layout.leaves) if k > 1 else 1
     return Layout(layout.leaves, k, stride, any(map(row_delta_leaf, layout.leaves)))
 

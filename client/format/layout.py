@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,14 @@ _READABLE_FORMATS = (1, 2, 3)
 #: The rank of a variable leaf is one byte in the record.
 MAX_RANK = 255
 MAX_DIM = (1 << 63) - 1
+#: Bounds on a layout (client and daemon parse layouts they did not write): its JSON's
+#: size and nesting, its leaves, an element's fixed payload and a block's body.
+MAX_LAYOUT_JSON_BYTES = 1 << 20
+MAX_LAYOUT_DEPTH = 8
+MAX_LEAVES = 10_000
+MAX_ELEMENT_BYTES = 2 << 30
+MAX_BLOCK_BYTES = 64 << 20
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 def _numpy_dtype(name: str) -> np.dtype:
@@ -65,6 +74,11 @@ class Leaf:
             raise ValueError(f"invalid shape {self.shape!r}: {exc}") from exc
         if len(shape) > MAX_RANK:
             raise ValueError(f"rank {len(shape)} exceeds the record format's {MAX_RANK}")
+        known = math.prod(d for d in shape if d is not None) * (
+            8 if self.dtype == "string" else _numpy_dtype(self.dtype).itemsize)
+        if known > MAX_ELEMENT_BYTES:
+            raise ValueError(f"a {self.dtype} leaf of shape {list(shape)} takes {known} bytes; "
+                             f"an element may take at most {MAX_ELEMENT_BYTES} bytes")
         object.__setattr__(self, "shape", shape)
 
     @property
@@ -130,9 +144,19 @@ class Layout:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if len(self.leaves) > MAX_LEAVES:
+            raise ValueError(f"{len(self.leaves)} leaves; an element may have at most "
+                             f"{MAX_LEAVES}")
+        fixed = sum(leaf.nbytes for leaf in self.leaves if leaf.fixed and not leaf.is_string)
+        if fixed > MAX_ELEMENT_BYTES:
+            raise ValueError(f"an element's fixed leaves take {fixed} bytes; an element may "
+                             f"take at most {MAX_ELEMENT_BYTES} bytes")
         if self.block_elements > 1 and not self.fixed_numeric:
             raise ValueError("only layouts of fixed-shape numeric leaves pack elements into "
                              "blocks")
+        if self.block_elements > 1 and self.block_elements * self.record_size > MAX_BLOCK_BYTES:
+            raise ValueError(f"blocks of {self.block_elements} records of {self.record_size} "
+                             f"bytes; a block's body may take at most {MAX_BLOCK_BYTES} bytes")
         if self.block_shuffle > 1 and (self.block_elements == 1
                                        or self.record_size % self.block_shuffle):
             raise ValueError(f"block_shuffle {self.block_shuffle} needs blocks of records "
@@ -171,7 +195,10 @@ class Layout:
 
     @classmethod
     def from_json(cls, text: str) -> Layout:
+        """Parse a layout's JSON; ValueError saying what is wrong. Bounded: JSON of at most
+        MAX_LAYOUT_JSON_BYTES, nested at most MAX_LAYOUT_DEPTH deep (checked before parsing)."""
         try:
+            _check_json_bounds(text)
             doc = json.loads(text)
             if not isinstance(doc, dict):
                 raise TypeError(f"expected an object, got {type(doc).__name__}")
@@ -185,8 +212,13 @@ class Layout:
             leaves = doc["leaves"]
             if not isinstance(leaves, list):
                 raise TypeError("leaves must be a list")
+            if len(leaves) > MAX_LEAVES:
+                raise ValueError(f"{len(leaves)} leaves; an element may have at most "
+                                 f"{MAX_LEAVES}")
             out = []
             for d in leaves:
+                if not isinstance(d, dict):
+                    raise TypeError(f"a leaf is an object, got {type(d).__name__}")
                 shape = d["shape"]
                 if shape is not None and not isinstance(shape, list):
                     raise TypeError(f"shape {shape!r} is neither a list nor null")
@@ -196,3 +228,19 @@ class Layout:
             return cls(tuple(out), *block)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"invalid layout description: {exc}") from exc
+
+
+def _check_json_bounds(text: str) -> None:
+    """Refuse a layout's JSON that is too long or nested too deep, before parsing it."""
+    if not isinstance(text, str):
+        raise TypeError(f"a layout is JSON text, got {type(text).__name__}")
+    if len(text) > MAX_LAYOUT_JSON_BYTES:
+        raise ValueError(f"{len(text)} characters of JSON; a layout may take at most "
+                         f"{MAX_LAYOUT_JSON_BYTES}")
+    brackets = np.frombuffer(_JSON_STRING.sub("", text).encode(errors="replace"), np.uint8)
+    steps = (np.isin(brackets, (ord("["), ord("{"))).astype(np.int32)
+             - np.isin(brackets, (ord("]"), ord("}"))))
+    depth = int(np.cumsum(steps).max()) if steps.size else 0
+    if depth > MAX_LAYOUT_DEPTH:
+        raise ValueError(f"JSON nested {depth} deep; a layout nests at most "
+                         f"{MAX_LAYOUT_DEPTH} deep")

@@ -89,10 +89,11 @@ class Extractor:
     def span(self, window: int, wanted: int) -> int:
         """Elements of a request to fetch together (sent in chunks of window): every block
         they touch is decompressed once. Blocks: up to SPAN_BYTES of elements, as a shuffled
-        request visits a block several times; one element per value: window."""
+        request visits a block several times; one element per value: window. Blocks never
+        more than SPAN_BYTES (or one element) at once, however well the cache compressed."""
         if self.k == 1:
             return window
-        return max(window, min(wanted, SPAN_BYTES // self._size))
+        return max(1, min(wanted, SPAN_BYTES // self._size))
 
     def get(self, getter: ShardGetter, local: np.ndarray, where: str) -> list[bytes]:
         """The elements at shard-local indices local, each as a value of its own."""

@@ -30,7 +30,7 @@ MIN_COMPRESSION_RATIO = 1.2
 _CRC = struct.Struct("<I")
 #: A zstd block of at most 128 KiB takes at least 4 bytes (header + RLE byte): no
 #: genuine frame decompresses to more than this many times its own size.
-_MAX_ZSTD_EXPANSION = 32768
+MAX_ZSTD_EXPANSION = 32768
 #: Frame header descriptor bits that must be clear in our frames: unused, reserved,
 #: dictionary id; and the content-checksum bit, which must be set.
 _FHD_MUST_BE_CLEAR = 0x10 | 0x08 | 0x03
@@ -137,7 +137,7 @@ class Decompressor:
         if descriptor & _FHD_MUST_BE_CLEAR or not descriptor & _FHD_CHECKSUM:
             raise RecordError(f"zstd frame header is corrupt: descriptor 0x{descriptor:02x}")
         size = params.content_size
-        if size == zstandard.CONTENTSIZE_UNKNOWN or size > _MAX_ZSTD_EXPANSION * len(frame):
+        if size == zstandard.CONTENTSIZE_UNKNOWN or size > MAX_ZSTD_EXPANSION * len(frame):
             raise RecordError(f"zstd frame header is corrupt: content size {size} for a "
                               f"{len(frame)}-byte frame")
         try:

@@ -292,7 +292,7 @@ def _write_cache(target: str, name: str, chunks: int) -> int:
 
     def requests() -> Iterator[pb.WriteCacheRequest]:
         yield pb.WriteCacheRequest(begin=pb.WriteBegin(name=name, fingerprint="f",
-                                                       layout_json="{}"))
+                                                       layout_json='{"format": 1, "leaves": []}'))
         for _ in range(chunks):
             yield pb.WriteCacheRequest(chunk=chunk)
         yield pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=8 * chunks))

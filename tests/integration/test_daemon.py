@@ -13,6 +13,7 @@ import pytest
 from daemon import Daemon
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from wire import LAYOUT
 
 from cacheserver.launch import NotHealthy, wait_healthy
 from client.wire.v1 import cache_service_pb2 as pb
@@ -44,7 +45,7 @@ def test_sigterm_lets_an_in_flight_stream_finish_then_exits_zero(fresh_daemon: D
 
     def requests():
         yield pb.WriteCacheRequest(begin=pb.WriteBegin(name="c", fingerprint="f",
-                                                       layout_json="{}"))
+                                                       layout_json=LAYOUT))
         for _ in range(16):
             yield pb.WriteCacheRequest(chunk=chunk)
         yield pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=128))
@@ -71,7 +72,7 @@ def test_a_restarted_daemon_serves_the_caches_it_had(fresh_daemon: Daemon) -> No
     with grpc.insecure_channel(fresh_daemon.unix_target) as ch:
         stub = pb_grpc.CacheServiceStub(ch)
         reqs = [pb.WriteCacheRequest(begin=pb.WriteBegin(name="kept", fingerprint="f",
-                                                         layout_json="{}")),
+                                                         layout_json=LAYOUT)),
                 pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=0))]
         list(stub.WriteCache(iter(reqs)))
     fresh_daemon.restart()
@@ -114,7 +115,7 @@ def test_a_chunk_with_inconsistent_framing_is_rejected_and_nothing_is_kept(daemo
     with grpc.insecure_channel(daemon.unix_target) as ch:
         stub = pb_grpc.CacheServiceStub(ch)
         reqs = [pb.WriteCacheRequest(begin=pb.WriteBegin(name="framing", fingerprint="f",
-                                                         layout_json="{}")),
+                                                         layout_json=LAYOUT)),
                 pb.WriteCacheRequest(chunk=pb.WriteChunk(lengths=b"\x10\x00\x00\x00",
                                                          data=b"short"))]
         with pytest.raises(grpc.RpcError) as err:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from daemon import Daemon
 from waits import gone, wait_until
+from wire import LAYOUT
 
 tf = pytest.importorskip("tensorflow")
 
@@ -304,7 +305,7 @@ def test_a_writer_that_cancels_right_after_write_begun_leaves_no_writing_cache(
         try:
             for n in names:
                 begin = pb.WriteCacheRequest(begin=pb.WriteBegin(name=n, fingerprint="f",
-                                                                 layout_json="{}"))
+                                                                 layout_json=LAYOUT))
                 call = stub(ch).WriteCache(requests(begin, stop))
                 assert next(call).begun.decision == pb.WRITE_DECISION_ACCEPTED
                 call.cancel()

@@ -1,0 +1,168 @@
+"""Every request checked at the edge, before it reaches the catalog or the store.
+
+Plain functions of a request's fields (no gRPC): each raises InvalidArgument saying
+what is wrong and what is allowed. The servicer (service.py) calls them first thing
+in each RPC; the catalog keeps its own invariants behind them. Limits:
+docs/protocol.md, "Limits".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cacheserver.catalog.catalog import MAX_INDICES
+from cacheserver.catalog.direct_writes import StagedShard
+from cacheserver.catalog.manifest import validate_name
+from cacheserver.logs import shown
+from client.format.layout import Layout
+from client.format.values import MAX_ZSTD_EXPANSION
+from client.wire.status import InvalidArgument
+
+MAX_FINGERPRINT_CHARS = 512
+MAX_ELEMENT_SPEC_BYTES = 1 << 20
+MAX_SHARD_BYTES = 1 << 40
+MAX_TTL_SECONDS = float(1 << 32)
+MAX_WATCH_INTERVAL = 3600.0
+MAX_OPERATION_NAME_CHARS = 256
+MAX_LEASE_ID_CHARS = 64
+MAX_ENTRY_POINT_CHARS = 1024
+
+
+def name(value: str) -> str:
+    return validate_name(value)
+
+
+def _text(value: str, what: str, limit: int, required: bool) -> str:
+    if required and not value:
+        raise InvalidArgument(f"{what} is empty")
+    if len(value) > limit:
+        raise InvalidArgument(f"{what} is {len(value)} characters; the limit is {limit}")
+    if not value.isprintable():
+        raise InvalidArgument(f"{what} {shown(value, 64)!r} holds control characters; "
+                              "use printable characters only")
+    return value
+
+
+def fingerprint(value: str, required: bool = False) -> str:
+    return _text(value, "fingerprint", MAX_FINGERPRINT_CHARS, required)
+
+
+def layout(layout_json: str) -> Layout:
+    """The write's layout, parsed with bounded size and depth and checked leaf by leaf."""
+    try:
+        return Layout.from_json(layout_json)
+    except ValueError as exc:
+        raise InvalidArgument(f"layout_json: {shown(str(exc), 400)}; see docs/format.md, "
+                              "\"Layouts\"") from None
+
+
+def write_begin(cache: str, fp: str, layout_json: str, element_spec: bytes,
+                shard_bytes: int) -> Layout:
+    name(cache)
+    fingerprint(fp, required=True)
+    if len(element_spec) > MAX_ELEMENT_SPEC_BYTES:
+        raise InvalidArgument(f"element_spec is {len(element_spec)} bytes; the limit is "
+                              f"{MAX_ELEMENT_SPEC_BYTES}")
+    if shard_bytes > MAX_SHARD_BYTES:
+        raise InvalidArgument(f"shard_bytes {shard_bytes} is over the limit {MAX_SHARD_BYTES} "
+                              "(1 TiB); 0 picks the daemon's default (1 GiB)")
+    return layout(layout_json)
+
+
+def _raw_bytes(raw_bytes: int, stored: int, what: str) -> None:
+    """Raw (uncompressed) bytes a writer declares for stored bytes it sent: no stored value
+    decompresses to more than MAX_ZSTD_EXPANSION times its size (client/format/values.py)."""
+    if raw_bytes > stored * MAX_ZSTD_EXPANSION:
+        raise InvalidArgument(f"{what} declares raw_bytes {raw_bytes} for {stored} stored "
+                              f"bytes; at most {MAX_ZSTD_EXPANSION} times the stored bytes")
+
+
+def write_chunk(lengths: bytes, data_bytes: int, raw_bytes: int) -> None:
+    if len(lengths) % 4:
+        raise InvalidArgument(f"malformed WriteChunk: {len(lengths)} bytes of lengths is not "
+                              "a whole number of little-endian u32s")
+    _raw_bytes(raw_bytes, data_bytes, "a WriteChunk")
+
+
+def write_finish(staged: Sequence[StagedShard]) -> None:
+    for s in staged:
+        _raw_bytes(s.raw_bytes, s.stored_bytes, f"staged shard {s.index}")
+
+
+def read(cache: str, fp: str) -> None:
+    """ReadShard, AcquireReadLease: the cache and the fingerprint planned with."""
+    name(cache)
+    fingerprint(fp)
+
+
+def read_elements(cache: str, fp: str, indices: bytes) -> None:
+    read(cache, fp)
+    if len(indices) % 8:
+        raise InvalidArgument(f"indices is {len(indices)} bytes, not a whole number of "
+                              "little-endian uint64s")
+    if len(indices) // 8 > MAX_INDICES:
+        raise InvalidArgument(f"{len(indices) // 8} indices in one ReadElements request; the "
+                              f"limit is {MAX_INDICES}: split the request")
+
+
+def retention(cache: str, ttl_seconds: float | None) -> None:
+    name(cache)
+    if ttl_seconds is not None and not 0 <= ttl_seconds <= MAX_TTL_SECONDS:
+        raise InvalidArgument(f"ttl_seconds must be from 0 (0 clears it) to "
+                              f"{MAX_TTL_SECONDS:.0f}, got {ttl_seconds}")
+
+
+def operation(op_name: str) -> str:
+    return _text(op_name, "operation name", MAX_OPERATION_NAME_CHARS, True)
+
+
+def watch_interval(interval: float) -> float:
+    if not (math.isfinite(interval) and 0 <= interval <= MAX_WATCH_INTERVAL):
+        raise InvalidArgument(f"interval must be from 0 (the default, 0.5 s) to "
+                              f"{MAX_WATCH_INTERVAL:.0f} seconds, got {interval}")
+    return interval
+
+
+def lease_id(value: str) -> str:
+    return _text(value, "lease_id", MAX_LEASE_ID_CHARS, False)
+
+
+def start_materialize(cache: str, entry_point: str, element_spec: bytes, fp: str) -> None:
+    name(cache)
+    fingerprint(fp)
+    _text(entry_point, "entry_point", MAX_ENTRY_POINT_CHARS, False)
+    if len(element_spec) > MAX_ELEMENT_SPEC_BYTES:
+        raise InvalidArgument(f"element_spec is {len(element_spec)} bytes; the limit is "
+                              f"{MAX_ELEMENT_SPEC_BYTES}")
+
+
+class Unparseable:
+    """What tolerant() makes of a message that does not parse: the call turns it into
+    INVALID_ARGUMENT (parsed()), where grpc would answer INTERNAL and log a traceback."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """deserialize, returning an Unparseable instead of raising."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, bad UTF-8, a framing error: the caller's
+            return Unparseable(shown(f"{type(exc).__name__}: {exc}", 300))
+
+    return parse
+
+
+def parsed(request: Any) -> Any:
+    """request, unless it did not parse: InvalidArgument."""
+    if isinstance(request, Unparseable):
+        raise InvalidArgument(f"the request is not a valid message of the method's request "
+                              f"type: {request.why}")
+    return request
