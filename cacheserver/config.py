@@ -133,12 +133,21 @@ SETTINGS: tuple[Setting, ...] = (
             "File holding a bearer token every RPC but health must carry."),
     Setting("socket_mode", OctalMode(), 0o660, "Mode of unix sockets, octal."),
     Setting("max_message_bytes", ByteSize(), 256 << 20,
-            "Largest gRPC message received or sent (one write chunk or record)."),
-    Setting("max_streams_per_client", click.IntRange(min=1), 64,
-            "Concurrent read/write streams one client host may hold (all unix-socket clients "
-            "count as one)."),
+            "Largest record a WriteCache message may carry (a chunk of records, or one larger "
+            "record alone) and largest StartMaterialize graph, plus 64 KiB of framing; other "
+            "calls take at most 64 KiB (ReadElements 1 MiB)."),
+    Setting("max_streams_per_client", click.IntRange(min=1), 48,
+            "Concurrent streams (ReadShard, ReadElements, WriteCache, WatchOperation) one "
+            "client host may hold (all unix-socket clients count as one); at most --max-streams."),
+    Setting("max_streams", click.IntRange(min=0), 0,
+            "Concurrent streams daemon-wide (0: 7/8 of --max-workers); must be below "
+            "--max-workers, so that a stream beyond it is refused at once."),
     Setting("max_workers", click.IntRange(min=4), 64,
-            "Threads serving calls (bounds concurrent streams daemon-wide)."),
+            "Threads serving streams; unary calls and health checks have 16 threads of their "
+            "own, so streams never hold the threads those need."),
+    Setting("stream_idle_timeout", click.FloatRange(min=0), 120.0,
+            "Seconds a stream may wait on a reader that takes no message before the daemon "
+            "ends it with UNAVAILABLE (the client library resumes the read); 0: never."),
     Setting("pythonpath", click.Path(exists=True, file_okay=False, path_type=Path), (),
             "Directory materialization workers import entry points from (before the "
             "daemon's PYTHONPATH); repeat for several (environment: comma-separated; TOML: a "

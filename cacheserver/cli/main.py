@@ -60,7 +60,7 @@ def serve(config_file: Path | None, **flags: object) -> None:
     """
     from cacheserver.catalog.recovery import DataDirError
     from cacheserver.metrics import MetricsListenError
-    from cacheserver.rpc.server import CacheServer, ListenError, ServerConfig
+    from cacheserver.rpc.server import CacheServer, LimitsError, ListenError, ServerConfig
     from cacheserver.security import SecurityConfigError
 
     values, _ = config.resolve(flags, config_file)
@@ -70,7 +70,7 @@ def serve(config_file: Path | None, **flags: object) -> None:
     values["pythonpath"] = [Path(p).resolve() for p in values["pythonpath"]]
     try:
         server = CacheServer(ServerConfig(**values))
-    except (ListenError, DataDirError, SecurityConfigError, MetricsListenError,
+    except (ListenError, LimitsError, DataDirError, SecurityConfigError, MetricsListenError,
             OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     server.run_until_signal()

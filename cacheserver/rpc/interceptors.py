@@ -5,8 +5,13 @@ One gRPC server interceptor wraps every method handler:
 - bearer token: when the daemon has one (``--auth-token-file``), every call
   but ``grpc.health.v1.Health/*`` must carry ``authorization: Bearer <token>``;
   compared in constant time; otherwise UNAUTHENTICATED.
+  A call without it gets a handler that never receives its message
+  (rpc/admission.py), so its body costs the daemon nothing.
 - streams per client: at most ``max_streams_per_client`` streaming calls per
-  client host at once (every unix-socket client is the same peer "unix:").
+  client host at once (every unix-socket client is the same peer "unix:"),
+  and at most ``max_streams`` in all.
+- message limits per method, unary calls on a pool of their own, idle streams
+  ended: rpc/admission.py.
 - one log line per call outcome on the ``cacheserver.requests`` logger (health
   checks at DEBUG, the rest at INFO), with
   the fields method, cache, code, duration_seconds, bytes and peer (each a
@@ -27,7 +32,7 @@ import grpc
 
 from cacheserver import metrics
 from cacheserver.logs import shown
-from cacheserver.rpc import validate
+from cacheserver.rpc import admission, validate
 from client.wire.chunks import read_shard_data_bytes
 from client.wire.status import REASON_KEY, CacheServerError, TooManyStreams, Unauthenticated
 
@@ -98,9 +103,16 @@ class _Call:
 
 
 class ServerInterceptor(grpc.ServerInterceptor):
-    def __init__(self, token: bytes | None = None, max_streams_per_client: int = 0) -> None:
+    def __init__(self, token: bytes | None = None, max_streams_per_client: int = 0, *,
+                 max_streams: int = 0, max_message_bytes: int = 0,
+                 control_pool: Any = None,
+                 idle: admission.IdleStreams | None = None) -> None:
         self._token = token
         self._max_streams = max_streams_per_client
+        self._max_total = max_streams or max_streams_per_client
+        self._max_message_bytes = max_message_bytes
+        self._control_pool = control_pool
+        self._idle_streams = idle
         self._lock = threading.Lock()
         self._streams: Counter[str] = Counter()
         self._in_flight = 0
@@ -134,13 +146,16 @@ class ServerInterceptor(grpc.ServerInterceptor):
     def _enter_stream(self, context: grpc.ServicerContext) -> str:
         peer = _peer_host(context.peer())
         with self._lock:
-            if self._streams[peer] >= self._max_streams:
-                held = self._streams[peer]
-                peer_ok = False
-            else:
+            total, held = sum(self._streams.values()), self._streams[peer]
+            full = total >= self._max_total
+            peer_full = held >= self._max_streams
+            if not (full or peer_full):
                 self._streams[peer] += 1
-                peer_ok = True
-        if not peer_ok:
+        if full:
+            _deny(context, TooManyStreams(
+                f"the daemon already serves {total} streams, its --max-streams; retry later "
+                "or read fewer shards at once"))
+        if peer_full:
             _deny(context, TooManyStreams(
                 f"{peer} already holds {held} streams, the daemon's --max-streams-per-client; "
                 "read fewer shards at once or wait for streams to finish"))
@@ -163,6 +178,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
             handler.request_streaming or handler.response_streaming)
         kind = _STREAM_KIND.get(method.rsplit("/", 1)[-1])
         interceptor = self
+        idle = self._idle_streams
 
         def guard(context: grpc.ServicerContext) -> None:
             if not authorized:
@@ -190,11 +206,17 @@ class ServerInterceptor(grpc.ServerInterceptor):
                     call.see_request(request)
                 for response in inner(request, context):
                     call.see_response(response)
-                    yield response
+                    if idle is not None:
+                        idle.waiting(context, method)
+                    yield response  # blocks while the reader does not read
+                    if idle is not None:
+                        idle.busy(context)
             except BaseException as exc:
                 failed = exc
                 raise
             finally:
+                if idle is not None:
+                    idle.busy(context)
                 if peer is not None:
                     interceptor._leave_stream(peer)
                 if kind:
@@ -222,13 +244,19 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 call.end(failed)
                 interceptor._track(-1)
 
-        return _rebuild(handler, stream, unary)
+        if not authorized:  # refused before its message is received (rpc/admission.py)
+            return _pooled(grpc.stream_unary_rpc_method_handler(
+                lambda r, c: unary(_never_called, r, c, True)), self._control_pool)
+        if self._max_message_bytes:
+            handler = _limited(handler, method, admission.request_limit(
+                method, self._max_message_bytes))
+        return _pooled(_rebuild(handler, stream, unary), self._control_pool)
 
 
 def parsed(request: Any, context: grpc.ServicerContext) -> Any:
     """A request that did not parse (validate.tolerant) is INVALID_ARGUMENT."""
     try:
-        return validate.parsed(request)
+        return validate.parsed(admission.admitted(request))
     except CacheServerError as exc:
         _deny(context, exc)
 
@@ -236,7 +264,8 @@ def parsed(request: Any, context: grpc.ServicerContext) -> Any:
 def _observed(requests: Iterator[Any], call: _Call) -> Iterator[Any]:
     for request in requests:
         call.see_request(request)
-        yield validate.parsed(request)  # raised in the handler, which translates it
+        # raised in the handler, which translates it
+        yield validate.parsed(admission.admitted(request))
 
 
 def _rebuild(handler: Any, stream: Callable[..., Any], unary: Callable[..., Any]) -> Any:
@@ -258,3 +287,21 @@ def _rebuild(handler: Any, stream: Callable[..., Any], unary: Callable[..., Any]
     inner = handler.stream_stream
     return grpc.stream_stream_rpc_method_handler(
         lambda r, c: stream(inner, r, c, True), **kw)
+
+
+def _never_called(request: Any, context: grpc.ServicerContext) -> Any:
+    raise AssertionError("an unauthenticated call reached its handler")
+
+
+def _limited(handler: Any, method: str, limit: int) -> Any:
+    """handler, with a request deserializer that refuses messages over limit bytes."""
+    return handler._replace(request_deserializer=admission.limited(
+        handler.request_deserializer, method, limit))
+
+
+def _pooled(handler: Any, pool: Any) -> Any:
+    """Unary calls run on pool (the streams' threads cannot starve them)."""
+    if pool is not None and not handler.response_streaming:
+        behavior = handler.unary_unary or handler.stream_unary
+        behavior.experimental_thread_pool = pool
+    return handler

@@ -23,6 +23,7 @@ from cacheserver.catalog.leases import LeaseTable
 from cacheserver.catalog.recovery import DataDirLock
 from cacheserver.config import DEFAULT_LISTEN
 from cacheserver.materialize.materializer import Materializer
+from cacheserver.rpc import admission
 from cacheserver.rpc.interceptors import ServerInterceptor
 from cacheserver.rpc.service import CacheService
 from cacheserver.rpc.streams import wire_handlers
@@ -60,6 +61,25 @@ def sd_notify(state: str) -> bool:
     return True
 
 
+class LimitsError(ValueError):
+    """--max-streams, --max-streams-per-client and --max-workers do not fit together."""
+
+
+def stream_limits(max_workers: int, max_streams: int, per_client: int) -> tuple[int, int]:
+    """(streams in all, streams per client host): below the streams' threads.
+
+    A stream beyond a limit needs a free thread to be refused at once (otherwise
+    it waits in the pool's queue); unary calls and health checks have threads of
+    their own (admission.CONTROL_WORKERS) whatever the streams do.
+    """
+    total = max_streams or max(max_workers * 7 // 8, 1)
+    if total >= max_workers:
+        raise LimitsError(f"--max-streams {total} must be below --max-workers {max_workers} "
+                          "(a stream beyond the limit needs a free thread to be refused): "
+                          "raise --max-workers or lower --max-streams")
+    return total, min(per_client, total)
+
+
 class ListenError(ValueError):
     """A --listen address is malformed or cannot be bound."""
 
@@ -83,7 +103,9 @@ class ServerConfig:
     auth_token_file: Path | None = None
     socket_mode: int = 0o660
     max_message_bytes: int = MAX_MESSAGE_BYTES
-    max_streams_per_client: int = 64
+    max_streams_per_client: int = 48
+    max_streams: int = 0  # 0: 7/8 of max_workers (stream_limits)
+    stream_idle_timeout: float = 120.0
     #: Directories materialization workers import entry points from (--pythonpath).
     pythonpath: list[Path] = field(default_factory=list)
 
@@ -109,6 +131,8 @@ class CacheServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        self._stream_limits = stream_limits(config.max_workers, config.max_streams,
+                                            config.max_streams_per_client)
         self._tls = load_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
         token = load_token(config.auth_token_file)
         self._lock = DataDirLock(config.data_dir)  # before anything reads or changes the data
@@ -130,11 +154,19 @@ class CacheServer:
         self._disk = DiskWatch(config.data_dir, self._writes_health)
         metrics.DISK_FREE_BYTES.set_function(self._disk.free_bytes)
         options = [
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", admission.receive_limit(config.max_message_bytes)),
+            ("grpc.max_receive_message_length",
+             admission.receive_limit(config.max_message_bytes)),
             ("grpc.so_reuseport", 0),
         ]
-        self._calls = ServerInterceptor(token, config.max_streams_per_client)
+        max_streams, per_client = self._stream_limits
+        self._control_pool = futures.ThreadPoolExecutor(admission.CONTROL_WORKERS,
+                                                        thread_name_prefix="control")
+        self._idle_streams = admission.IdleStreams(config.stream_idle_timeout)
+        self._calls = ServerInterceptor(
+            token, per_client, max_streams=max_streams,
+            max_message_bytes=config.max_message_bytes, control_pool=self._control_pool,
+            idle=self._idle_streams)
         self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
                                    options=options, interceptors=[self._calls])
         pb_grpc.add_CacheServiceServicer_to_server(self.service, self._server)
@@ -180,6 +212,7 @@ class CacheServer:
     def start(self) -> None:
         self._server.start()
         self._sweeper.start()
+        self._idle_streams.start()
         self.leases.start()
         self.materializer.resume_interrupted()
         for name in ("", SERVICE_NAME):
@@ -209,6 +242,8 @@ class CacheServer:
         if not self._calls.wait_idle(5.0):
             log.warning("some cancelled calls were still unwinding 5s after the drain")
         self._sweeper.stop()
+        self._idle_streams.stop()
+        self._control_pool.shutdown(wait=False)
         self._disk.stop()
         self.leases.stop()
         self._stop_metrics()

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 import trustme
 from daemon import Daemon
-from wire import reason, records, split, stub, write_cache
+from wire import read_all, reason, records, split, stub, write_cache
 
 from client import (
     CacheClient,
@@ -187,5 +188,77 @@ def test_oversized_messages_and_names_that_escape_the_data_dir_are_refused(
             assert cc.list() == []
         assert sorted(p.name for p in d.data_dir.iterdir()) == [
             "caches", "cacheserver.lock", "instance.token", "trash"]
+    finally:
+        d.close()
+
+
+def _rss(d: Daemon) -> int:
+    assert d.proc is not None
+    return int(psutil.Process(d.proc.pid).memory_info().rss)
+
+
+_RAW = {"request_serializer": None, "response_deserializer": None}
+_BIG = {"options": [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]}
+
+
+def test_requests_without_a_token_are_refused_before_their_bodies_are_received(
+        token_daemon: Daemon) -> None:
+    """Four concurrent 100 MB bodies without a token used to raise the RSS by ~760 MB."""
+    body = pb.GetCacheRequest(name="x" * (100 << 20)).SerializeToString()
+    with grpc.insecure_channel(token_daemon.tcp_target, **_BIG) as ch:  # type: ignore[arg-type]
+        assert stub(ch).ListCaches(pb.ListCachesRequest(), timeout=10, metadata=(
+            ("authorization", "Bearer s3cret-token"),)).caches == []
+        before = _rss(token_daemon)
+        get = ch.unary_unary("/cacheserver.v1.CacheService/GetCache", **_RAW)
+        write = ch.stream_stream("/cacheserver.v1.CacheService/WriteCache", **_RAW)
+        calls = [get.future(body, timeout=60) for _ in range(4)]
+        writes = [write(iter([body]), timeout=60) for _ in range(4)]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as err:
+                call.result()
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for w in writes:
+            with pytest.raises(grpc.RpcError) as err:
+                list(w)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        grown = _rss(token_daemon) - before
+    assert grown < 64 << 20, f"RSS grew by {grown / 2**20:.0f} MiB for 8 refused calls"
+    assert "Traceback" not in token_daemon.log()
+
+
+def test_each_rpc_takes_messages_only_as_large_as_its_valid_requests_need() -> None:
+    """Control RPCs take kilobytes; WriteCache takes a record up to --max-message-bytes."""
+    d = Daemon(extra_args=("--max-message-bytes", "4MiB")).start()
+    try:
+        with grpc.insecure_channel(d.unix_target, **_BIG) as ch:  # type: ignore[arg-type]
+            with pytest.raises(grpc.RpcError) as err:
+                stub(ch).GetCache(pb.GetCacheRequest(name="x" * (1 << 20)), timeout=10)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "GetCache" in err.value.details() and "64 KiB" in err.value.details()
+            # one record as large as the limit travels alone in its chunk, with its framing
+            big = records(1, 4 << 20)
+            write_cache(ch, "one-big-record", big)
+            assert read_all(ch, "one-big-record") == big
+            with pytest.raises(grpc.RpcError) as err:
+                write_cache(ch, "too-big", records(1, (4 << 20) + (1 << 20)))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "Traceback" not in d.log()
+    finally:
+        d.close()
+
+
+def test_unparseable_requests_are_invalid_argument_without_a_traceback() -> None:
+    d = Daemon().start()
+    try:
+        garbage = b"\xff\xff\xff\xff"  # a truncated field key: not a protobuf message
+        with grpc.insecure_channel(d.unix_target) as ch:
+            for method in ("GetCache", "ListCaches", "ReadShard", "WriteCache",
+                           "StartMaterialize", "ReadElements"):
+                call = ch.stream_stream(f"/cacheserver.v1.CacheService/{method}", **_RAW)
+                with pytest.raises(grpc.RpcError) as err:
+                    list(call(iter([garbage]), timeout=10))
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (
+                    method, err.value.details())
+        assert "Traceback" not in d.log() and "deserializing" not in d.log()
     finally:
         d.close()
