@@ -6,11 +6,12 @@ Run from the repository root::
                                           [--workers 1 2] [--repeat 1]
 
 The pipeline (``cpu_bound`` below, run by the daemon as the entry point
-``materialize:cpu_bound`` with ``--pythonpath bench``) derives each element
-from its index with stateless random ops and a few 128x128 matmuls: about
-2 ms of one core per element, 64 KiB of float32 out. TensorFlow is held to one
-thread per process (intra- and inter-op) so that one worker uses one core and
-the speed-up measures the daemon's worker processes, not TF's own threading.
+``materialize:cpu_bound`` with ``--pythonpath bench --materialize-allow
+materialize:cpu_bound``) derives each element from its index with stateless random
+ops and a few 128x128 matmuls: about 2 ms of one core per element, 64 KiB of float32
+out. TensorFlow is held to one thread per process (intra- and inter-op) so that one
+worker uses one core and the speed-up measures the daemon's worker processes, not TF's
+own threading.
 
 First the pipeline's own speed is measured in this process (one shard
 iterated, nothing stored); then one daemon materializes the same shards with
@@ -122,7 +123,8 @@ def main() -> None:
     element_bytes = 128 * 128 * 4
     tmp = Path(tempfile.mkdtemp(prefix="sc-bench-mat-"))
     daemon = Daemon(data_dir=tmp / "data",
-                    extra_args=("--pythonpath", str(BENCH_DIR), "--log-level", "warning"))
+                    extra_args=("--pythonpath", str(BENCH_DIR), "--materialize-allow",
+                                "materialize:cpu_bound", "--log-level", "warning"))
     try:
         daemon.start()
         with CacheClient(daemon.unix_target) as cc:

@@ -92,8 +92,9 @@ class Scaling:
         os.environ[PLAN_ENV] = str(self.plan_file)  # the daemon's workers inherit it
         self.daemon = BenchDaemon(scratch / "daemon", socket_root / "d.sock",
                                   scratch / "daemon.log",
-                                  extra_args=("--pythonpath", str(BENCH_DIR), "--log-level",
-                                              "warning"))
+                                  extra_args=("--pythonpath", str(BENCH_DIR),
+                                              "--materialize-allow", "scaling_build:flat_shard",
+                                              "--log-level", "warning"))
         self.client_args = tuple(f"--client-option={k}={v}" for k, v in args.client_option)
         self.records: list[dict[str, Any]] = []
         self.builds: list[dict[str, Any]] = []

@@ -1,9 +1,9 @@
 """Building and sizing the caches of ``bench/scaling.py``.
 
 ``scaling_build:flat_shard`` is the materialization entry point (the daemon runs with
-``--pythonpath bench``): shard ``i`` of ``S`` holds elements ``[n*i/S, n*(i+1)/S)`` of the flat
-workload named in the JSON file ``$SC_SCALING_PLAN``, so the global order is the index
-order and every label checksum holds.
+``--pythonpath bench --materialize-allow scaling_build:flat_shard``): shard ``i`` of ``S``
+holds elements ``[n*i/S, n*(i+1)/S)`` of the flat workload named in the JSON file
+``$SC_SCALING_PLAN``, so the global order is the index order and every label checksum holds.
 """
 
 from __future__ import annotations

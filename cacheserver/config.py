@@ -76,6 +76,24 @@ class OctalMode(click.ParamType):
         return int(text[-3:], 8)
 
 
+class ModulePatterns(click.ParamType):
+    """Modules or packages (``mypkg.pipelines``) or entry points (``mypkg.pipelines:train``),
+    comma-separated."""
+
+    name = "modules"
+    _IDENT = r"[A-Za-z_]\w*"
+    _RE = re.compile(rf"{_IDENT}(\.{_IDENT})*(:{_IDENT}(\.{_IDENT})*)?")
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        items = [v.strip() for v in str(value).split(",") if v.strip()]
+        for item in items:
+            if not self._RE.fullmatch(item):
+                self.fail(f"{item!r} is not a module or package name such as mypkg.pipelines, "
+                          "nor an entry point such as mypkg.pipelines:train", param, ctx)
+        return ",".join(items)
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str                       # TOML key; --name-with-dashes; CACHESERVER_NAME
@@ -152,6 +170,15 @@ SETTINGS: tuple[Setting, ...] = (
             "Directory materialization workers import entry points from (before the "
             "daemon's PYTHONPATH); repeat for several (environment: comma-separated; TOML: a "
             "list).", multiple=True),
+    Setting("materialize_allow", ModulePatterns(), (),
+            "Module or package whose entry points StartMaterialize may run (mypkg.pipelines "
+            "allows mypkg.pipelines:fn and mypkg.pipelines.sub:fn), or one entry point "
+            "(mypkg.pipelines:train); repeat or comma-separate for several (TOML: a list). "
+            "Empty: materialization of entry points is refused.", multiple=True),
+    Setting("allow_shipped_pipelines", click.BOOL, False,
+            "Run datasets that clients send as serialized tf.data graphs (materialize(ds)); "
+            "such a graph reads any file the daemon can: allow only if every client that "
+            "can reach the daemon is trusted."),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -164,6 +191,10 @@ def click_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default = f"0{s.default:o}"
         shown = ", ".join(default) if s.multiple else default
         help_text = f"{s.help} [env: {s.env}" + (f"; default: {shown}]" if shown != "" else "]")
+        if s.type is click.BOOL:  # a switch: --name / --no-name
+            fn = click.option(f"{s.flag}/--no-{s.flag[2:]}", s.name, default=None,
+                              help=help_text)(fn)
+            continue
         fn = click.option(s.flag, s.name, type=s.type, multiple=s.multiple, default=None,
                           help=help_text)(fn)
     return fn

@@ -153,8 +153,16 @@ class OperationCancelledError(ShardcacheError):
     code, reason = status.OperationCancelled.code, status.OperationCancelled.reason
 
 
+class MaterializeNotAllowedError(ShardcacheError):
+    """The daemon's operator has not allowed this entry point or shipped pipelines;
+    the message names the `cacheserver serve` setting that would."""
+
+    code, reason = status.MaterializeNotAllowed.code, status.MaterializeNotAllowed.reason
+
+
 _MATERIALIZE_ERRORS: tuple[type[ShardcacheError], ...] = (
-    CacheExistsError, OperationNotFoundError, PipelineError, OperationCancelledError)
+    CacheExistsError, OperationNotFoundError, PipelineError, OperationCancelledError,
+    MaterializeNotAllowedError)
 _BY_REASON.update({cls.reason: cls for cls in _MATERIALIZE_ERRORS})  # type: ignore[misc]
 _BY_CODE[grpc.StatusCode.ALREADY_EXISTS] = CacheExistsError
 _BY_CODE[grpc.StatusCode.CANCELLED] = OperationCancelledError

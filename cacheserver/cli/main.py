@@ -57,6 +57,12 @@ def serve(config_file: Path | None, **flags: object) -> None:
     checking (grpc.health.v1) and server reflection on every address. Every
     setting also comes from a CACHESERVER_<NAME> variable or the --config file
     (precedence: flag > environment > file > default; docs/operations.md).
+
+    Materialization runs nothing until allowed: --materialize-allow MODULE
+    lets clients run the entry points of MODULE and its submodules (put them on
+    --pythonpath), --allow-shipped-pipelines the tf.data graphs they send.
+    Both run as the daemon's user, reading any file it can: allow only code and
+    clients you trust (docs/materialize.md).
     """
     from cacheserver.catalog.recovery import DataDirError
     from cacheserver.metrics import MetricsListenError
@@ -68,6 +74,7 @@ def serve(config_file: Path | None, **flags: object) -> None:
     values["listen"] = list(values["listen"])
     values["grace_seconds"] = values.pop("grace")
     values["pythonpath"] = [Path(p).resolve() for p in values["pythonpath"]]
+    values["materialize_allow"] = list(values["materialize_allow"])
     try:
         server = CacheServer(ServerConfig(**values))
     except (ListenError, LimitsError, DataDirError, SecurityConfigError, MetricsListenError,

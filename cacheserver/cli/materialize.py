@@ -35,7 +35,10 @@ def materialize(entry: str, name: str, shards: int, workers: int | None, target:
     ENTRY is "package.module:function", called as function(shard_index,
     num_shards) in the daemon's worker processes and returning a
     tf.data.Dataset; it must be importable on the daemon's host (start the
-    daemon with `cacheserver serve --pythonpath DIR`, or set its PYTHONPATH).
+    daemon with `cacheserver serve --pythonpath DIR`, or set its PYTHONPATH)
+    and allowed by the daemon's operator: `cacheserver serve --materialize-allow
+    package.module` (or CACHESERVER_MATERIALIZE_ALLOW); otherwise it is refused
+    with a message naming that setting.
     Shows a progress bar on a terminal, else a progress line every 10 s.
     Ctrl-C stops watching only: the operation goes on in the daemon (watch it
     again with --resume; cancel it with the client's op.cancel()).

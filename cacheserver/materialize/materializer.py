@@ -8,6 +8,13 @@ aggregates their progress, checks that every shard yields the same element
 layout and spec, and commits the cache (manifest.json) last, its shards in
 index order, so global element indices follow shard order.
 
+Only what the operator allowed runs (:mod:`cacheserver.materialize.policy`:
+``--materialize-allow``, ``--allow-shipped-pipelines``), checked before anything
+is imported or any worker starts, and again for an interrupted operation before
+it is resumed. Workers lead a session of their own (see
+:mod:`cacheserver.materialize.worker`), so a pipeline's ``os.killpg``/``os.kill(0,
+...)`` reaches its worker, not the daemon.
+
 What runs is saved in the cache directory (``materialize.json``). After a
 crash the catalog keeps such a cache WRITING; :meth:`Materializer.resume_interrupted`
 keeps the shards whose markers were written, deletes the others and runs the
@@ -24,6 +31,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,8 +52,14 @@ from cacheserver.materialize.operation import (
     graph_fingerprint,
     leaves,
 )
+from cacheserver.materialize.policy import Policy
 from client.wire import status
-from client.wire.status import CacheWriting, InvalidArgument, OperationNotFound
+from client.wire.status import (
+    CacheWriting,
+    InvalidArgument,
+    MaterializeNotAllowed,
+    OperationNotFound,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +70,21 @@ MAX_BLOCK_BYTES = 64 << 20
 #: Seconds stopped workers get to abort their shard before they are terminated.
 STOP_GRACE = 20.0
 _ENTRY_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 class Materializer:
-    """Runs materialization operations for one catalog."""
+    """Runs materialization operations for one catalog, as far as policy allows."""
 
     def __init__(self, catalog: Catalog, pythonpath: tuple[str, ...] = (),
-                 default_workers: int | None = None) -> None:
+                 default_workers: int | None = None, policy: Policy | None = None) -> None:
         self.catalog = catalog
+        #: Nothing is allowed unless the operator says so.
+        self.policy = policy or Policy()
+        log.info("materialization runs %s; shipped pipelines are %s",
+                 f"entry points of {', '.join(self.policy.allow)}" if self.policy.allow
+                 else "no entry points (none allowed: --materialize-allow)",
+                 "allowed" if self.policy.shipped_pipelines
+                 else "refused (--allow-shipped-pipelines)")
         self.pythonpath = tuple(str(p) for p in pythonpath)
         self.default_workers = default_workers or len(os.sched_getaffinity(0)) or 1
         self._lock = threading.Lock()
@@ -76,6 +99,7 @@ class Materializer:
         validate_name(name)
         spec = self._check(entry_point, graph_def, element_spec, num_shards, workers,
                            fingerprint, block_bytes)
+        self.policy.check(spec.entry_point, bool(spec.graph_def))  # before anything runs
         with self._lock:
             op = self._ops.get(name)
             if op is not None and not op.done:
@@ -140,6 +164,11 @@ class Materializer:
                 self.catalog.discard_materialized(record)
                 continue
             op = Operation(spec, record, self._workers(spec))
+            try:
+                self.policy.check(spec.entry_point, bool(spec.graph_def))
+            except MaterializeNotAllowed as exc:
+                self._refuse_resuming(op, exc)
+                continue
             for index in range(spec.num_shards):
                 shard = committed_shard(directory, index)
                 if shard is not None:
@@ -156,6 +185,17 @@ class Materializer:
                      record.name, op.resumed, spec.num_shards)
             self._launch(op)
         self.catalog.interrupted = []
+
+    def _refuse_resuming(self, op: Operation, exc: MaterializeNotAllowed) -> None:
+        """An interrupted operation the operator no longer allows: FAILED, its files gone."""
+        with op.cond:
+            op.fail(OperationError(exc.reason, str(exc)))
+            op.done, op.end_time = True, time.time()
+        self.catalog.discard_materialized(op.record)
+        with self._lock:
+            self._ops[op.record.name] = op
+        metrics.MATERIALIZATIONS.labels(op.state).inc()
+        log.warning("materialization of cache %r not resumed: %s", op.record.name, exc)
 
     def shutdown(self, timeout: float = STOP_GRACE + 10) -> None:
         """Stop every running operation, keeping committed shards for the next start."""
@@ -297,7 +337,7 @@ class Materializer:
         job = worker.Job(
             str(self.catalog.cache_dir(op.record.name)), op.spec.num_shards,
             op.spec.entry_point, op.spec.graph_def, op.spec.element_spec, self.pythonpath,
-            os.getpid(), op.spec.block_bytes)
+            os.getpid(), op.spec.block_bytes, self.policy)
         procs = [ctx.Process(target=worker.run, args=(job, w, tasks, results, op.stop),
                              name=f"materialize-{op.record.name}-{w}", daemon=True)
                  for w in range(count)]
@@ -320,9 +360,7 @@ class Materializer:
                     if code not in (None, 0):
                         live.discard(w)
                         with op.cond:
-                            op.fail(OperationError("INTERNAL", f"worker process {w} died (exit "
-                                                   f"code {code}) while writing shard "
-                                                   f"{current.get(w, '-')}", current.get(w, -1)))
+                            op.fail(_worker_died(w, code, current.get(w, -1)))
                 if op.stop.is_set():
                     stopped_at = stopped_at or time.monotonic()
                     if time.monotonic() - stopped_at > STOP_GRACE:
@@ -333,7 +371,8 @@ class Materializer:
             for p in procs:
                 p.join(5)
                 if p.is_alive():
-                    p.kill()
+                    assert p.pid is not None  # started
+                    _kill_group(p.pid)  # the worker and whatever it started
                     p.join()
             for q in (tasks, results):
                 q.close()
@@ -395,3 +434,27 @@ class Materializer:
                 live.discard(worker)
 
 
+def _worker_died(w: int, code: int, shard: int) -> OperationError:
+    """A worker that exited without reporting: killed (by its pipeline, or the OOM killer)."""
+    where = f"while writing shard {shard}" if shard >= 0 else "before it reported a shard"
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+        hint = ("; the pipeline may have killed it (os.kill, os.killpg reach only its own "
+                "worker) or the kernel did (out of memory? see dmesg)")
+    else:
+        how, hint = f"exited with status {code}", "; the pipeline may have called sys.exit"
+    return OperationError("PIPELINE_FAILED", f"worker process {w} {how} {where}{hint}", shard)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a live worker's process group (it leads one: worker.run calls setsid)."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:  # died or stopped before its setsid: the pid alone
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

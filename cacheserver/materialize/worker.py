@@ -7,6 +7,16 @@ never in the daemon. Each shard is encoded exactly as write-through encodes it
 client/format/values.py compresses),
 stored in the shard's own LMDB environment (client/format/store.py, opened in
 this process), fsynced, and committed by its marker ``shard-NNNNN.json``.
+
+A worker leads a session and process group of its own (``os.setsid`` before any
+pipeline code is imported), so ``os.killpg(os.getpgid(0), ...)`` or ``os.kill(0,
+...)`` in a pipeline reaches that worker only, never the daemon, and a terminal's
+Ctrl-C or hangup does not reach it either. It still dies with the daemon
+(``PR_SET_PDEATHSIG`` does not depend on the group) and still runs as the daemon's
+user: it can signal the daemon by pid and open any file the daemon can
+(docs/operations.md, Security). It imports an entry point only if the operator's
+policy allows its name, and runs it only if the function is defined in an allowed
+module (:mod:`cacheserver.materialize.policy`).
 Progress goes back to the daemon as tuples on a multiprocessing queue::
 
     ("begin", worker, shard, layout_json, element_spec)
@@ -19,6 +29,7 @@ Progress goes back to the daemon as tuples on a multiprocessing queue::
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import importlib
 import json
@@ -27,11 +38,12 @@ import shutil
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cacheserver.catalog.manifest import write_atomic
+from cacheserver.materialize.policy import Policy
 from client.errors import ShardcacheError
 from client.format.blocks import BlockPacker, blocked, check_block_bytes, write_batch_elements
 from client.format.store import ShardWriter
@@ -53,6 +65,8 @@ class Job:
     pythonpath: tuple[str, ...]
     parent_pid: int
     block_bytes: int | None = None  # None: client.format.blocks' default
+    #: What the operator allows (checked again here, and on the resolved function).
+    policy: Policy = field(default_factory=Policy)
 
 
 class Stopped(Exception):
@@ -82,6 +96,12 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _leave_daemon_group() -> None:
+    """Lead a session and process group of our own, out of the daemon's."""
+    with contextlib.suppress(PermissionError):  # already a leader (never when spawned)
+        os.setsid()
+
+
 class _Source:
     """Builds each shard's dataset from an entry point or a serialized graph."""
 
@@ -92,8 +112,10 @@ class _Source:
         self._job = job
         self._fn: Any = None
         self._graph_ds: Any = None
+        job.policy.check(job.entry_point, not job.entry_point)
         if job.entry_point:
             self._fn = _resolve(job.entry_point)
+            job.policy.check_resolved(job.entry_point, self._fn)
         else:
             from client.tf import graphs
 
@@ -188,9 +210,10 @@ def _classify(exc: BaseException, shard: int) -> tuple[str, str]:
 
 def run(job: Job, worker: int, tasks: Any, results: Any, stop: Any) -> None:
     """The worker's main: take shard indices from tasks until None or stop."""
+    _leave_daemon_group()
     _die_with_parent(job.parent_pid)
-    # Ctrl-C in the daemon's terminal reaches the whole process group: the daemon
-    # decides when workers stop (a shutdown keeps committed shards for resuming).
+    # The daemon decides when workers stop (a shutdown keeps committed shards for
+    # resuming), whoever else sends SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:0] = list(job.pythonpath)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

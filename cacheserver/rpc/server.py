@@ -23,6 +23,7 @@ from cacheserver.catalog.leases import LeaseTable
 from cacheserver.catalog.recovery import DataDirLock
 from cacheserver.config import DEFAULT_LISTEN
 from cacheserver.materialize.materializer import Materializer
+from cacheserver.materialize.policy import Policy
 from cacheserver.rpc import admission
 from cacheserver.rpc.interceptors import ServerInterceptor
 from cacheserver.rpc.service import CacheService
@@ -108,6 +109,9 @@ class ServerConfig:
     stream_idle_timeout: float = 120.0
     #: Directories materialization workers import entry points from (--pythonpath).
     pythonpath: list[Path] = field(default_factory=list)
+    #: What StartMaterialize may run (--materialize-allow, --allow-shipped-pipelines).
+    materialize_allow: list[str] = field(default_factory=list)
+    allow_shipped_pipelines: bool = False
 
 
 def normalize_listen(address: str) -> str:
@@ -147,7 +151,9 @@ class CacheServer:
         self.catalog = Catalog(config.data_dir, capacity)
         metrics.watch_disk(capacity.in_use, config.max_bytes)
         self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
-        self.materializer = Materializer(self.catalog, tuple(map(str, config.pythonpath)))
+        self.materializer = Materializer(
+            self.catalog, tuple(map(str, config.pythonpath)),
+            policy=Policy.from_settings(config.materialize_allow, config.allow_shipped_pipelines))
         self.leases = LeaseTable(self.catalog, config.lease_ttl)
         self.service = CacheService(self.catalog, self.materializer, self.leases)
         self.health = health.HealthServicer()

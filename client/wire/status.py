@@ -101,6 +101,14 @@ class PipelineFailed(CacheServerError):
     reason = "PIPELINE_FAILED"
 
 
+class MaterializeNotAllowed(CacheServerError):
+    """The operator has not allowed this entry point (--materialize-allow) or shipped
+    pipelines (--allow-shipped-pipelines); the message names the setting."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "MATERIALIZE_NOT_ALLOWED"
+
+
 class OperationCancelled(CacheServerError):
     code = grpc.StatusCode.CANCELLED
     reason = "OPERATION_CANCELLED"

@@ -49,11 +49,18 @@ def wait_until(predicate, deadline_s: float = 120.0, what: str = "condition") ->
         time.sleep(0.05)
 
 
+#: What these tests' daemons allow: the test pipelines (and a module that is not there, to
+#: show an import error), and shipped graphs (tests/integration/test_materialize_security.py
+#: covers the refusals).
+ALLOW = ("--pythonpath", str(PIPELINES), "--materialize-allow", "mat_pipelines,no_such_module",
+         "--allow-shipped-pipelines")
+
+
 def materializing_daemon(gate: Path, data_dir: Path | None = None) -> Daemon:
     """A daemon whose workers find tests/pipelines and whose gated() waits for gate."""
     os.environ[mat_pipelines.GATE_ENV] = str(gate)  # the daemon inherits it
     try:
-        return Daemon(data_dir=data_dir, extra_args=("--pythonpath", str(PIPELINES))).start()
+        return Daemon(data_dir=data_dir, extra_args=ALLOW).start()
     finally:
         del os.environ[mat_pipelines.GATE_ENV]
 
@@ -366,7 +373,7 @@ def test_materialization_counts_against_max_bytes_evicts_to_fit_and_shows_in_met
     port = free_port()
     os.environ[mat_pipelines.GATE_ENV] = str(tmp_path / "gate")
     try:
-        daemon = Daemon(extra_args=("--pythonpath", str(PIPELINES), "--max-bytes", "20MiB",
+        daemon = Daemon(extra_args=(*ALLOW, "--max-bytes", "20MiB",
                                     "--metrics-listen", f"127.0.0.1:{port}")).start()
     finally:
         del os.environ[mat_pipelines.GATE_ENV]

@@ -6,6 +6,7 @@ Each is fn(shard_index, num_shards) -> tf.data.Dataset, as a user's would be.
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import numpy as np
@@ -89,3 +90,21 @@ def fixed(shard: int, num_shards: int) -> tf.data.Dataset:
     first = shard * 1000
     ids = tf.data.Dataset.range(first, first + 130 + shard)
     return ids.map(lambda i: {"id": i, "x": tf.fill([256], tf.cast(i, tf.float32))})
+
+
+def kills_its_process_group(shard: int, num_shards: int) -> tf.data.Dataset:
+    """What a hostile or careless pipeline does: SIGKILL to every process of its group."""
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+    return tf.data.Dataset.range(3)
+
+
+def kills_process_group_zero(shard: int, num_shards: int) -> tf.data.Dataset:
+    """os.kill(0, ...) signals the caller's own process group (finding 3 used os:kill)."""
+    os.kill(0, signal.SIGKILL)
+    return tf.data.Dataset.range(3)
+
+
+def reports_its_session(shard: int, num_shards: int) -> tf.data.Dataset:
+    """One element: the worker's pid, session, process group and parent."""
+    return tf.data.Dataset.from_tensors(tf.constant(
+        [os.getpid(), os.getsid(0), os.getpgid(0), os.getppid()], tf.int64))
