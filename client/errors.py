@@ -115,6 +115,13 @@ class TooManyStreamsError(ShardcacheError):
     code, reason = status.TooManyStreams.code, status.TooManyStreams.reason
 
 
+class MessageTooLargeError(ShardcacheError):
+    """A request was larger than the daemon accepts for its method (--max-message-bytes
+    for writes and shipped pipelines)."""
+
+    code, reason = status.MessageTooLarge.code, status.MessageTooLarge.reason
+
+
 class UnauthenticatedError(ShardcacheError):
     """The daemon wants a bearer token: pass token= or set CACHESERVER_TOKEN."""
 
@@ -122,7 +129,7 @@ class UnauthenticatedError(ShardcacheError):
 
 
 _BY_REASON.update({cls.reason: cls for cls in (
-    CapacityExceededError, TooManyStreamsError, UnauthenticatedError)})
+    CapacityExceededError, TooManyStreamsError, MessageTooLargeError, UnauthenticatedError)})
 _BY_CODE[grpc.StatusCode.UNAUTHENTICATED] = UnauthenticatedError
 
 

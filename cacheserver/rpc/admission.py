@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from client.wire.status import CacheServerError
+from client.wire.status import MessageTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,6 @@ READ_ELEMENTS_MESSAGE_BYTES = 1 << 20
 FRAMING_BYTES = 64 << 10
 #: Methods whose messages may be as large as --max-message-bytes (plus framing).
 _DATA_METHODS = frozenset({"WriteCache", "StartMaterialize"})
-
-
-class MessageTooLarge(CacheServerError):
-    """A request message larger than its method accepts."""
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reason = "MESSAGE_TOO_LARGE"
 
 
 def receive_limit(max_message_bytes: int) -> int:

@@ -75,6 +75,13 @@ class TooManyStreams(CacheServerError):
     reason = "TOO_MANY_STREAMS"
 
 
+class MessageTooLarge(CacheServerError):
+    """A request message larger than its method accepts (docs/protocol.md, "Limits")."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "MESSAGE_TOO_LARGE"
+
+
 class Unauthenticated(CacheServerError):
     """The call carries no bearer token, or the wrong one."""
 

@@ -165,7 +165,7 @@ def test_a_commit_racing_an_eviction_is_never_evicted_before_its_manifest_is_wri
     failures: list[BaseException] = []
     for round_ in range(150):
         name = f"c{round_}"
-        decision, _, session = cat.begin_write(name, "fp", "{}", b"")
+        _, _, session = cat.begin_write(name, "fp", "{}", b"")
         assert session is not None
         for i in range(20):
             session.append([f"record-{i}".encode() * 50], 8)
