@@ -25,7 +25,8 @@ from typing import Any
 
 import grpc
 
-from client.wire.status import MessageTooLarge
+from cacheserver.logs import shown
+from client.wire.status import CacheServerError, InvalidArgument, MessageTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +62,19 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB"
 
 
-class _TooLarge:
-    """What limited() makes of a message over its limit: the call turns it into
-    RESOURCE_EXHAUSTED (admitted()); the bytes are never parsed."""
+class Refused:
+    """A request message the call will not take, in place of the parsed message: the
+    call raises error. Raised inside grpc's deserializer it would be INTERNAL with a
+    traceback in the log."""
 
-    def __init__(self, message: str) -> None:
-        self.message = message
+    def __init__(self, error: CacheServerError) -> None:
+        self.error = error
 
 
-def limited(deserialize: Callable[[bytes], Any] | None, method: str,
-            limit: int) -> Callable[[bytes], Any] | None:
-    """deserialize, refusing (without parsing) a message over limit bytes."""
+def checked(deserialize: Callable[[bytes], Any] | None, method: str,
+            limit: int = 0) -> Callable[[bytes], Any] | None:
+    """deserialize, but a message over limit bytes (0: no limit) becomes, unparsed, a
+    Refused MessageTooLarge, and one that does not parse a Refused InvalidArgument."""
     if deserialize is None:
         return None
     short = method.rsplit("/", 1)[-1]
@@ -79,18 +82,24 @@ def limited(deserialize: Callable[[bytes], Any] | None, method: str,
         if short in _DATA_METHODS else "no valid request is that large"
 
     def parse(data: bytes) -> Any:
-        if len(data) > limit:
-            return _TooLarge(f"a {short} request of {len(data):,} bytes is larger than the "
-                             f"{_size(limit)} it accepts; {hint}")
-        return deserialize(data)
+        if limit and len(data) > limit:
+            return Refused(MessageTooLarge(
+                f"a {short} request of {len(data):,} bytes is larger than the "
+                f"{_size(limit)} it accepts; {hint}"))
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, bad UTF-8, a framing error: the caller's
+            return Refused(InvalidArgument(
+                "the request is not a valid message of the method's request type: "
+                + shown(f"{type(exc).__name__}: {exc}", 300)))
 
     return parse
 
 
-def admitted(request: Any) -> Any:
-    """request, unless limited() refused it: MessageTooLarge."""
-    if isinstance(request, _TooLarge):
-        raise MessageTooLarge(request.message)
+def accepted(request: Any) -> Any:
+    """request, unless checked() refused it: its error is raised."""
+    if isinstance(request, Refused):
+        raise request.error
     return request
 
 

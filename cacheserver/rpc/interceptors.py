@@ -32,7 +32,7 @@ import grpc
 
 from cacheserver import metrics
 from cacheserver.logs import shown
-from cacheserver.rpc import admission, validate
+from cacheserver.rpc import admission
 from client.wire.chunks import read_shard_data_bytes
 from client.wire.status import REASON_KEY, CacheServerError, TooManyStreams, Unauthenticated
 
@@ -247,16 +247,17 @@ class ServerInterceptor(grpc.ServerInterceptor):
         if not authorized:  # refused before its message is received (rpc/admission.py)
             return _pooled(grpc.stream_unary_rpc_method_handler(
                 lambda r, c: unary(_never_called, r, c, True)), self._control_pool)
-        if self._max_message_bytes:
-            handler = _limited(handler, method, admission.request_limit(
-                method, self._max_message_bytes))
+        limit = admission.request_limit(method, self._max_message_bytes) \
+            if self._max_message_bytes else 0
+        handler = handler._replace(request_deserializer=admission.checked(
+            handler.request_deserializer, method, limit))
         return _pooled(_rebuild(handler, stream, unary), self._control_pool)
 
 
 def parsed(request: Any, context: grpc.ServicerContext) -> Any:
-    """A request that did not parse (validate.tolerant) is INVALID_ARGUMENT."""
+    """A request admission.checked() refused ends the call with its error."""
     try:
-        return validate.parsed(admission.admitted(request))
+        return admission.accepted(request)
     except CacheServerError as exc:
         _deny(context, exc)
 
@@ -265,12 +266,12 @@ def _observed(requests: Iterator[Any], call: _Call) -> Iterator[Any]:
     for request in requests:
         call.see_request(request)
         # raised in the handler, which translates it
-        yield validate.parsed(admission.admitted(request))
+        yield admission.accepted(request)
 
 
 def _rebuild(handler: Any, stream: Callable[..., Any], unary: Callable[..., Any]) -> Any:
     """The same handler with its behaviour wrapped by stream/unary."""
-    kw = {"request_deserializer": validate.tolerant(handler.request_deserializer),
+    kw = {"request_deserializer": handler.request_deserializer,
           "response_serializer": handler.response_serializer}
     if handler.unary_unary:
         inner = handler.unary_unary
@@ -291,12 +292,6 @@ def _rebuild(handler: Any, stream: Callable[..., Any], unary: Callable[..., Any]
 
 def _never_called(request: Any, context: grpc.ServicerContext) -> Any:
     raise AssertionError("an unauthenticated call reached its handler")
-
-
-def _limited(handler: Any, method: str, limit: int) -> Any:
-    """handler, with a request deserializer that refuses messages over limit bytes."""
-    return handler._replace(request_deserializer=admission.limited(
-        handler.request_deserializer, method, limit))
 
 
 def _pooled(handler: Any, pool: Any) -> Any:

@@ -9,8 +9,7 @@ docs/protocol.md, "Limits".
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from cacheserver.catalog.catalog import MAX_INDICES
 from cacheserver.catalog.direct_writes import StagedShard
@@ -136,33 +135,3 @@ def start_materialize(cache: str, entry_point: str, element_spec: bytes, fp: str
     if len(element_spec) > MAX_ELEMENT_SPEC_BYTES:
         raise InvalidArgument(f"element_spec is {len(element_spec)} bytes; the limit is "
                               f"{MAX_ELEMENT_SPEC_BYTES}")
-
-
-class Unparseable:
-    """What tolerant() makes of a message that does not parse: the call turns it into
-    INVALID_ARGUMENT (parsed()), where grpc would answer INTERNAL and log a traceback."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-
-def tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    """deserialize, returning an Unparseable instead of raising."""
-    if deserialize is None:
-        return None
-
-    def parse(data: bytes) -> Any:
-        try:
-            return deserialize(data)
-        except Exception as exc:  # DecodeError, bad UTF-8, a framing error: the caller's
-            return Unparseable(shown(f"{type(exc).__name__}: {exc}", 300))
-
-    return parse
-
-
-def parsed(request: Any) -> Any:
-    """request, unless it did not parse: InvalidArgument."""
-    if isinstance(request, Unparseable):
-        raise InvalidArgument(f"the request is not a valid message of the method's request "
-                              f"type: {request.why}")
-    return request

@@ -8,7 +8,7 @@ import pytest
 
 from cacheserver.catalog.manifest import CacheRecord, ShardInfo
 from cacheserver.logs import shown
-from cacheserver.rpc import validate
+from cacheserver.rpc import admission, validate
 from client.format.layout import MAX_ELEMENT_BYTES, MAX_LAYOUT_DEPTH, Layout
 from client.wire.status import InvalidArgument
 from client.wire.v1 import cache_service_pb2 as pb
@@ -68,13 +68,14 @@ def test_a_ttl_must_be_finite_and_in_range(ttl: float) -> None:
 
 
 def test_an_unparseable_message_becomes_invalid_argument_not_an_exception_in_grpc() -> None:
-    parse = validate.tolerant(pb.GetCacheRequest.FromString)
+    parse = admission.checked(pb.GetCacheRequest.FromString, "/x/GetCache")
     assert parse is not None
-    assert validate.parsed(parse(pb.GetCacheRequest(name="c").SerializeToString())).name == "c"
+    assert admission.accepted(parse(pb.GetCacheRequest(name="c").SerializeToString())).name \
+        == "c"
     garbage = parse(b"\xff\xff\xff")
-    assert isinstance(garbage, validate.Unparseable)
+    assert isinstance(garbage, admission.Refused)
     with pytest.raises(InvalidArgument, match="not a valid message"):
-        validate.parsed(garbage)
+        admission.accepted(garbage)
 
 
 def test_client_strings_in_logs_are_escaped_and_truncated() -> None:
