@@ -40,13 +40,7 @@ import numpy as np
 
 from cacheserver import metrics
 from cacheserver.catalog.capacity import Capacity, expired_names, pick_victim, retained_summary
-from cacheserver.catalog.manifest import (
-    MAX_NAME_LEN,
-    NAME_RE,
-    CacheRecord,
-    validate_name,
-    write_atomic,
-)
+from cacheserver.catalog.manifest import CacheRecord, validate_name, write_atomic
 from cacheserver.catalog.recovery import RecoveryReport
 from cacheserver.catalog.retention import Retention, RetentionBook
 from cacheserver.catalog.write_session import WriteSession
@@ -69,6 +63,14 @@ log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 1 << 30
 #: Most global indices one ReadElements request may name.
 MAX_INDICES = 65536
+
+
+def _is_cache_name(name: str) -> bool:
+    try:
+        validate_name(name)
+    except InvalidArgument:
+        return False
+    return True
 
 
 class Catalog:
@@ -97,7 +99,7 @@ class Catalog:
         self._trash.mkdir(exist_ok=True)
         for d in sorted(self._caches_dir.iterdir()):
             manifest = d / "manifest.json"
-            if not d.is_dir() or not NAME_RE.fullmatch(d.name) or len(d.name) > MAX_NAME_LEN:
+            if not d.is_dir() or not _is_cache_name(d.name):
                 log.warning("ignoring %s: not a cache directory (no valid cache name)",
                             shown(str(d)))
             elif manifest.exists():

@@ -53,6 +53,7 @@ from cacheserver.materialize.operation import (
     leaves,
 )
 from cacheserver.materialize.policy import Policy
+from client.format.layout import MAX_BLOCK_BYTES
 from client.wire import status
 from client.wire.status import (
     CacheWriting,
@@ -65,8 +66,6 @@ log = logging.getLogger(__name__)
 
 MAX_SHARDS = 10_000
 MAX_WORKERS = 256
-#: Largest block_bytes a materialization may ask for.
-MAX_BLOCK_BYTES = 64 << 20
 #: Seconds stopped workers get to abort their shard before they are terminated.
 STOP_GRACE = 20.0
 _ENTRY_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
