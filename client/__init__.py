@@ -30,6 +30,7 @@ from client.errors import (
     ResumeMismatchError,
     ServerUnavailableError,
     ShardcacheError,
+    StoreUnavailableError,
     TooManyStreamsError,
     UnauthenticatedError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "ResumeMismatchError",
     "ServerUnavailableError",
     "ShardcacheError",
+    "StoreUnavailableError",
     "TooManyStreamsError",
     "UnauthenticatedError",
 ]

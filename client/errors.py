@@ -128,8 +128,16 @@ class UnauthenticatedError(ShardcacheError):
     code, reason = status.Unauthenticated.code, status.Unauthenticated.reason
 
 
+class StoreUnavailableError(ServerUnavailableError):
+    """The cache is in the daemon's object store, which the daemon cannot reach now; reads
+    retry it like any UNAVAILABLE."""
+
+    code, reason = status.StoreUnavailable.code, status.StoreUnavailable.reason
+
+
 _BY_REASON.update({cls.reason: cls for cls in (
-    CapacityExceededError, TooManyStreamsError, MessageTooLargeError, UnauthenticatedError)})
+    CapacityExceededError, TooManyStreamsError, MessageTooLargeError, UnauthenticatedError,
+    StoreUnavailableError)})
 _BY_CODE[grpc.StatusCode.UNAUTHENTICATED] = UnauthenticatedError
 
 

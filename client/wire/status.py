@@ -61,6 +61,13 @@ class ShuttingDown(CacheServerError):
     reason = "SHUTTING_DOWN"
 
 
+class StoreUnavailable(CacheServerError):
+    """The object store (serve --store) cannot be reached now; a retry may succeed."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "STORE_UNAVAILABLE"
+
+
 class CapacityExceeded(CacheServerError):
     """A write needs more room than --max-bytes / --min-free-bytes allow, even after eviction."""
 
