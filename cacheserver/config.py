@@ -94,6 +94,24 @@ class ModulePatterns(click.ParamType):
         return ",".join(items)
 
 
+class StoreURLType(click.ParamType):
+    """An object store URL, s3://BUCKET/PREFIX (empty: none)."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from cacheserver.tier.bucket import StoreURL
+
+        text = str(value).strip()
+        if text:
+            try:
+                StoreURL.parse(text)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        return text
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str                       # TOML key; --name-with-dashes; CACHESERVER_NAME
@@ -175,6 +193,13 @@ SETTINGS: tuple[Setting, ...] = (
             "allows mypkg.pipelines:fn and mypkg.pipelines.sub:fn), or one entry point "
             "(mypkg.pipelines:train); repeat or comma-separate for several (TOML: a list). "
             "Empty: materialization of entry points is refused.", multiple=True),
+    Setting("store", StoreURLType(), "",
+            "Object store under the local caches, s3://BUCKET/PREFIX: committed caches are "
+            "published there, caches this daemon lacks are pulled from there, and eviction "
+            "drops only copies the store holds. Credentials and region the standard AWS way "
+            "(AWS_* environment, shared config, instance or pod identity). Empty: none."),
+    Setting("store_endpoint", click.STRING, "",
+            "URL of an S3-compatible server for --store (e.g. http://minio:9000); empty: AWS."),
     Setting("allow_shipped_pipelines", click.BOOL, False,
             "Run datasets that clients send as serialized tf.data graphs (materialize(ds)); "
             "such a graph reads any file the daemon can: allow only if every client that "

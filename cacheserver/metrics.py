@@ -66,11 +66,25 @@ DIRECT_LEASES = Gauge("shardcache_direct_leases",
 DIRECT_READS = Counter("shardcache_direct_reads",
                        "Direct reader passes: read leases taken with epoch_start (docs/direct.md).",
                        registry=REGISTRY)
+STORE_PUBLISHED_BYTES = Counter("shardcache_store_published_bytes",
+                                "Shard file bytes uploaded to the object store.", unit="bytes",
+                                registry=REGISTRY)
+STORE_PULLED_BYTES = Counter("shardcache_store_pulled_bytes",
+                             "Shard file bytes fetched from the object store.", unit="bytes",
+                             registry=REGISTRY)
+STORE_ERRORS = Counter("shardcache_store_errors",
+                       "Object store operations that failed (publish: retried with backoff).",
+                       ["op"], registry=REGISTRY)
+STORE_UNPUBLISHED = Gauge("shardcache_store_unpublished_caches",
+                          "Committed caches waiting to be published (or retrying).",
+                          registry=REGISTRY)
 
 for _kind in ("read", "write"):
     ACTIVE_STREAMS.labels(_kind)
 for _reason in ("capacity", "ttl"):
     EVICTIONS.labels(_reason)
+for _op in ("publish", "pull"):
+    STORE_ERRORS.labels(_op)
 for _state in ("SUCCEEDED", "FAILED", "CANCELLED"):
     MATERIALIZATIONS.labels(_state)
 

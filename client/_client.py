@@ -59,6 +59,12 @@ class CacheInfo:
     hits: int = 0  # shard streams opened at a shard's first record
     direct_leases: int = 0  # same-host direct readers now (docs/direct.md)
     direct_reads: int = 0  # direct read passes since the daemon started
+    #: Where the cache stands in the daemon's object store (docs/operations.md): "" without
+    #: one, else LOCAL, PUBLISHING, STORED, PULLING, CONFLICT, or REMOTE (only in the store).
+    store_state: str = ""
+    store_done_bytes: int = 0  # of store_total_bytes, uploaded or fetched
+    store_total_bytes: int = 0
+    store_detail: str = ""  # why it is not stored yet (the last error), or the conflict
 
     @property
     def compression_ratio(self) -> float:
@@ -70,7 +76,10 @@ class CacheInfo:
         return cls(c.name, _STATES.get(c.state, "UNSPECIFIED"), c.num_elements, len(c.shards),
                    c.disk_bytes, c.raw_bytes, c.stored_bytes, c.fingerprint, c.create_time,
                    c.commit_time, c.pinned, c.ttl_seconds, c.last_read_time, c.hits,
-                   c.direct_leases, c.direct_reads)
+                   c.direct_leases, c.direct_reads,
+                   pb.StoreState.Name(c.store.state).removeprefix("STORE_STATE_")
+                   if c.store.state else "", c.store.done_bytes, c.store.total_bytes,
+                   c.store.detail)
 
 
 def _free_dangling_iterators() -> None:
@@ -140,20 +149,25 @@ class CacheClient:
         stub = self._transport.stub
         return self._transport.call(stub.GetCache, pb.GetCacheRequest(name=name)).cache
 
-    def list(self) -> list[CacheInfo]:
-        """Every cache on the daemon, READY and WRITING."""
+    def list(self, *, store: bool = False) -> list[CacheInfo]:
+        """Every cache on the daemon, READY and WRITING; store=True: every cache in the
+        daemon's object store instead (store_state REMOTE, or this daemon's own state)."""
         stub = self._transport.stub
-        response = self._transport.call(stub.ListCaches, pb.ListCachesRequest())
+        response = self._transport.call(stub.ListCaches, pb.ListCachesRequest(store=store))
         return [CacheInfo.from_proto(c) for c in response.caches]
 
     def info(self, name: str) -> CacheInfo:
         """One cache; raises CacheNotFoundError when it does not exist."""
         return CacheInfo.from_proto(self._get(name))
 
-    def delete(self, name: str) -> None:
-        """Delete a READY cache and its files."""
+    def delete(self, name: str, *, store: bool = False) -> tuple[bool, bool]:
+        """Delete a READY cache and its files on the daemon; store=True: also its copy in
+        the daemon's object store, so no daemon finds it any more. Returns what was
+        removed: (the daemon's copy, the stored copy)."""
         stub = self._transport.stub
-        self._transport.call(stub.DeleteCache, pb.DeleteCacheRequest(name=name))
+        response = self._transport.call(stub.DeleteCache,
+                                        pb.DeleteCacheRequest(name=name, store=store))
+        return response.local, response.stored
 
     def pin(self, name: str) -> CacheInfo:
         """Keep a READY cache however full the disk gets and whatever its TTL."""

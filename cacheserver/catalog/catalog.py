@@ -42,9 +42,11 @@ from cacheserver import metrics
 from cacheserver.catalog.capacity import Capacity, expired_names, pick_victim, retained_summary
 from cacheserver.catalog.manifest import CacheRecord, validate_name, write_atomic
 from cacheserver.catalog.recovery import RecoveryReport
+from cacheserver.catalog.remote import StoreTier
 from cacheserver.catalog.retention import Retention, RetentionBook
 from cacheserver.catalog.write_session import WriteSession
 from cacheserver.logs import shown
+from cacheserver.tier.bucket import Bucket
 from client.format import lookup
 from client.format.blocks import block_elements
 from client.format.store import ReaderPool
@@ -56,6 +58,7 @@ from client.wire.status import (
     DataLoss,
     FingerprintMismatch,
     InvalidArgument,
+    StoreUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -76,7 +79,8 @@ def _is_cache_name(name: str) -> bool:
 class Catalog:
     """Thread-safe registry of caches under one data directory."""
 
-    def __init__(self, data_dir: Path, capacity: Capacity | None = None) -> None:
+    def __init__(self, data_dir: Path, capacity: Capacity | None = None,
+                 bucket: Bucket | None = None) -> None:
         self.data_dir = data_dir
         self.capacity = capacity or Capacity(data_dir)
         self.capacity.attach(self)
@@ -93,6 +97,37 @@ class Catalog:
         #: Materializations a crash interrupted: kept WRITING for the materializer to resume.
         self.interrupted: list[CacheRecord] = []
         self._recover_and_report()
+        #: The object store under this daemon's caches (serve --store), if any: remote.py.
+        self.tier: StoreTier | None = None
+        if bucket is not None:
+            self.tier = StoreTier(bucket, self._caches_dir, self.capacity, self._ready_record)
+            self.tier.start([r for r in self._caches.values() if r.state == "READY"])
+
+    def close(self) -> None:
+        if self.tier is not None:
+            self.tier.stop()
+
+    def _ready_record(self, name: str) -> CacheRecord | None:
+        with self._lock:
+            record = self._caches.get(name)
+            return record if record is not None and record.state == "READY" else None
+
+    def _from_store(self, name: str) -> CacheRecord | None:
+        """Cache name from the object store (it starts pulling), or None if not there."""
+        if self.tier is None:
+            return None
+        stored = self.tier.find(name)  # network: not under the lock
+        if stored is None:
+            return None
+        with self._lock:
+            if name in self._caches or name in self._broken:
+                return self._caches.get(name)
+            directory = self._caches_dir / name
+            if directory.exists():  # left by an aborted delete or write; not a cache
+                self._remove_dir(directory)
+            record = self._caches[name] = self.tier.adopt(stored)
+            self.retention.forget(name)
+            return record
 
     def _recover(self) -> None:
         shutil.rmtree(self._trash, ignore_errors=True)
@@ -171,7 +206,14 @@ class Catalog:
         return record
 
     def get_ready(self, name: str, fingerprint: str = "") -> CacheRecord:
-        record = self.get(name)
+        """The READY cache name; one only in the object store starts being pulled."""
+        try:
+            record = self.get(name)
+        except CacheNotFound:
+            pulled = self._from_store(name)
+            if pulled is None:
+                raise
+            record = pulled
         if record.state != "READY":
             raise CacheWriting(f"cache {name!r} is WRITING ({record.num_elements} elements so "
                                "far); wait until its writer finishes")
@@ -180,8 +222,27 @@ class Catalog:
                                       f"{record.fingerprint}, expected {fingerprint})")
         return record
 
-    def delete(self, name: str) -> None:
-        """Delete a READY cache, or a broken one, and its files."""
+    def delete(self, name: str, store: bool = False) -> tuple[bool, bool]:
+        """Delete a READY cache, or a broken one, and its files; with store, also its copy in
+        the object store. Returns what was removed: (the local copy, the stored one)."""
+        validate_name(name)
+        if store and self.tier is None:
+            raise InvalidArgument("this daemon has no object store (serve --store); delete "
+                                  "without --store")
+        try:
+            trashed = self._unregister(name)
+        except CacheNotFound:
+            if not store:
+                raise
+            trashed = None
+        stored = self.tier.delete(name) if store and self.tier is not None else False
+        if trashed is None and not stored:
+            raise CacheNotFound(f"cache {name!r} is neither on this daemon nor in the store")
+        if trashed is not None:
+            self._remove_later(trashed)
+        return trashed is not None, stored
+
+    def _unregister(self, name: str) -> Path:
         with self._lock:
             if self._broken.pop(name, None) is None:
                 record = self.get(name)
@@ -189,9 +250,13 @@ class Catalog:
                     raise CacheWriting(f"cache {name!r} is being written; wait until its "
                                        "writer finishes or stops, then delete it")
                 del self._caches[name]
-            self.retention.forget(name)
-            trashed = self._to_trash(self._caches_dir / name)
-        self._remove_later(trashed)
+            self._forget(name)
+            return self._to_trash(self._caches_dir / name)
+
+    def _forget(self, name: str) -> None:
+        self.retention.forget(name)
+        if self.tier is not None:
+            self.tier.forget(name)
 
     # ------------------------------------------------------------------ retention
 
@@ -214,11 +279,17 @@ class Catalog:
     def eviction_candidate(self, exclude: str) -> str | None:
         """The least recently read READY cache that is unpinned and unread, if any."""
         with self._lock:
-            return pick_victim(self._caches.values(), self.retention, exclude)
+            return pick_victim(self._evictable(), self.retention, exclude)
+
+    def _evictable(self) -> builtins.list[CacheRecord]:
+        """Caches the daemon may drop: all, or with a store only those the store holds."""
+        if self.tier is None:
+            return builtins.list(self._caches.values())
+        return [r for r in self._caches.values() if self.tier.evictable(r.name)]
 
     def expired(self, now: float) -> builtins.list[str]:
         with self._lock:
-            return expired_names(self._caches.values(), self.retention, now)
+            return expired_names(self._evictable(), self.retention, now)
 
     def retained_summary(self) -> str:
         with self._lock:
@@ -230,10 +301,11 @@ class Catalog:
             record = self._caches.get(name)
             value = self.retention.get(name)
             if (record is None or record.state != "READY" or value.pinned
-                    or self.retention.readers(name)):
+                    or self.retention.readers(name)
+                    or (self.tier is not None and not self.tier.evictable(name))):
                 return False
             del self._caches[name]
-            self.retention.forget(name)
+            self._forget(name)
             trashed = self._to_trash(self._caches_dir / name)
         self._remove_later(trashed)  # before returning: the caller counts on the space
         metrics.EVICTIONS.labels(reason).inc()
@@ -256,6 +328,7 @@ class Catalog:
         validate_name(name)
         if not fingerprint:
             raise InvalidArgument("fingerprint is empty")
+        self._look_in_store(name)
         with self._lock:
             if name in self._broken:
                 raise self._broken_error(name)
@@ -282,10 +355,27 @@ class Catalog:
                                self.capacity, self._release)
         return "ACCEPTED", record, session
 
+    def _look_in_store(self, name: str) -> None:
+        """Before a write: a cache this daemon lacks but the store holds is pulled (and the
+        write answered ALREADY_READY or refused as another pipeline's, as for a local one).
+        A store that cannot be reached does not stop the write: it is built here."""
+        if self.tier is None or self._ready_record(name) is not None:
+            return
+        with self._lock:
+            if name in self._caches:
+                return
+        try:
+            self._from_store(name)
+        except StoreUnavailable as exc:
+            log.warning("cache %r: the object store cannot be reached (%s); building the "
+                        "cache here", name, shown(str(exc), 300))
+
     def _release(self, session: WriteSession, committed: bool) -> None:
         name = session.record.name
         self.capacity.release(name)
         if committed:
+            if self.tier is not None:
+                self.tier.publish(session.record)
             return
         with self._lock:
             if self._caches.get(name) is session.record:
@@ -302,6 +392,7 @@ class Catalog:
         Every read RPC streams inside one. hit counts a hit (a read from a
         shard's first record) and the block's end records the last read time.
         """
+        self.get_ready(name)  # a cache only in the store: pulled, not under the lock
         with self._lock:
             self.get_ready(name)
             self.retention.begin_read(name, time.time(), hit)
@@ -333,6 +424,8 @@ class Catalog:
         if count > info.num_elements - start:
             raise InvalidArgument(f"{count} records from {start} run past the end of shard "
                                   f"{shard} ({info.num_elements} elements)")
+        if self.tier is not None:
+            self.tier.ensure(name, [shard])
         chunk = chunk_size(chunk_bytes)
         stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
         chunks = self.readers.read_chunks(self.shard_path(record, shard), start, stop, chunk, k,
@@ -361,9 +454,14 @@ class Catalog:
         window = lookup.window_records(chunk_bytes, total,
                                        sum(s.stored_bytes for s in record.shards))
         firsts = np.array([s.first_element for s in record.shards], np.uint64)
-        return lookup.gather_chunks(
-            lambda shard: self.readers.opened(self.shard_path(record, shard)),
-            wanted, firsts, window, record.layout_json, f"cache {name!r}")
+
+        def opened(shard: int) -> Any:
+            if self.tier is not None:
+                self.tier.ensure(name, [shard])
+            return self.readers.opened(self.shard_path(record, shard))
+
+        return lookup.gather_chunks(opened, wanted, firsts, window, record.layout_json,
+                                    f"cache {name!r}")
 
     # ------------------------------------------------------------ materializing
     # A materialized cache's directory also holds materialize.json (what runs);
@@ -389,6 +487,7 @@ class Catalog:
                           overwrite: bool) -> CacheRecord:
         """Register name as WRITING, with spec_json saved for resuming after a crash."""
         validate_name(name)
+        self._look_in_store(name)
         trashed = None
         with self._lock:
             if name in self._broken:
@@ -403,6 +502,7 @@ class Catalog:
                                       " elements); pass --overwrite (overwrite=True) to "
                                       "rebuild it, or choose another name")
                 del self._caches[name]
+                self._forget(name)
                 trashed = self._to_trash(self._caches_dir / name)
             directory = self._caches_dir / name
             if directory.exists():
@@ -426,6 +526,8 @@ class Catalog:
         record.commit(directory)
         (directory / MATERIALIZE_SPEC).unlink(missing_ok=True)
         self.capacity.release(record.name)  # its files now count as disk_bytes
+        if self.tier is not None:
+            self.tier.publish(record)
         return record
 
     def discard_materialized(self, record: CacheRecord) -> None:

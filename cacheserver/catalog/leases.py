@@ -120,6 +120,12 @@ class LeaseTable:
         metrics.DIRECT_LEASES.inc()
         if epoch_start:
             metrics.DIRECT_READS.inc()
+        try:  # a cache being pulled from the object store: every shard here first
+            if self.catalog.tier is not None:
+                self.catalog.tier.ensure(name, range(len(record.shards)))
+        except BaseException:
+            self.release(lease.id)
+            raise
         paths = [self.catalog.shard_path(record, s.index).resolve() for s in record.shards]
         return lease, record, paths
 

@@ -66,7 +66,13 @@ def serve(config_file: Path | None, **flags: object) -> None:
     """
     from cacheserver.catalog.recovery import DataDirError
     from cacheserver.metrics import MetricsListenError
-    from cacheserver.rpc.server import CacheServer, LimitsError, ListenError, ServerConfig
+    from cacheserver.rpc.server import (
+        CacheServer,
+        LimitsError,
+        ListenError,
+        ServerConfig,
+        StoreError,
+    )
     from cacheserver.security import SecurityConfigError
 
     values, _ = config.resolve(flags, config_file)
@@ -78,7 +84,7 @@ def serve(config_file: Path | None, **flags: object) -> None:
     try:
         server = CacheServer(ServerConfig(**values))
     except (ListenError, LimitsError, DataDirError, SecurityConfigError, MetricsListenError,
-            OSError) as exc:
+            StoreError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     server.run_until_signal()
 
@@ -103,17 +109,38 @@ def _size(n: float) -> str:
 
 
 @main.command("ls")
+@click.option("--store", is_flag=True,
+              help="List what the daemon's object store holds instead (serve --store).")
 @click.option("--target", default=None, help=TARGET_HELP)
-def ls_(target: str | None) -> None:
-    """List the daemon's caches."""
+def ls_(store: bool, target: str | None) -> None:
+    """List the daemon's caches (STORE: where each stands in its object store)."""
     with _client(target) as cc:
-        caches = _run(cc.list)
+        caches = _run(lambda: cc.list(store=store))
+    if store:
+        click.echo(f"{'NAME':<32} {'ELEMENTS':>12} {'SHARDS':>6} {'STORED':>11} "
+                   f"{'COMMITTED':<19} ON THIS DAEMON")
+        for c in caches:
+            here = "no" if c.store_state == "REMOTE" else _store(c)
+            click.echo(f"{c.name:<32} {c.num_elements:>12,} {c.num_shards:>6} "
+                       f"{_size(c.store_total_bytes or c.disk_bytes):>11} "
+                       f"{_when(c.commit_time):<19} {here}")
+        return
     click.echo(f"{'NAME':<32} {'STATE':<8} {'ELEMENTS':>12} {'SHARDS':>6} {'ON DISK':>11} "
-               f"RATIO  {'LAST READ':<19} {'HITS':>6} RETENTION")
+               f"RATIO  {'LAST READ':<19} {'HITS':>6} RETENTION"
+               + ("  STORE" if any(c.store_state for c in caches) else ""))
     for c in caches:
         click.echo(f"{c.name:<32} {c.state:<8} {c.num_elements:>12,} {c.num_shards:>6} "
                    f"{_size(c.disk_bytes):>11} {c.compression_ratio:.2f}x "
-                   f"{_when(c.last_read_time):<19} {c.hits:>6} {_retention(c)}")
+                   f"{_when(c.last_read_time):<19} {c.hits:>6} {_retention(c)}"
+                   + (f"  {_store(c)}" if c.store_state else ""))
+
+
+def _store(c) -> str:
+    """A cache's place in the object store: STORED, PUBLISHING 40% (12.0 MiB of 30.0 MiB)..."""
+    if c.store_state in ("PUBLISHING", "PULLING") and c.store_total_bytes:
+        return (f"{c.store_state} {100 * c.store_done_bytes // c.store_total_bytes}% "
+                f"({_size(c.store_done_bytes)} of {_size(c.store_total_bytes)})")
+    return c.store_state
 
 
 @main.command()
@@ -132,19 +159,39 @@ def info(name: str, target: str | None) -> None:
         ("last read", _when(c.last_read_time)), ("hits", c.hits), ("retention", _retention(c)),
         ("direct", f"{c.direct_leases} leases now, {c.direct_reads} passes since start"),
     ]
+    if c.store_state:
+        rows.append(("store", _store(c) + (f": {c.store_detail}" if c.store_detail else "")))
     for key, value in rows:
         click.echo(f"{key:<12} {value}")
 
 
 @main.command()
 @click.argument("names", nargs=-1, required=True)
+@click.option("--store", is_flag=True,
+              help="Also remove them from the daemon's object store: no daemon finds them "
+                   "there any more.")
 @click.option("--target", default=None, help=TARGET_HELP)
-def rm(names: tuple[str, ...], target: str | None) -> None:
-    """Delete caches and their files."""
+def rm(names: tuple[str, ...], store: bool, target: str | None) -> None:
+    """Delete caches and their files on the daemon (with --store, in the object store too).
+
+    Without --store, a cache the object store holds stays there, and the next
+    read on this daemon pulls it again."""
     with _client(target) as cc:
         for name in names:
-            _run(lambda: cc.delete(name))  # noqa: B023 - called at once
-            click.echo(f"deleted {name}")
+            local, stored = _run(lambda: cc.delete(name, store=store))  # noqa: B023
+            where = " and ".join(w for w, done in (("this daemon's copy", local),
+                                                   ("the stored copy", stored)) if done)
+            kept = "" if store else _kept_in_store(cc, name)
+            click.echo(f"deleted {name}: {where}{kept}")
+
+
+def _kept_in_store(cc, name: str) -> str:
+    try:
+        info = cc.info(name)
+    except ShardcacheError:
+        return ""
+    return "; the object store still holds it (rm --store removes it there)" \
+        if info.store_state == "REMOTE" else ""
 
 
 @main.command()

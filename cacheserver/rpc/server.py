@@ -29,6 +29,8 @@ from cacheserver.rpc.interceptors import ServerInterceptor
 from cacheserver.rpc.service import CacheService
 from cacheserver.rpc.streams import wire_handlers
 from cacheserver.security import load_tls, load_token, warn_if_exposed
+from cacheserver.tier.bucket import Bucket, StoreRefused
+from client.wire.status import StoreUnavailable
 from client.wire.v1 import cache_service_pb2 as pb
 from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
@@ -112,6 +114,9 @@ class ServerConfig:
     #: What StartMaterialize may run (--materialize-allow, --allow-shipped-pipelines).
     materialize_allow: list[str] = field(default_factory=list)
     allow_shipped_pipelines: bool = False
+    #: The object store under the local caches (--store, --store-endpoint): empty, none.
+    store: str = ""
+    store_endpoint: str = ""
 
 
 def normalize_listen(address: str) -> str:
@@ -128,6 +133,29 @@ def normalize_listen(address: str) -> str:
         raise ListenError(f"--listen {address!r}: expected HOST:PORT (e.g. 127.0.0.1:50051) "
                           "or unix:///path/to.sock")
     return address
+
+
+def open_store(config: ServerConfig) -> Bucket | None:
+    """The --store bucket, checked once: a store that refuses (no such bucket, bad
+    credentials) stops the start; one that cannot be reached is retried later."""
+    if not config.store:
+        return None
+    try:
+        bucket = Bucket(config.store, config.store_endpoint or None)
+    except ImportError as exc:
+        raise StoreError("--store needs boto3: pip install 'shardcache[s3]'") from exc
+    try:
+        bucket.check()
+    except StoreRefused as exc:
+        raise StoreError(f"--store {config.store}: {exc}") from exc
+    except StoreUnavailable as exc:
+        log.warning("the object store cannot be reached now (%s); local caches serve, and "
+                    "publishing and pulling retry", exc)
+    return bucket
+
+
+class StoreError(RuntimeError):
+    """--store names a store that refuses this daemon."""
 
 
 class CacheServer:
@@ -148,7 +176,7 @@ class CacheServer:
 
     def _setup(self, config: ServerConfig, token: bytes | None) -> None:
         capacity = Capacity(config.data_dir, config.max_bytes, config.min_free_bytes)
-        self.catalog = Catalog(config.data_dir, capacity)
+        self.catalog = Catalog(config.data_dir, capacity, open_store(config))
         metrics.watch_disk(capacity.in_use, config.max_bytes)
         self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
         self.materializer = Materializer(
@@ -252,6 +280,7 @@ class CacheServer:
         self._control_pool.shutdown(wait=False)
         self._disk.stop()
         self.leases.stop()
+        self.catalog.close()
         self._stop_metrics()
         self._lock.release()
         self._stopped.set()

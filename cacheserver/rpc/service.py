@@ -15,10 +15,12 @@ from typing import Any, TypeVar
 import grpc
 
 from cacheserver import metrics
+from cacheserver.catalog import remote
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.direct_writes import StagedShard
 from cacheserver.catalog.leases import LeaseTable
 from cacheserver.catalog.manifest import CacheRecord
+from cacheserver.catalog.remote import StoreTier
 from cacheserver.catalog.retention import Retention
 from cacheserver.catalog.writes import CacheWrite
 from cacheserver.logs import shown
@@ -27,7 +29,13 @@ from cacheserver.rpc import validate
 from cacheserver.rpc.operations import operation_to_proto
 from cacheserver.rpc.streams import BegunGuard
 from client.wire.chunks import encode_read_shard_response, read_shard_data_bytes
-from client.wire.status import REASON_KEY, CacheServerError, InvalidArgument, ShuttingDown
+from client.wire.status import (
+    REASON_KEY,
+    CacheNotFound,
+    CacheServerError,
+    InvalidArgument,
+    ShuttingDown,
+)
 from client.wire.v1 import cache_service_pb2 as pb
 from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
@@ -39,6 +47,20 @@ _DECISIONS = {
     "ALREADY_READY": pb.WRITE_DECISION_ALREADY_READY,
     "BUSY": pb.WRITE_DECISION_BUSY,
 }
+
+
+_STORE_STATES = {state: pb.StoreState.Value(f"STORE_STATE_{state}") for state in (
+    remote.LOCAL, remote.PUBLISHING, remote.STORED, remote.PULLING, remote.CONFLICT,
+    remote.REMOTE)}
+
+
+def _remote(record: CacheRecord) -> pb.Cache:
+    """A cache only the object store holds."""
+    cache = to_proto(record)
+    cache.disk_bytes = 0
+    cache.store.state = pb.STORE_STATE_REMOTE
+    cache.store.total_bytes = record.disk_bytes
+    return cache
 
 
 def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cache:
@@ -116,21 +138,41 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def ListCaches(self, request: pb.ListCachesRequest,
                    context: grpc.ServicerContext) -> pb.ListCachesResponse:
-        return pb.ListCachesResponse(caches=[self._proto(r) for r in self.catalog.list()])
+        if not request.store:
+            return pb.ListCachesResponse(caches=[self._proto(r) for r in self.catalog.list()])
+        tier = self._tier()
+        local = {r.name for r in self.catalog.list()}
+        return pb.ListCachesResponse(caches=[
+            self._proto(s.record) if s.record.name in local else _remote(s.record)
+            for s in tier.list_stored()])
 
     @_translating
     def GetCache(self, request: pb.GetCacheRequest,
                  context: grpc.ServicerContext) -> pb.GetCacheResponse:
         validate.name(request.name)
-        return pb.GetCacheResponse(cache=self._proto(self.catalog.get(request.name)))
+        try:
+            return pb.GetCacheResponse(cache=self._proto(self.catalog.get(request.name)))
+        except CacheNotFound:
+            stored = self.catalog.tier.find(request.name) if self.catalog.tier else None
+            if stored is None:
+                raise
+            return pb.GetCacheResponse(cache=_remote(stored.record))
 
     @_translating
     def DeleteCache(self, request: pb.DeleteCacheRequest,
                     context: grpc.ServicerContext) -> pb.DeleteCacheResponse:
         validate.name(request.name)
-        self.catalog.delete(request.name)
-        log.info("deleted cache %r", request.name)
-        return pb.DeleteCacheResponse()
+        local, stored = self.catalog.delete(request.name, store=request.store)
+        log.info("deleted cache %r (%s)", request.name, " and ".join(
+            w for w, done in (("this daemon's copy", local), ("the stored copy", stored))
+            if done))
+        return pb.DeleteCacheResponse(local=local, stored=stored)
+
+    def _tier(self) -> StoreTier:
+        if self.catalog.tier is None:
+            raise InvalidArgument("this daemon has no object store (start it with "
+                                  "serve --store s3://BUCKET/PREFIX)")
+        return self.catalog.tier
 
     @_translating
     def ReadShard(self, request: pb.ReadShardRequest,
@@ -201,6 +243,12 @@ class CacheService(pb_grpc.CacheServiceServicer):
     def _proto(self, record: CacheRecord) -> pb.Cache:
         cache = to_proto(record, self.catalog.retention_of(record.name))
         cache.direct_leases, cache.direct_reads = self.leases.counts(record.name)
+        if self.catalog.tier is not None and record.state == "READY":
+            status = self.catalog.tier.status(record.name)
+            cache.store.CopyFrom(pb.StoreStatus(
+                state=_STORE_STATES[status.state], done_bytes=status.done_bytes,
+                total_bytes=status.total_bytes, done_shards=status.done_shards,
+                detail=status.detail))
         return cache
 
     @_translating

@@ -13,6 +13,16 @@ class CacheState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_STATE_WRITING: _ClassVar[CacheState]
     CACHE_STATE_READY: _ClassVar[CacheState]
 
+class StoreState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STORE_STATE_UNSPECIFIED: _ClassVar[StoreState]
+    STORE_STATE_LOCAL: _ClassVar[StoreState]
+    STORE_STATE_PUBLISHING: _ClassVar[StoreState]
+    STORE_STATE_STORED: _ClassVar[StoreState]
+    STORE_STATE_PULLING: _ClassVar[StoreState]
+    STORE_STATE_CONFLICT: _ClassVar[StoreState]
+    STORE_STATE_REMOTE: _ClassVar[StoreState]
+
 class WriteDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WRITE_DECISION_UNSPECIFIED: _ClassVar[WriteDecision]
@@ -30,6 +40,13 @@ class OperationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 CACHE_STATE_UNSPECIFIED: CacheState
 CACHE_STATE_WRITING: CacheState
 CACHE_STATE_READY: CacheState
+STORE_STATE_UNSPECIFIED: StoreState
+STORE_STATE_LOCAL: StoreState
+STORE_STATE_PUBLISHING: StoreState
+STORE_STATE_STORED: StoreState
+STORE_STATE_PULLING: StoreState
+STORE_STATE_CONFLICT: StoreState
+STORE_STATE_REMOTE: StoreState
 WRITE_DECISION_UNSPECIFIED: WriteDecision
 WRITE_DECISION_ACCEPTED: WriteDecision
 WRITE_DECISION_ALREADY_READY: WriteDecision
@@ -55,7 +72,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., first_element: _Optional[int] = ..., num_elements: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class Cache(_message.Message):
-    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time", "pinned", "ttl_seconds", "last_read_time", "hits", "direct_leases", "direct_reads")
+    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time", "pinned", "ttl_seconds", "last_read_time", "hits", "direct_leases", "direct_reads", "store")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +91,7 @@ class Cache(_message.Message):
     HITS_FIELD_NUMBER: _ClassVar[int]
     DIRECT_LEASES_FIELD_NUMBER: _ClassVar[int]
     DIRECT_READS_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: CacheState
     fingerprint: str
@@ -92,11 +110,28 @@ class Cache(_message.Message):
     hits: int
     direct_leases: int
     direct_reads: int
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ...) -> None: ...
+    store: StoreStatus
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ...) -> None: ...
+
+class StoreStatus(_message.Message):
+    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DONE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    state: StoreState
+    done_bytes: int
+    total_bytes: int
+    done_shards: int
+    detail: str
+    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("store",)
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    store: bool
+    def __init__(self, store: bool = ...) -> None: ...
 
 class ListCachesResponse(_message.Message):
     __slots__ = ("caches",)
@@ -117,14 +152,20 @@ class GetCacheResponse(_message.Message):
     def __init__(self, cache: _Optional[_Union[Cache, _Mapping]] = ...) -> None: ...
 
 class DeleteCacheRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "store")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    store: bool
+    def __init__(self, name: _Optional[str] = ..., store: bool = ...) -> None: ...
 
 class DeleteCacheResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("local", "stored")
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    local: bool
+    stored: bool
+    def __init__(self, local: bool = ..., stored: bool = ...) -> None: ...
 
 class WriteBegin(_message.Message):
     __slots__ = ("name", "fingerprint", "layout_json", "element_spec", "shard_bytes", "local")
