@@ -118,6 +118,11 @@ def render_markdown(payload: dict[str, Any], img_dir: Path, doc: Path | None) ->
                 " of the daemon beside it, and shardcache's epoch-2 MB/s; **OOM-killed**: the "
                 "kernel killed the process for exceeding the limit:", "",
                 render_memory_table(memory), ""]
+    store = payload.get("store")
+    if store:
+        from store import render_store
+
+        lines += render_store(store, _group_header)
     lines.append(END)
     return "\n".join(lines)
 

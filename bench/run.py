@@ -6,7 +6,7 @@ Run from the repository root (``make bench`` and ``make bench-quick`` do)::
     .venv/bin/python bench/run.py --quick                         # prints the report instead
     .venv/bin/python bench/run.py --sections throughput --workloads small --sizes small=200000
 
-Two sections, every point in its own measurement process (``measure.py``, two epochs):
+Three sections, every point in its own process:
 
 - ``throughput``: every workload, size and strategy on the whole machine: epoch 1 (filling
   the cache) and epoch 2 (reading it). One ``cacheserver`` daemon per workload on a unix
@@ -14,6 +14,9 @@ Two sections, every point in its own measurement process (``measure.py``, two ep
 - ``memory``: ``ds.cache()`` and shardcache on cheap 602 KB elements of growing total size
   in a memory-limited cgroup (``memcap.py``), client and daemon inside it, past the limit:
   the client's peak anonymous RSS per size, and where ``ds.cache()`` is OOM-killed.
+- ``store``: the object-store tier (``store.py``, one process): a SeaweedFS server's raw PUT
+  and GET through boto3 and obstore (moto's beside it), and shardcache's publish and pull
+  against it, as ratios to the raw rates, with the time to a cold daemon's first element.
 
 All raw results go to ``--out`` (JSON, default ``bench/results/latest.json``, with
 ``--quick`` ``bench/results/quick.json``). ``render.py`` turns them into the report: with
@@ -280,8 +283,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (image, small; a 1 GiB memory cap), a few minutes")
-    parser.add_argument("--sections", nargs="+", choices=("throughput", "memory"),
-                        default=["throughput", "memory"])
+    parser.add_argument("--sections", nargs="+", choices=("throughput", "memory", "store"),
+                        default=["throughput", "memory", "store"])
     parser.add_argument(
         "--sizes", nargs="+", default=[], metavar="WORKLOAD=N[,N...]",
         help="element counts per workload, e.g. image=1000,4000 small=200000 "
@@ -408,12 +411,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     bench.total = (sum(len(ns) for ns in args.size_plan.values()) * len(args.strategies)
                    * args.repeat)
     memory: dict[str, Any] | None = None
+    store: dict[str, Any] | None = None
     started = time.monotonic()
     try:
         for name, sizes in args.size_plan.items():
             bench.run_workload(name, sizes)
         if memory_on:
             memory = _memory_section(args, scratch_root, socket_root)
+        if "store" in args.sections:
+            store = _store_section(args, scratch_root)
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)
         shutil.rmtree(socket_root, ignore_errors=True)
@@ -431,6 +437,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "records": bench.records,
         "daemons": bench.daemons,
         "memory": memory,
+        "store": store,
         "wall_seconds": round(wall),
     }
 
@@ -455,6 +462,25 @@ def _memory_section(args: argparse.Namespace, scratch_root: Path,
         bench.run_memory(cap)
     return section | {"cgroup": cap.describe(), "records": bench.records,
                       "daemons": bench.daemons}
+
+
+def _store_section(args: argparse.Namespace, scratch_root: Path) -> dict[str, Any]:
+    """Run ``store.py`` (full or quick sizes) in its own process; its results, or why not."""
+    out = scratch_root / "store.json"
+    cmd = [sys.executable, str(BENCH_DIR / "store.py"), "--out", str(out), "--no-report",
+           "--tmp-dir", str(scratch_root), "--timeout", str(min(args.timeout, 600.0))]
+    if not args.quick:
+        cmd.append("--full")
+    print("[store] the object-store tier (bench/store.py) ...", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), stdout=subprocess.DEVNULL,
+                              timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"bench/store.py timed out after {args.timeout:g} s"}
+    if not out.exists():
+        return {"error": f"bench/store.py exited with {proc.returncode} and wrote no results"}
+    section: dict[str, Any] = json.loads(out.read_text())
+    return section
 
 
 if __name__ == "__main__":
