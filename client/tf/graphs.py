@@ -28,7 +28,9 @@ def fingerprint_of(dataset: tf.data.Dataset, version: str | None) -> str:
     The graph is tf.data's own serialization of the pipeline, made independent
     of the process that built it (see :func:`_canonical_graph`), so the same
     pipeline built in another process gets the same fingerprint. It cannot see
-    inside py_function or generator code: pass version= to key on those.
+    inside py_function or generator code: pass version= to key on those. Nor
+    can it see the pipeline a tf.data service dispatcher runs: only the service
+    read's processing mode and what follows it (not its address or job name).
 
     tf.data's DatasetFingerprint op is not used: on TF 2.21 its node cache is
     keyed by pointers into function bodies it has already freed, so a pipeline
@@ -55,6 +57,12 @@ _POLICY_IGNORE = 1  # ExternalStatePolicy: serialize stateful functions without 
 #: Ops whose seed inputs tf.data's own graph hash ignores (they vary from run to run).
 _SEEDED_OPS = ("ShuffleDataset", "ShuffleAndRepeatDataset", "AnonymousRandomSeedGenerator")
 _SEED_INPUTS = frozenset({"seed", "seed2", "seed_generator"})
+#: tf.data service reads: inputs and attrs that name the run, not the data (the dispatcher's
+#: address and protocol, the job, the id the dispatcher assigned, request tuning).
+_SERVICE_OPS = ("DataServiceDataset",)
+_SERVICE_INPUTS = frozenset({"dataset_id", "address", "protocol", "job_name",
+                             "max_outstanding_requests", "iteration_counter"})
+_SERVICE_ATTRS = ("task_refresh_interval_hint_ms", "data_transfer_protocol", "target_workers")
 #: Ops naming their Python callable by a per-process registry token.
 _PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 _RESOURCE = types_pb2.DT_RESOURCE
@@ -64,6 +72,18 @@ def _node_name(ref: str) -> str:
     return ref.lstrip("^").split(":", 1)[0]
 
 
+def _cut_inputs(node: node_def_pb2.NodeDef, names: frozenset[str]) -> None:
+    """Remove node's data inputs whose op-def names are in names."""
+    op_def = op_def_registry.get(node.op)
+    if op_def is None:
+        return
+    kept = [x for i, x in enumerate(node.input)
+            if x.startswith("^") or i >= len(op_def.input_arg)
+            or op_def.input_arg[i].name not in names]
+    del node.input[:]
+    node.input.extend(kept)
+
+
 def _canonical_graph(graph: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     """The pipeline's graph without what differs between processes building it.
 
@@ -71,8 +91,10 @@ def _canonical_graph(graph: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     names carry per-process counters); py_func registry tokens, tf.data
     ``metadata`` (per-process dataset ids), resource handle names and devices,
     debug info and the graph's producer version are dropped; seed inputs of
-    shuffles are cut as tf.data's own hash does, and nodes no longer reachable
-    from the outputs go with them. graph is modified in place.
+    shuffles are cut as tf.data's own hash does, and so are a tf.data service
+    read's per-run inputs (dispatcher address, protocol, job name, dataset id);
+    nodes no longer reachable from the outputs go with them. graph is modified
+    in place.
     """
     library = {f.signature.name: f for f in graph.library.function}
     names: dict[str, str] = {}
@@ -99,13 +121,11 @@ def _canonical_graph(graph: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
         by_name = {n.name: n for n in nodes}
         for node in nodes:
             if node.op.startswith(_SEEDED_OPS):
-                op_def = op_def_registry.get(node.op)
-                if op_def is not None:
-                    kept = [x for i, x in enumerate(node.input)
-                            if x.startswith("^") or i >= len(op_def.input_arg)
-                            or op_def.input_arg[i].name not in _SEED_INPUTS]
-                    del node.input[:]
-                    node.input.extend(kept)
+                _cut_inputs(node, _SEED_INPUTS)
+            elif node.op.startswith(_SERVICE_OPS):
+                _cut_inputs(node, _SERVICE_INPUTS)
+                for key in _SERVICE_ATTRS:
+                    node.attr.pop(key, None)
         reachable: set[str] = set()
         stack = [r for r in roots if r in by_name]
         while stack:
