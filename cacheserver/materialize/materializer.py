@@ -49,8 +49,8 @@ from cacheserver.materialize.operation import (
     Spec,
     committed_shard,
     describe,
-    graph_fingerprint,
     leaves,
+    source_fingerprint,
 )
 from cacheserver.materialize.policy import Policy
 from client.format.layout import MAX_BLOCK_BYTES
@@ -234,10 +234,9 @@ class Materializer:
             raise InvalidArgument(f"block_bytes is {block_bytes:,}; the limit is "
                                   f"{MAX_BLOCK_BYTES:,} (each worker holds a block in memory; "
                                   "256 KiB is the default, 0 stores one element per value)")
-        if not fingerprint:
-            fingerprint = f"entry:{entry_point}" if entry_point else graph_fingerprint(graph_def)
         return Spec(entry_point, graph_def, element_spec, num_shards, workers,
-                    f"{fingerprint}/shards={num_shards}", block_bytes)
+                    source_fingerprint(entry_point, graph_def, num_shards, fingerprint),
+                    block_bytes)
 
     def _workers(self, spec: Spec) -> int:
         return max(1, min(spec.workers or self.default_workers, spec.num_shards))
@@ -255,6 +254,7 @@ class Materializer:
         for s in record.shards:
             op.committed[s.index] = ShardProgress(s.num_elements, s.raw_bytes, s.stored_bytes)
         op.resumed_shards = set(op.committed)
+        self._ops[name] = op  # (self._lock is held) so that watching it finds it
         return op.snapshot()
 
     def _find(self, op_name: str) -> Operation:

@@ -183,6 +183,14 @@ def graph_fingerprint(graph_def: bytes) -> str:
     return f"graph:{hashlib.sha256(graph_def).hexdigest()[:16]}"
 
 
+def source_fingerprint(entry_point: str, graph_def: bytes, num_shards: int,
+                       given: str = "") -> str:
+    """A materialized cache's fingerprint: its source's (given, else the entry point's or
+    the graph's) and its shard count, which orders the elements."""
+    source = given or (f"entry:{entry_point}" if entry_point else graph_fingerprint(graph_def))
+    return f"{source}/shards={num_shards}"
+
+
 def describe(spec: Spec) -> str:
     source = spec.entry_point or f"a dataset graph ({len(spec.graph_def):,} bytes)"
     blocks = "" if spec.block_bytes is None else f", blocks of {spec.block_bytes:,} bytes"
