@@ -43,6 +43,10 @@ SIDECAR_JOB = K8S / "sidecar" / "job.yaml"
 DAEMONSET = K8S / "daemonset" / "daemonset.yaml"
 CLIENT_POD = K8S / "daemonset" / "client-pod.yaml"
 UNIT = DEPLOY / "systemd" / "cacheserver.service"
+UNIT_ENV = DEPLOY / "systemd" / "cacheserver.env"
+STORE_CONFIG = K8S / "daemonset" / "store.yaml"
+MATERIALIZE_JOB = K8S / "materialize" / "job.yaml"
+STORE_SETTINGS = {"CACHESERVER_STORE", "CACHESERVER_STORE_ENDPOINT"}
 CONTAINERFILE = DEPLOY / "container" / "Containerfile"
 #: the oldest Kubernetes the manifests must validate against (native sidecars: 1.29+)
 K8S_VERSION = "1.31.0"
@@ -153,6 +157,90 @@ def test_the_daemonset_keeps_caches_and_socket_on_host_paths_the_client_pod_moun
         load_one(DAEMONSET, "DaemonSet")["spec"]["selector"]["matchLabels"]
 
 
+@pytest.mark.parametrize("path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")],
+                         ids=["sidecar", "daemonset"])
+def test_the_daemon_takes_the_store_from_an_optional_config_map_and_credentials_from_an_optional_secret(  # noqa: E501
+        path: Path, kind: str) -> None:
+    server = container(load_one(path, kind)["spec"]["template"]["spec"], "cacheserver")
+    refs = {kind: ref for source in server["envFrom"] for kind, ref in source.items()}
+    assert refs["configMapRef"] == {"name": "shardcache-store", "optional": True}
+    assert refs["secretRef"] == {"name": "shardcache-store-credentials", "optional": True}
+
+
+def test_the_store_config_map_holds_only_settings_the_daemon_knows() -> None:
+    from cacheserver import config
+
+    data = load_one(STORE_CONFIG, "ConfigMap")["data"]
+    assert set(data) >= STORE_SETTINGS
+    known = {s.env for s in config.SETTINGS}
+    for key in data:  # serve refuses an unknown CACHESERVER_* variable
+        assert key in known or not key.startswith(config.ENV_PREFIX), key
+    assert data["CACHESERVER_STORE"] == ""  # no store until the operator names one
+
+
+def _materialize_job() -> tuple[dict[str, Any], dict[str, Any]]:
+    job = load_one(MATERIALIZE_JOB, "Job")
+    return job, container(job["spec"]["template"]["spec"], "materialize")
+
+
+def test_the_materialize_job_is_indexed_one_index_per_completion_and_retried_per_index() -> None:
+    job, c = _materialize_job()
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    args = c["args"]
+    assert args[0] == "materialize" and c["command"] == ["cacheserver"]
+    assert spec["completions"] == spec["parallelism"] == int(_flag(args, "--indexes"))
+    assert int(_flag(args, "--shards")) >= spec["completions"]
+    assert _flag(args, "--index") == "$(JOB_COMPLETION_INDEX)"
+    assert spec["backoffLimitPerIndex"] >= 1 and spec["maxFailedIndexes"] == 0
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    # usage errors (2) and what a retry cannot cure (3) fail the index at once
+    [fail] = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailIndex"]
+    assert fail["onExitCodes"] == {"containerName": "materialize", "operator": "In",
+                                   "values": [2, 3]}
+    # the store's settings are the DaemonSet's: same ConfigMap, same namespace
+    namespace = yaml.safe_load((K8S / "daemonset" / "kustomization.yaml").read_text())
+    assert job["metadata"]["namespace"] == namespace["namespace"]
+    env = {e["name"]: e for e in c["env"]}
+    store = load_one(STORE_CONFIG, "ConfigMap")
+    for name in STORE_SETTINGS:
+        ref = env[name]["valueFrom"]["configMapKeyRef"]
+        assert ref["name"] == store["metadata"]["name"] and ref["key"] in store["data"]
+        assert "optional" not in ref  # a Job without a store is a mistake: the pod waits
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {
+            "name": "shardcache-store-credentials", "key": name, "optional": True}
+    # every $(VAR) in args is defined (Kubernetes leaves an undefined one as it is)
+    for var in re.findall(r"\$\((\w+)\)", " ".join(args)):
+        assert var in env, var
+    scratch = next(m for m in c["volumeMounts"] if m["name"] == "scratch")
+    assert env["TMPDIR"]["value"] == scratch["mountPath"]
+
+
+def _job_argv(values: dict[str, str]) -> list[str]:
+    """The Job container's command as the kubelet runs it: $(VAR) expanded from values."""
+    _, c = _materialize_job()
+    expand = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in c["args"]]
+    return [str(Path(sys.executable).parent / c["command"][0]), *expand]
+
+
+def test_the_materialize_jobs_command_runs_as_one_index_and_says_when_the_store_is_unreachable(
+        ) -> None:
+    store = load_one(STORE_CONFIG, "ConfigMap")["data"]
+    argv = _job_argv(store | {"JOB_COMPLETION_INDEX": "3",
+                              "CACHESERVER_STORE": "s3://shardcache-test/caches",
+                              "CACHESERVER_STORE_ENDPOINT": f"http://127.0.0.1:{_free_port()}"})
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+           "AWS_DEFAULT_REGION": store["AWS_DEFAULT_REGION"]}
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr  # retried by backoffLimitPerIndex
+    assert "index 3: the object store cannot be reached" in result.stderr
+    # with the shipped ConfigMap (no store named yet) it is a usage error: FailIndex
+    result = subprocess.run(_job_argv(store | {"JOB_COMPLETION_INDEX": "3"}), env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "s3://BUCKET/PREFIX" in result.stderr, result.stderr
+
+
 # --- (b) the cacheserver container, run for real -------------------------------------
 
 
@@ -215,6 +303,26 @@ class Deployment:
     client_env: dict[str, str]
 
 
+def _config_maps() -> dict[str, dict[str, str]]:
+    """The ConfigMaps deploy/k8s ships, by name: their data."""
+    return {d["metadata"]["name"]: d.get("data", {}) for p in k8s_yaml_files()
+            for d in load_all(p) if d["kind"] == "ConfigMap"}
+
+
+def _env_from(c: dict[str, Any]) -> dict[str, str]:
+    """What envFrom gives the container: a shipped ConfigMap's data; a Secret, never shipped,
+    nothing (so both must be optional: the pod starts without them)."""
+    env: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        [(kind, ref)] = source.items()
+        shipped = _config_maps().get(ref["name"]) if kind == "configMapRef" else None
+        if shipped is None:
+            assert ref.get("optional") is True, f"{ref['name']} is not shipped: make it optional"
+        else:
+            env |= shipped
+    return env
+
+
 def _volume_key(volume: dict[str, Any]) -> str:
     """Pods sharing a hostPath share a directory; an emptyDir is the pod's own."""
     if "hostPath" in volume:
@@ -241,7 +349,8 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
         new = _free_port()
         argv = [re.sub(rf":{probe_port}$", f":{new}", a) for a in argv]
         probe_port = new
-    env = {e["name"]: paths(e["value"]) for e in server.get("env", [])}
+    env = {k: paths(v) for k, v in _env_from(server).items()}
+    env |= {e["name"]: paths(e["value"]) for e in server.get("env", [])}
     client_env = {e["name"]: e["value"] for e in container(client_spec, client_name)["env"]}
     return Deployment(
         argv=argv, env=env, probe_port=probe_port,
@@ -404,6 +513,29 @@ def test_the_unit_notifies_stops_after_the_drain_and_uses_its_state_and_runtime_
     assert unit["ProtectSystem"] == ["strict"]
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of an EnvironmentFile= file (comments and blank lines skipped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def test_the_unit_reads_its_store_settings_from_an_optional_environment_file() -> None:
+    from cacheserver import config
+
+    [env_file] = _unit(UNIT.read_text())["EnvironmentFile"]
+    assert env_file.startswith("-/etc/")  # '-': the daemon starts without the file
+    assert f"/etc/{env_file.split('/etc/', 1)[1]}" in UNIT_ENV.read_text()  # install path
+    values = _env_file(UNIT_ENV)
+    assert set(values) >= STORE_SETTINGS and values["CACHESERVER_STORE"] == ""
+    known = {s.env for s in config.SETTINGS}
+    assert all(k in known for k in values if k.startswith(config.ENV_PREFIX)), values
+
+
 def test_the_units_command_tells_systemd_ready_then_stopping(scratch: Path) -> None:
     """What systemd sees of Type=notify: READY=1 once it serves, STOPPING=1 on SIGTERM."""
     argv = shlex.split(_unit(UNIT.read_text())["ExecStart"][0])
@@ -416,7 +548,8 @@ def test_the_units_command_tells_systemd_ready_then_stopping(scratch: Path) -> N
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(scratch / "notify"))
     notify.settimeout(30)
-    proc = subprocess.Popen(argv, env={**os.environ, "NOTIFY_SOCKET": str(scratch / "notify")},
+    env = {**os.environ, **_env_file(UNIT_ENV), "NOTIFY_SOCKET": str(scratch / "notify")}
+    proc = subprocess.Popen(argv, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert notify.recv(4096) == b"READY=1"

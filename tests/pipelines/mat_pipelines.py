@@ -108,3 +108,34 @@ def reports_its_session(shard: int, num_shards: int) -> tf.data.Dataset:
     """One element: the worker's pid, session, process group and parent."""
     return tf.data.Dataset.from_tensors(tf.constant(
         [os.getpid(), os.getsid(0), os.getpgid(0), os.getppid()], tf.int64))
+
+
+#: A directory: shards listed in HOLD_SHARDS_ENV stop after GATED_AFTER elements, create
+#: <dir>/holding-<shard> and wait for <dir>/release (an Indexed Job index caught mid-shard).
+HOLD_DIR_ENV = "SC_TEST_HOLD_DIR"
+HOLD_SHARDS_ENV = "SC_TEST_HOLD_SHARDS"
+
+
+def held(shard: int, num_shards: int) -> tf.data.Dataset:
+    """records(), but the shards named in $SC_TEST_HOLD_SHARDS hold part way."""
+    ds = records(shard, num_shards)
+    hold_dir = os.environ.get(HOLD_DIR_ENV)
+    shards = {int(s) for s in os.environ.get(HOLD_SHARDS_ENV, "").split(",") if s}
+    if not hold_dir or shard not in shards:
+        return ds
+
+    def wait(position: np.int64) -> np.int64:
+        if position == GATED_AFTER:
+            open(os.path.join(hold_dir, f"holding-{shard}"), "w").close()
+            deadline = time.monotonic() + 300
+            while not os.path.exists(os.path.join(hold_dir, "release")) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return position
+
+    def hold(position: tf.Tensor, element: dict) -> dict:
+        done = tf.numpy_function(wait, [position], tf.int64)
+        with tf.control_dependencies([done]):
+            return {k: tf.identity(v) for k, v in element.items()}
+
+    return ds.enumerate().map(hold)
