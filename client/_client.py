@@ -21,6 +21,7 @@ from client.errors import (
     FingerprintMismatchError,
     InvalidArgumentError,
     ServerUnavailableError,
+    StoreUnavailableError,
 )
 from client.format.blocks import blocked, check_block_bytes, write_batch_elements
 from client.format.layout import Layout
@@ -280,8 +281,8 @@ class CacheClient:
                 ".repeat()")
         try:
             existing = self._get(name)
-        except CacheNotFoundError:
-            existing = None
+        except (CacheNotFoundError, StoreUnavailableError):  # the daemon builds it, unless
+            existing = None  # its WriteBegin finds it in the store (docs/operations.md)
         if existing is not None:
             _check_same_source(existing, fingerprint, layout)
             if existing.state == pb.CACHE_STATE_READY:
