@@ -30,6 +30,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 MULTIPART_BYTES = 64 << 20
 UPLOAD_CONCURRENCY = 4
 _READ_BYTES = 8 << 20
+_SYNC_BYTES = 32 << 20
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _RETRYABLE_CODES = {"500", "502", "503", "504", "SlowDown", "RequestTimeout", "InternalError",
                     "ServiceUnavailable", "Throttling", "ThrottlingException",
@@ -194,34 +196,56 @@ class Bucket:
     # ------------------------------------------------------------------ shard files
 
     def upload(self, path: Path, key: str, progress: Progress | None = None) -> StoredObject:
-        """Upload the file at path under key; its size and SHA-256 as the object holds them."""
+        """Upload the file at path under key; its size and SHA-256.
+
+        The hash is computed beside the upload, in a thread of its own (both read the page
+        cache; hashlib releases the GIL), not in a pass before it."""
         from boto3.s3.transfer import TransferConfig
 
-        digest = sha256_file(path)
         size = path.stat().st_size
         config = TransferConfig(multipart_threshold=MULTIPART_BYTES,
                                 multipart_chunksize=MULTIPART_BYTES,
                                 max_concurrency=UPLOAD_CONCURRENCY)
-        with self._errors(f"upload {key}"):
-            self.client.upload_file(str(path), self.url.bucket, self._key(key), Config=config,
-                                    ExtraArgs={"Metadata": {"sha256": digest}},
-                                    Callback=progress)
-        return StoredObject(key, size, digest)
+        with ThreadPoolExecutor(1, thread_name_prefix="shardcache-sha") as hasher:
+            digest = hasher.submit(sha256_file, path)
+            with self._errors(f"upload {key}"):
+                self.client.upload_file(str(path), self.url.bucket, self._key(key),
+                                        Config=config, Callback=progress)
+            return StoredObject(key, size, digest.result())
 
     def download(self, obj: StoredObject, dest: Path, progress: Progress | None = None) -> None:
-        """Fetch obj into dest in one GET; DataLoss (dest removed) if size or SHA-256 differ."""
+        """Fetch obj into dest in one GET; DataLoss (dest removed) if size or SHA-256 differ.
+
+        The network thread only receives: a second thread writes, hashes and syncs (every
+        _SYNC_BYTES, so the disk writes while the network reads), one block behind."""
         tmp = dest.with_name(f".{dest.name}.part")
-        digest, size = hashlib.sha256(), 0
+        digest = hashlib.sha256()
+        size = synced = 0
+
+        def store(f: Any, block: bytes) -> None:
+            nonlocal size, synced
+            f.write(block)
+            digest.update(block)
+            size += len(block)
+            if size - synced >= _SYNC_BYTES:
+                f.flush()
+                os.fdatasync(f.fileno())
+                synced = size
+
         try:
-            with self._errors(f"download {obj.key}"), open(tmp, "wb") as f:
+            with self._errors(f"download {obj.key}"), open(tmp, "wb") as f, \
+                    ThreadPoolExecutor(1, thread_name_prefix="shardcache-sink") as disk:
                 body = self.client.get_object(Bucket=self.url.bucket,
                                               Key=self._key(obj.key))["Body"]
+                pending: Future[None] | None = None
                 for block in body.iter_chunks(_READ_BYTES):
-                    f.write(block)
-                    digest.update(block)
-                    size += len(block)
+                    if pending is not None:
+                        pending.result()  # at most two blocks held
+                    pending = disk.submit(store, f, block)
                     if progress is not None:
                         progress(len(block))
+                if pending is not None:
+                    pending.result()
                 f.flush()
                 os.fsync(f.fileno())
             if size != obj.size or digest.hexdigest() != obj.sha256:
