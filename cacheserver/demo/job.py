@@ -167,9 +167,17 @@ class DaemonNotes(Notes):
     def end(self, epoch: int) -> str:
         if self._ready_before:
             return "streamed from the daemon"
-        if self._state() == "READY":
+        # the commit ends the write behind the last element: give it time on a busy machine
+        deadline = time.monotonic() + COMMIT_WAIT_S
+        while (state := self._state()) == "WRITING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if state == "READY":
             return "source pipeline, written through to the daemon"
         return "source pipeline; the cache was NOT committed (see the daemon log)"
+
+
+#: How long an epoch's end waits for a write still committing.
+COMMIT_WAIT_S = 60.0
 
 
 def _warm_up(tf: Any, keras: Any, image_size: int) -> None:
