@@ -7,7 +7,7 @@ import functools
 import gc
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +81,13 @@ class CacheInfo:
                    pb.StoreState.Name(c.store.state).removeprefix("STORE_STATE_")
                    if c.store.state else "", c.store.done_bytes, c.store.total_bytes,
                    c.store.detail)
+
+
+@dataclass
+class _Committed:
+    """The committed cache a cc.cache() dataset reads, once an iteration has found it."""
+
+    cache: pb.Cache | None = None
 
 
 def _free_dangling_iterators() -> None:
@@ -218,6 +225,7 @@ class CacheClient:
         See docs/direct.md.
         """
         from client.tf import convert
+        from client.tf import reads as tf_reads
 
         _check_prefetch(prefetch_bytes)
         reads = direct_read.DirectReads(self._transport, direct_read.resolve_mode(direct),
@@ -234,10 +242,10 @@ class CacheClient:
         options = plan.apply_resume(cache, options, resume).with_seed()
         plan.check_start(cache, options)
         reads.check(cache)
-        epochs = plan.Epochs(options)
-        return fmt.dataset(lambda: self._read_next(cache, fmt, epochs, prefetch_bytes,
-                                                    direct=reads),
-                            plan.cardinality(cache, options))
+        reader = tf_reads.Reader(tf_reads.Wire(fmt), functools.partial(
+            self._epoch_batches, cache, fmt.layout, options, prefetch_bytes, reads),
+            plan.Epochs(options))
+        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(cache, options))
 
     def cache(self, dataset: tf.data.Dataset, name: str, *, version: str | None = None,
               prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
@@ -263,6 +271,7 @@ class CacheClient:
         value, cheaper for caches read mostly with shuffle=True (docs/format.md, "Blocks").
         """
         from client.tf import convert, graphs
+        from client.tf import reads as tf_reads
 
         _check_prefetch(prefetch_bytes)
         reads = direct_read.DirectReads(self._transport, direct_read.resolve_mode(direct),
@@ -296,14 +305,23 @@ class CacheClient:
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                               element_spec=convert.encode_spec(spec))
         epochs = plan.Epochs(options)
-        decide = functools.partial(self._begin_epoch, fmt, begin, prefetch_bytes, epochs, reads)
+        ready = _Committed(existing if existing is not None
+                           and existing.state == pb.CACHE_STATE_READY else None)
+        reader = tf_reads.Reader(tf_reads.Wire(fmt), functools.partial(
+            self._cache_batches, ready, begin, options, prefetch_bytes, reads), epochs)
+        iterations = tf_reads.Iterations(reader, epochs)
+        decide = iterations.deciding(functools.partial(self._begin_epoch, begin, epochs, reads,
+                                                       ready))
         if fmt.batchable_source and source_count >= 0 and tap.enabled():  # stays in tf.data
             taps = tap.TapEpochs(layout, decide, source_count)
-            batches = convert.tapped_batches(dataset, fmt, taps, write_batch_elements(layout),
-                                         rebatch_reads=False)
+            batches = convert.tapped_batches(dataset, fmt, taps, iterations,
+                                             write_batch_elements(layout), rebatch_reads=False)
             return fmt.elements(batches, cardinality, functools.partial(
-                convert.tapped_batches, dataset, fmt, taps))
-        return fmt.dataset(lambda: self._cache_epoch(dataset, fmt, decide), cardinality)
+                convert.tapped_batches, dataset, fmt, taps, iterations))
+        return tf_reads.elements(fmt, functools.partial(
+            tf_reads.generated, iterations, decide,
+            lambda decision: self._write_through(dataset, fmt, decision.writer),
+            fmt.signature), cardinality)
 
     def materialize(self, source: str | tf.data.Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -331,23 +349,41 @@ class CacheClient:
 
     # ------------------------------------------------------------------ epochs
 
-    def _read_next(self, cache: pb.Cache, fmt: BatchFormat, epochs: plan.Epochs,
-                   prefetch_bytes: int, taken: tuple[int, int] | None = None,
-                   direct: direct_read.DirectReads | None = None) -> Iterator[Any]:
-        """The next epoch of epochs (or the one already taken) over cache."""
-        if self._tune_malloc:  # from_generator has applied its own setting by now
+    def _epoch_batches(self, cache: pb.Cache, layout: Layout, options: plan.ReadOptions,
+                       prefetch_bytes: int, direct: direct_read.DirectReads | None,
+                       epoch: int, start: int) -> Iterator[tuple[int, Any]]:
+        """(count, decoded batch) of epoch over cache from position start of this share."""
+        if self._tune_malloc:  # TensorFlow's py functions have applied their setting by now
             malloc.tune()
-        epoch, start = taken or epochs.take()
-        for n, batch in read_epoch(self._transport, cache, fmt.layout, epochs.options, epoch,
-                                   start, prefetch_bytes, direct):
-            yield fmt.to_wire(batch, n)
+        yield from read_epoch(self._transport, cache, layout, options, epoch, start,
+                              prefetch_bytes, direct)
 
-    def _begin_epoch(self, fmt: BatchFormat, begin: pb.WriteBegin, prefetch_bytes: int,
-                     epochs: plan.Epochs, direct: direct_read.DirectReads) -> tap.Decision:
-        """What an iteration of a cc.cache() dataset does: read, write through, or pass through."""
+    def _cache_batches(self, ready: _Committed, begin: pb.WriteBegin,
+                       options: plan.ReadOptions, prefetch_bytes: int,
+                       direct: direct_read.DirectReads, epoch: int, start: int
+                       ) -> Iterator[tuple[int, Any]]:
+        """A read epoch of a cc.cache() dataset; ready.cache: the committed cache, when known
+        (a read epoch restored from a checkpoint looks it up)."""
+        cache = ready.cache
+        if cache is None:
+            cache = self._get(begin.name)
+            if cache.state != pb.CACHE_STATE_READY:
+                raise CacheNotReadyError(
+                    f"a checkpoint restores a read epoch of cache {begin.name!r}, which is not "
+                    "READY on this daemon: restore on the daemon that holds the cache, or "
+                    "build it again first (one full pass over cc.cache())")
+            _check_same_source(cache, begin.fingerprint, Layout.from_json(begin.layout_json))
+            ready.cache = cache
+        yield from self._epoch_batches(cache, Layout.from_json(begin.layout_json), options,
+                                       prefetch_bytes, direct, epoch, start)
+
+    def _begin_epoch(self, begin: pb.WriteBegin, epochs: plan.Epochs,
+                     direct: direct_read.DirectReads, ready: _Committed) -> tap.Decision:
+        """What an iteration of a cc.cache() dataset does: read, write through, or pass through.
+
+        A READ iteration reads the epoch its control took (client/tf/reads.py)."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
             malloc.tune()
-        taken = epochs.take()
         writer = direct_write.writer_for(self._transport, begin, direct,  # docs/writing.md
                                           self._local_data_dir)
         try:
@@ -361,20 +397,11 @@ class CacheClient:
         writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             plan.check_start(begun.cache, epochs.options)
-            return tap.Decision(tap.READ, read=functools.partial(
-                self._read_next, begun.cache, fmt, epochs, prefetch_bytes, taken, direct))
+            ready.cache = begun.cache
+            return tap.Decision(tap.READ)
         log.info("cache %r is being written by another process; streaming the source "
                  "pipeline without writing", begin.name)
         return tap.Decision(tap.SOURCE)
-
-    def _cache_epoch(self, dataset: tf.data.Dataset, fmt: BatchFormat,
-                     decide: Callable[[], tap.Decision]) -> Iterator[Any]:
-        """One iteration of a cc.cache() dataset through from_generator (the untapped path)."""
-        decision = decide()
-        if decision.read is not None:
-            yield from decision.read()
-        else:
-            yield from self._write_through(dataset, fmt, decision.writer)
 
     def _write_through(self, dataset: tf.data.Dataset, fmt: BatchFormat,
                        writer: CacheWriter | None) -> Iterator[Any]:

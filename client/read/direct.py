@@ -220,8 +220,9 @@ class _Releaser:
         try:
             self.transport.call(stub.ReleaseReadLease,
                                 pb.ReleaseReadLeaseRequest(lease_id=self.lease_id), timeout=5)
-        except ShardcacheError as exc:
-            log.debug("could not release read lease %s: %s", self.lease_id, exc)
+        except (ShardcacheError, ValueError) as exc:  # ValueError: the client was closed
+            log.debug("could not release read lease %s (it expires on the daemon): %s",
+                      self.lease_id, exc)
 
 
 class ReadLease:

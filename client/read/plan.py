@@ -182,6 +182,11 @@ class Epochs:
             epoch, self._next = self._next, self._next + 1
         return epoch, self.options.start if epoch == self.options.epoch else 0
 
+    def seen(self, epoch: int) -> None:
+        """An iteration reads epoch (a restored checkpoint's): the next one reads a later one."""
+        with self._lock:
+            self._next = max(self._next, epoch + 1)
+
 
 def check_start(cache: Any, options: ReadOptions) -> None:
     lo, hi = share_range(cache.num_elements, options.worker_index, options.num_workers)

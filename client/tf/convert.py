@@ -26,6 +26,7 @@ from client.errors import InvalidArgumentError
 from client.format.codec import VarLeaf
 from client.format.layout import Layout, Leaf
 from client.tf.datasets import BatchBuilder, CachedElements, with_spec
+from client.tf.reads import unsaved
 from client.tf.tap import READ, SOURCE, WRITE
 
 _FIXED, _VAR, _EMPTY = "fixed", "var", "empty"
@@ -136,15 +137,20 @@ class BatchFormat:
         generated = tf.data.Dataset.from_generator(batches, output_signature=self.signature)
         return self.elements(generated, cardinality)
 
+    def unbatched(self, generated: tf.data.Dataset) -> tf.data.Dataset:
+        """The elements of generated, a dataset of batches in the wire form (spec undeclared)."""
+        ds = generated.unbatch()
+        if not self.direct:
+            ds = ds.map(self._assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds
+
     def elements(self, generated: tf.data.Dataset, cardinality: int,
                  batched: BatchBuilder | None = None) -> tf.data.Dataset:
         """The element dataset of generated, a dataset of batches in the wire form.
 
         Its batch() is batched(size, drop_remainder), by default rebatch on generated.
         """
-        ds = generated.unbatch()
-        if not self.direct:
-            ds = ds.map(self._assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = self.unbatched(generated)
         if cardinality >= 0:
             ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
         ds = with_spec(ds, self.spec)
@@ -206,13 +212,16 @@ def source_batches(dataset: tf.data.Dataset, fmt: BatchFormat,
         yield n, leaves
 
 
-def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, size: int,
-                   drop_remainder: bool = False, rebatch_reads: bool = True) -> tf.data.Dataset:
+def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, iterations: Any,
+                   size: int, drop_remainder: bool = False, rebatch_reads: bool = True
+                   ) -> tf.data.Dataset:
     """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
 
     client/tf/tap.py has the design. epochs is a tap.TapEpochs; source must be
-    fmt.batchable_source. The control generator yields (token, mode) per
-    iteration, and take(0) never starts the branches the mode does not pick. A
+    fmt.batchable_source. iterations (client/tf/reads.py) runs epochs' control
+    generator, one (token, mode) per iteration, in a checkpointable control, and
+    reads the READ branch; take(0) never starts the branches the mode does not
+    pick, and an iterator saved in a WRITE or SOURCE branch fails (reads.unsaved). A
     write taps every batch of the source, the short last one included, and
     drop_remainder drops that one only after the tap. rebatch_reads=False
     leaves a read's decoded batches as they come (for ``unbatch``).
@@ -220,7 +229,8 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, size:
     batched = _finalized(source.batch(size))
     dropped = _finalized(source.batch(size, drop_remainder=True)) if drop_remainder else batched
 
-    def branch(token: tf.Tensor, mode: tf.Tensor) -> tf.data.Dataset:
+    def branch(token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor, start: tf.Tensor
+               ) -> tf.data.Dataset:
         def tap(*args: Any) -> Any:  # map unpacks a tuple into args
             leaves = tf.nest.flatten(args)
             done = tf.numpy_function(epochs.tap, [token, *leaves], tf.int64, stateful=True)
@@ -237,16 +247,14 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, size:
         written = batched.map(tap)
         if drop_remainder:
             written = written.filter(full)
-        reads = tf.data.Dataset.from_generator(epochs.read, args=(token,),
-                                               output_signature=fmt.signature)
+        reads = iterations.reader.batches(epoch, start)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
-        return (only(written, WRITE).concatenate(only(dropped, SOURCE))
+        return (only(unsaved(written), WRITE).concatenate(only(unsaved(dropped), SOURCE))
                 .concatenate(only(reads, READ)))
 
-    control = (tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.int64))
-    return tf.data.Dataset.from_generator(epochs.control,
-                                          output_signature=control).flat_map(branch)
+    iterations.controlled_by(epochs.control)
+    return iterations.dataset(branch, with_spec(batched.take(0), fmt.signature))
 
 
 def _finalized(ds: tf.data.Dataset) -> tf.data.Dataset:

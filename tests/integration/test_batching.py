@@ -23,7 +23,8 @@ def source(n: int = N) -> tf.data.Dataset:
 
 def ops_of(ds: tf.data.Dataset) -> set[str]:
     graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
-    return {node.op for node in graph.node}
+    functions = [node for f in graph.library.function for node in f.node_def]  # flat_map's
+    return {node.op for node in [*graph.node, *functions]}
 
 
 def assert_same_batches(got: tf.data.Dataset, want: tf.data.Dataset) -> None:
