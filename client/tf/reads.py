@@ -189,8 +189,10 @@ class Reader:
     at epoch e moves it to e + 1 (the next iteration reads the next epoch).
     """
 
-    def __init__(self, wire: Wire, open_epoch: OpenEpoch, epochs: Any) -> None:
+    def __init__(self, wire: Wire, open_epoch: OpenEpoch, epochs: Any, checkpoint: bool
+                 ) -> None:
         self.wire = wire
+        self.checkpoint = checkpoint
         self._open_epoch = open_epoch
         self._epochs = epochs
         self._ids = _Ids()
@@ -243,8 +245,20 @@ class Reader:
             stream.next += n
             return self.wire.arrays(n, batch)
 
+    def options(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        return with_checkpoint_options(ds) if self.checkpoint else ds
+
+    def generate(self, epoch: np.int64, start: np.int64) -> Iterator[Any]:
+        """from_generator body: the batches of epoch from start (checkpoint=False)."""
+        for n, batch in self._open_epoch(int(epoch), int(start)):
+            yield self.wire.fmt.to_wire(batch, n)
+
     def batches(self, epoch: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
-        """The batches of epoch from start, in fmt.signature's form; checkpointable."""
+        """The batches of epoch from start, in fmt.signature's form; checkpointable with
+        checkpoint, else one from_generator yield per batch (cheaper per batch)."""
+        if not self.checkpoint:
+            return tf.data.Dataset.from_generator(self.generate, args=(epoch, start),
+                                                  output_signature=self.wire.fmt.signature)
         hold = tf.numpy_function(self.open, [epoch], tf.int64, stateful=True)
 
         def step(p: tf.Tensor, _: tf.Tensor) -> tuple[tf.Tensor, Any]:
@@ -266,7 +280,7 @@ class Reader:
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(
             lambda _: tuple(tf.numpy_function(self.begin, [], [tf.int64, tf.int64],
                                               stateful=True)))
-        return with_checkpoint_options(control.flat_map(
+        return self.options(control.flat_map(
             lambda epoch, start: per_iteration(self.batches(epoch, start))))
 
 
@@ -346,7 +360,7 @@ class Iterations:
         dtypes = [tf.int64] * 5
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(
             lambda _: tuple(tf.numpy_function(self.begin, [], dtypes, stateful=True)))
-        return with_checkpoint_options(control.flat_map(iteration))
+        return self.reader.options(control.flat_map(iteration))
 
 
 def unsaved(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -404,14 +418,17 @@ def generated(iterations: Iterations, decide: Callable[[], Any],
 
 
 def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],
-             cardinality: int) -> tf.data.Dataset:
+             cardinality: int, checkpoint: bool) -> tf.data.Dataset:
     """fmt.elements() for a checkpointable dataset: iterations(per_iteration) builds it.
 
     The elements are unbatched, and batch(B)'s batches rebatched, inside each
     iteration's flat_map: an iteration whose last batches are still in a buffer
     of its own (the assembling map, a partial rebatch) keeps its flat_map alive,
     and a restore of it reruns open(), which moves the next iteration's epoch on.
+    Without checkpoint, they run after it, as on fmt.elements().
     """
+    if not checkpoint:
+        return fmt.elements(iterations(lambda batches: batches), cardinality)
     ds = iterations(fmt.unbatched)
     if cardinality >= 0:
         ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))

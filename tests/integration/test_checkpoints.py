@@ -130,7 +130,7 @@ def test_a_cache_read_epoch_restores_in_a_new_process(daemon, tmp_path, name, ra
 
 def test_saving_in_a_write_epoch_fails_at_the_save_and_the_write_goes_on(cc, name,
                                                                          tmp_path) -> None:
-    ds = cc.cache(checkpoints.source(300), name=name, version="v")
+    ds = cc.cache(checkpoints.source(300), name=name, version="v", checkpoint=True)
     it = iter(ds)
     first = consume(it, 10)
     with pytest.raises(tf.errors.UnimplementedError, match="does not support checkpointing"):
@@ -144,7 +144,7 @@ def test_saving_in_a_write_epoch_fails_at_the_save_and_the_write_goes_on(cc, nam
 
 def test_an_iterator_dropped_mid_epoch_stops_its_stream(cc, sharded, no_thread_leak) -> None:
     it = iter(cc.dataset(sharded, shuffle=True, seed=1, parallel_shards=3,
-                         prefetch_bytes=16 << 10))
+                         prefetch_bytes=16 << 10, checkpoint=True))
     consume(it, 5)
     del it  # the stream's threads end with the iterator, not with the dataset
 
@@ -164,3 +164,12 @@ def test_keras_backup_and_restore_resumes_the_interrupted_epoch_from_its_start(
     # its first iteration in the new process reads the cache's first epoch, from its start
     assert [i for s in steps[:10] for i in s] == list(range(N))
     assert np.array_equal(np.concatenate(steps[10:]), np.arange(N))
+
+
+def test_without_checkpoint_the_save_fails_and_the_read_goes_on(cc, sharded, tmp_path
+                                                                ) -> None:
+    it = iter(cc.dataset(sharded))
+    first = consume(it, 10)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="stateful"):
+        tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
+    assert first + [int(e["i"]) for e in it] == list(range(N))

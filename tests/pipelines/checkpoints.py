@@ -37,7 +37,7 @@ def source(n: int, ragged: bool = False) -> tf.data.Dataset:
 
 def build(cc: CacheClient, case: dict[str, Any]) -> tf.data.Dataset:
     """The case's dataset: cc.dataset() or cc.cache(), repeated, batched if asked."""
-    opts = {"prefetch_bytes": 16 << 10, **case.get("opts", {})}
+    opts = {"prefetch_bytes": 16 << 10, "checkpoint": True, **case.get("opts", {})}
     if case["kind"] == "dataset":
         ds = cc.dataset(case["name"], **opts)
     else:
