@@ -352,7 +352,7 @@ class Iterations:
         start) gives an iteration's batches; empty is a dataset of none like them."""
         def iteration(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
                       start: tf.Tensor) -> tf.data.Dataset:
-            finish = tf.data.Dataset.range(1).filter(
+            finish = tf.data.Dataset.from_tensors(np.int64(0)).filter(
                 lambda _: tf.numpy_function(self.finish, [hold], tf.bool, stateful=True)
             ).flat_map(lambda _: per_iteration(empty))
             return per_iteration(branch(token, mode, epoch, start)).concatenate(finish)
