@@ -190,8 +190,11 @@ class StoreTier:
 
     def publish(self, record: CacheRecord) -> None:
         """Queue a READY cache for publishing."""
-        total = sum(self._shard_file(record.name, s.index).stat().st_size
-                    for s in record.shards)
+        try:
+            total = sum(self._shard_file(record.name, s.index).stat().st_size
+                        for s in record.shards)
+        except OSError:  # deleted meanwhile: _publish finds it gone
+            total = 0
         with self._lock:
             self._status[record.name] = StoreStatus(LOCAL, 0, total, 0, "queued")
             self._due[record.name] = time.monotonic()
@@ -215,8 +218,10 @@ class StoreTier:
                 self._publish(name)
             except CacheServerError as exc:
                 self._retry_later(name, exc)
-            except Exception as exc:  # a bug: say so, keep the loop alive, retry later
-                log.exception("publishing cache %r failed", name)
+            except Exception as exc:
+                if self._ready(name) is None:
+                    continue  # deleted or evicted while it was being uploaded
+                log.exception("publishing cache %r failed", name)  # a bug: keep the loop alive
                 self._retry_later(name, exc)
 
     def _retry_later(self, name: str, exc: BaseException) -> None:
