@@ -359,10 +359,10 @@ class Catalog:
         """Before a write: a cache this daemon lacks but the store holds is pulled (and the
         write answered ALREADY_READY or refused as another pipeline's, as for a local one).
         A store that cannot be reached does not stop the write: it is built here."""
-        if self.tier is None or self._ready_record(name) is not None:
+        if self.tier is None:
             return
         with self._lock:
-            if name in self._caches:
+            if name in self._caches:  # READY or WRITING here: the local rules decide
                 return
         try:
             self._from_store(name)
