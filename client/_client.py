@@ -319,15 +319,19 @@ class CacheClient:
         reader = tf_reads.Reader(tf_reads.Wire(fmt), functools.partial(
             self._cache_batches, ready, begin, options, prefetch_bytes, reads), epochs,
             checkpoint)
-        iterations = tf_reads.Iterations(reader, epochs)
+        iterations = tf_reads.Iterations(reader, epochs, dataset.options())
         decide = iterations.deciding(functools.partial(self._begin_epoch, begin, epochs, reads,
                                                        ready))
-        if fmt.batchable_source and source_count >= 0 and tap.enabled():  # stays in tf.data
-            taps = tap.TapEpochs(layout, decide, source_count)
-            batches = convert.tapped_batches(dataset, fmt, taps, iterations,
-                                             write_batch_elements(layout), rebatch_reads=False)
-            return fmt.elements(batches, cardinality, functools.partial(
-                convert.tapped_batches, dataset, fmt, taps, iterations))
+        if source_count >= 0 and tap.enabled():  # the source stays in tf.data
+            taps = tap.TapEpochs(layout, decide, source_count, reader.wire.batch)
+
+            def tapped(source: tf.data.Dataset, cardinality: int) -> tf.data.Dataset:
+                return tf_reads.elements(fmt, lambda per_iteration: convert.tapped_batches(
+                    source, fmt, taps, iterations, write_batch_elements(layout),
+                    rebatch_reads=False, per_iteration=per_iteration), cardinality, checkpoint,
+                    functools.partial(convert.tapped_batches, source, fmt, taps, iterations),
+                    lambda log_warning: tapped(source.ignore_errors(log_warning), -2))
+            return tapped(dataset, cardinality)
         return tf_reads.elements(fmt, functools.partial(
             tf_reads.generated, iterations, decide,
             lambda decision: self._write_through(dataset, fmt, decision.writer),
@@ -420,13 +424,17 @@ class CacheClient:
 
         layout = fmt.layout
         behind = WriteBehind(writer, layout) if writer is not None else None
+        seen, whole = 0, convert.cardinality_of(dataset)
         try:
             for n, batch in convert.source_batches(dataset, fmt, write_batch_elements(layout)):
                 if behind is not None:
                     behind.put(n, batch)  # encoded and sent while the source runs on
+                    seen += n
+                    if seen == whole:  # a declared cardinality stops at the last element
+                        tap.committed(behind)
                 yield fmt.to_wire(batch, n)
-            if behind is not None and (cache := behind.finish()) is not None:
-                log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
+            if behind is not None and (whole < 0 or whole == seen == 0):
+                tap.committed(behind)
         finally:
             if behind is not None:
                 behind.close()

@@ -254,6 +254,10 @@ class ReadLease:
                             "files it holds open, the daemon may evict the cache meanwhile, "
                             "and the next pass takes a new lease", self.cache.name, lost)
                 return
+            except ValueError:  # grpc: the CacheClient was closed while a pass held a lease
+                log.debug("read lease on cache %r: the client is closed; not renewing",
+                          self.cache.name)
+                return
 
     def fetcher(self, closing: threading.Event) -> LocalFetcher:
         return LocalFetcher(self.cache, self.paths, self._envs, closing)

@@ -25,8 +25,14 @@ from tensorflow.python.saved_model import nested_structure_coder
 from client.errors import InvalidArgumentError
 from client.format.codec import VarLeaf
 from client.format.layout import Layout, Leaf
-from client.tf.datasets import BatchBuilder, CachedElements, with_spec
-from client.tf.reads import unsaved
+from client.tf.datasets import (
+    BatchBuilder,
+    CachedElements,
+    IgnoringBuilder,
+    declared,
+    with_spec,
+)
+from client.tf.reads import Transform, unsaved
 from client.tf.tap import READ, SOURCE, WRITE
 
 _FIXED, _VAR, _EMPTY = "fixed", "var", "empty"
@@ -145,21 +151,24 @@ class BatchFormat:
         return ds
 
     def elements(self, generated: tf.data.Dataset, cardinality: int,
-                 batched: BatchBuilder | None = None) -> tf.data.Dataset:
+                 batched: BatchBuilder | None = None, ignoring: IgnoringBuilder | None = None
+                 ) -> tf.data.Dataset:
         """The element dataset of generated, a dataset of batches in the wire form.
 
-        Its batch() is batched(size, drop_remainder), by default rebatch on generated.
+        Its batch() is batched(size, drop_remainder), by default rebatch on
+        generated, for caches of fixed-shape leaves only; its ignore_errors()
+        is ignoring's (datasets.CachedElements).
         """
         ds = self.unbatched(generated)
         if cardinality >= 0:
-            ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+            ds = declared(ds, cardinality)
         ds = with_spec(ds, self.spec)
         if not self.direct:
-            return ds
+            return ds if ignoring is None else CachedElements(ds, None, cardinality, ignoring)
         if batched is None:
             def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
                 return generated.rebatch(size, drop_remainder=drop_remainder)
-        return CachedElements(ds, batched, cardinality)
+        return CachedElements(ds, batched, cardinality, ignoring)
 
 
 #: Batches the source computes ahead of the write-through generator, which spends
@@ -183,21 +192,8 @@ def source_batches(dataset: tf.data.Dataset, fmt: BatchFormat,
             yield len(arrays[0]), arrays
         return
     kinds = fmt.kinds
-
-    def flatten(*args: Any) -> tuple[Any, ...]:
-        element = args[0] if len(args) == 1 else args  # map unpacks plain tuples only
-        out: list[Any] = []
-        for tensor, kind in zip(tf.nest.flatten(element, expand_composites=True), kinds):
-            if kind == _VAR:
-                out += [tf.reshape(tensor, [-1]), tf.shape(tensor, out_type=tf.int64)]
-            else:
-                out.append(tensor)
-        if not out:  # nothing but zero-size leaves: count elements with a dummy
-            out.append(tf.zeros((), tf.uint8))
-        return tuple(out)
-
-    batches = dataset.map(flatten).ragged_batch(batch_elements)
-    for batch in batches.prefetch(SOURCE_PREFETCH_BATCHES):
+    for batch in _flat_batches(dataset, kinds, batch_elements).prefetch(
+            SOURCE_PREFETCH_BATCHES):
         n = int(batch[0].nrows() if isinstance(batch[0], tf.RaggedTensor)
                 else batch[0].shape[0])
         parts = iter(batch)
@@ -212,33 +208,111 @@ def source_batches(dataset: tf.data.Dataset, fmt: BatchFormat,
         yield n, leaves
 
 
+def _flat_batches(dataset: tf.data.Dataset, kinds: list[str], size: int) -> tf.data.Dataset:
+    """Batches of size elements, each variable-shape leaf as its 1-D values plus its shape.
+
+    ragged_batch'ed: the values of a variable-shape leaf (and its shapes, when
+    their rank varies) come as RaggedTensors, the rest dense; leaves of zero
+    size stay (a dummy counts the elements when nothing else would).
+    """
+    @tf.autograph.experimental.do_not_convert  # plain Python over the structure
+    def flatten(*args: Any) -> tuple[Any, ...]:
+        element = args[0] if len(args) == 1 else args  # map unpacks plain tuples only
+        out: list[Any] = []
+        for tensor, kind in zip(tf.nest.flatten(element, expand_composites=True), kinds):
+            if kind == _VAR:
+                out += [tf.reshape(tensor, [-1]), tf.shape(tensor, out_type=tf.int64)]
+            else:
+                out.append(tensor)
+        if not out:  # nothing but zero-size leaves: count elements with a dummy
+            out.append(tf.zeros((), tf.uint8))
+        return tuple(out)
+
+    return dataset.map(flatten).ragged_batch(size)
+
+
+def _wire_batches(source: tf.data.Dataset, fmt: BatchFormat, size: int,
+                  drop_remainder: bool = False) -> tf.data.Dataset:
+    """The source's batches of size elements in fmt's wire form (fmt.signature).
+
+    Fixed-shape dense sources are source.batch(); the others are flattened
+    and ragged_batch'ed (_flat_batches) and put in the form to_wire gives a
+    decoded batch: zero-size leaves dropped, each variable-shape leaf a ragged
+    pair (values, dims).
+    """
+    if fmt.direct:
+        return source.batch(size, drop_remainder=drop_remainder)
+    kinds = fmt.kinds
+
+    def ragged(t: Any) -> tf.RaggedTensor:
+        return t if isinstance(t, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(t)
+
+    @tf.autograph.experimental.do_not_convert  # plain Python over the structure
+    def to_wire(*parts: Any) -> tuple[Any, ...]:
+        it = iter(parts)
+        out: list[Any] = []
+        for kind in kinds:
+            if kind == _VAR:
+                out += [ragged(next(it)), ragged(next(it))]
+            elif kind == _FIXED:
+                out.append(next(it))
+            else:
+                next(it)
+        if len(out) < len(fmt.signature):  # the dummy that counts the elements
+            n = tf.shape(parts[0], out_type=tf.int64)[0]
+            out.append(tf.zeros(tf.reshape(n, [1]), tf.uint8))
+        return tuple(out)
+
+    return _flat_batches(source, kinds, size).map(to_wire)
+
+
 def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, iterations: Any,
-                   size: int, drop_remainder: bool = False, rebatch_reads: bool = True
-                   ) -> tf.data.Dataset:
+                   size: int, drop_remainder: bool = False, rebatch_reads: bool = True,
+                   per_iteration: Transform = lambda batches: batches) -> tf.data.Dataset:
     """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
 
     client/tf/tap.py has the design. epochs is a tap.TapEpochs; source must be
-    fmt.batchable_source. iterations (client/tf/reads.py) runs epochs' control
+    of known cardinality. iterations (client/tf/reads.py) runs epochs' control
     generator, one (token, mode) per iteration, in a checkpointable control, and
     reads the READ branch; take(0) never starts the branches the mode does not
     pick, and an iterator saved in a WRITE or SOURCE branch fails (reads.unsaved). A
     write taps every batch of the source, the short last one included, and
     drop_remainder drops that one only after the tap. rebatch_reads=False
-    leaves a read's decoded batches as they come (for ``unbatch``).
+    leaves a read's decoded batches as they come (for ``unbatch``), and
+    per_iteration transforms them inside each iteration (reads.elements).
     """
-    batched = _finalized(source.batch(size))
-    dropped = _finalized(source.batch(size, drop_remainder=True)) if drop_remainder else batched
+    batched = _finalized(_wire_batches(source, fmt, size))
+    dropped = (_finalized(_wire_batches(source, fmt, size, drop_remainder=True))
+               if drop_remainder else batched)
+    wire = iterations.reader.wire
 
     def branch(token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor, start: tf.Tensor
                ) -> tf.data.Dataset:
         def tap(*args: Any) -> Any:  # map unpacks a tuple into args
-            leaves = tf.nest.flatten(args)
-            done = tf.numpy_function(epochs.tap, [token, *leaves], tf.int64, stateful=True)
+            batch = tf.nest.pack_sequence_as(fmt.signature, tf.nest.flatten(args))
+            done = tf.numpy_function(epochs.tap, [token, *wire.flat_of(batch)], tf.int64,
+                                     stateful=True)
             with tf.control_dependencies([done]):
-                return tf.nest.pack_sequence_as(fmt.signature, [tf.identity(x) for x in leaves])
+                return tf.nest.map_structure(tf.identity, batch, expand_composites=True)
 
         def full(*args: Any) -> tf.Tensor:
             return tf.equal(tf.shape(tf.nest.flatten(args)[0], out_type=tf.int64)[0], size)
+
+        def tapped_ahead(ds: tf.data.Dataset) -> tf.data.Dataset:
+            """ds's batches, each once the next is tapped, the last one never.
+
+            With drop_remainder the consumer's last batch is the last full one,
+            and the declared cardinality (datasets.declared) stops there: the
+            short one after it must be tapped (and the write committed) first. An
+            empty batch ends ds, so the last real batch comes out too.
+            """
+            end = tf.data.Dataset.from_tensors(tf.nest.map_structure(
+                lambda s: tf.zeros((0, *s.shape[1:]), s.dtype), fmt.signature))
+            held = tf.nest.map_structure(lambda s: tf.zeros((0, *s.shape[1:]), s.dtype),
+                                         fmt.signature)
+            return (ds.concatenate(with_spec(end, ds.element_spec))
+                    .scan((held, False), lambda state, batch: ((batch, True), state))
+                    .filter(lambda batch, had: had).map(lambda batch, _: batch))
 
         def only(ds: tf.data.Dataset, picked: int) -> tf.data.Dataset:
             ds = with_spec(ds, fmt.signature)  # concatenate wants the same names
@@ -246,7 +320,7 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
 
         written = batched.map(tap)
         if drop_remainder:
-            written = written.filter(full)
+            written = tapped_ahead(written).filter(full)
         reads = iterations.reader.batches(epoch, start)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
@@ -254,7 +328,7 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
                 .concatenate(only(reads, READ)))
 
     iterations.controlled_by(epochs.control)
-    return iterations.dataset(branch, with_spec(batched.take(0), fmt.signature))
+    return iterations.dataset(branch, with_spec(batched.take(0), fmt.signature), per_iteration)
 
 
 def _finalized(ds: tf.data.Dataset) -> tf.data.Dataset:

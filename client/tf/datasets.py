@@ -25,8 +25,33 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
+
+
+def declared(ds: tf.data.Dataset, n: int) -> tf.data.Dataset:
+    """ds with its cardinality n declared: len(), Keras and distribution see n.
+
+    tf.data's ``assert_cardinality`` checks the count at the end and, when ds
+    fell short (a source error lost a batch), raises again on every later call:
+    a loop that catches the error and asks again, ``ignore_errors()`` among them,
+    never ends. Here ``take(n)`` declares it, over ds followed by an empty
+    dataset of infinite cardinality: a short ds just ends (the error that cost
+    the elements was raised once), and ``take`` stops at the n-th element without
+    asking ds for more. An empty ds has nothing to lose and keeps the assertion.
+    """
+    if n == 0:
+        return ds.apply(tf.data.experimental.assert_cardinality(0))
+
+    def never(_: tf.Tensor) -> tf.Tensor:
+        return tf.constant(False)
+
+    def none_of_ds(_: tf.Tensor) -> tf.data.Dataset:
+        return ds.take(0)
+
+    nothing = tf.data.Dataset.from_tensors(np.int64(0)).filter(never).flat_map(none_of_ds)
+    return ds.concatenate(nothing.repeat()).take(n)
 
 
 def with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
@@ -50,21 +75,45 @@ def with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
 BatchBuilder = Callable[[int, bool], tf.data.Dataset]
 
 
+#: Builds the dataset again over source.ignore_errors(log_warning).
+IgnoringBuilder = Callable[[bool], tf.data.Dataset]
+
+
 class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
     """A cache's elements (``elements``), batched without ``unbatch`` by ``batched``.
 
-    ``elements`` is the unbatched form (cardinality asserted, spec declared)
-    that iterating this dataset runs; ``batched(size, drop_remainder)`` builds
-    the batches: ``rebatch`` on the generator's decoded batches, or a tapped
-    write epoch's batches of the source (client/tf/tap.py). ``cardinality`` is
-    the element count, or < 0 when unknown.
+    ``elements`` is the unbatched form (cardinality declared, spec declared)
+    that iterating this dataset runs; ``batched(size, drop_remainder)``, when
+    given, builds the batches: ``rebatch`` on the generator's decoded batches,
+    or a tapped write epoch's batches of the source (client/tf/tap.py).
+    ``cardinality`` is the element count, or < 0 when unknown. ``ignoring``,
+    when given, builds the dataset again over the source's ``ignore_errors()``
+    (a tapped cc.cache(): see ignore_errors()).
     """
 
-    def __init__(self, elements: tf.data.Dataset, batched: BatchBuilder,
-                 cardinality: int) -> None:
+    def __init__(self, elements: tf.data.Dataset, batched: BatchBuilder | None,
+                 cardinality: int, ignoring: IgnoringBuilder | None = None) -> None:
         self._batched = batched
         self._elements_cardinality = cardinality
+        self._ignoring = ignoring
         super().__init__(elements, elements._variant_tensor)
+
+    def ignore_errors(self, log_warning: bool = False, name: str | None = None
+                      ) -> tf.data.Dataset:
+        """tf.data's ignore_errors(), applied to a write epoch's source element by element.
+
+        The write epoch reads its source in batches, and a source error loses the
+        batch that held it (README, "Differences from ds.cache()"); ignoring the
+        errors of the source itself, before it is batched, loses only the
+        elements that raised, as ``ds.cache().ignore_errors()`` does. A write
+        epoch whose source raised is not committed (the tap counts fewer
+        elements than the source's cardinality), so every epoch runs the source
+        until one runs clean. The cache's own errors (daemon unreachable past
+        the reconnect timeout) still raise.
+        """
+        if self._ignoring is None:
+            return super().ignore_errors(log_warning, name)
+        return self._ignoring(log_warning)
 
     def batch(self, batch_size: Any, drop_remainder: bool = False,
               num_parallel_calls: Any = None, deterministic: Any = None,
@@ -75,7 +124,8 @@ class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
         copies each element once, in order, on the iterator's thread, and a
         write epoch batches the source itself.
         """
-        if (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+        if (self._batched is None or isinstance(batch_size, bool)
+                or not isinstance(batch_size, numbers.Integral)
                 or batch_size < 1 or not isinstance(drop_remainder, bool)):
             return super().batch(batch_size, drop_remainder, num_parallel_calls,
                                  deterministic, name)
@@ -83,8 +133,7 @@ class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
         ds = self._batched(size, drop_remainder)
         n = self._elements_cardinality
         if n >= 0:
-            ds = ds.apply(tf.data.experimental.assert_cardinality(
-                n // size if drop_remainder else -(-n // size)))
+            ds = declared(ds, n // size if drop_remainder else -(-n // size))
         first = size if drop_remainder else None
         spec = tf.nest.map_structure(
             lambda s: tf.TensorSpec((first, *s.shape), s.dtype, s.name), self.element_spec)

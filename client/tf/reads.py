@@ -51,7 +51,13 @@ import tensorflow as tf
 
 from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
-from client.tf.datasets import CachedElements, with_spec
+from client.tf.datasets import (
+    BatchBuilder,
+    CachedElements,
+    IgnoringBuilder,
+    declared,
+    with_spec,
+)
 from client.tf.tap import READ
 
 log = logging.getLogger("client")
@@ -151,6 +157,33 @@ class Wire:
         if self._dummy:
             out.append(np.zeros(n, np.uint8))
         return out
+
+    def batch(self, flat: list[np.ndarray]) -> tuple[int, list[Any]]:
+        """arrays()'s inverse: (count, the decoded batch) of a batch's flat arrays."""
+        n = len(flat[self._count])
+        it = iter(flat)
+        batch: list[Any] = []
+        for kind, leaf in zip(self.fmt.kinds, self.fmt.layout.leaves):
+            if kind == _FIXED:
+                batch.append(next(it))
+            elif kind == _VAR:
+                batch.append(VarLeaf(next(it), next(it), next(it), next(it)))
+            else:
+                batch.append(np.zeros((n, *leaf.shape), tf.as_dtype(leaf.dtype).as_numpy_dtype))
+        return n, batch
+
+    def flat_of(self, batch: Any) -> list[tf.Tensor]:
+        """signature_of()'s inverse: the flat tensors of a batch in fmt.signature's form."""
+        parts = tf.nest.flatten(batch)
+        if self.fmt.direct:
+            return parts
+        flat: list[tf.Tensor] = []
+        for part in parts:
+            if isinstance(part, tf.RaggedTensor):
+                flat += [part.flat_values, part.row_lengths()]
+            else:
+                flat.append(part)
+        return flat
 
     def empty(self) -> list[np.ndarray]:
         return list(self._empty)
@@ -294,9 +327,10 @@ class Iterations:
     finalizer closes it however the iteration ends.
     """
 
-    def __init__(self, reader: Reader, epochs: Any) -> None:
+    def __init__(self, reader: Reader, epochs: Any, options: tf.data.Options) -> None:
         self.reader = reader
         self._epochs = epochs
+        self._options = options  # the source's: cc.cache(src).options() has them
         self._ids = _Ids()
         self._lock = threading.Lock()
         self._live: dict[int, Iterator[Any]] = {}
@@ -360,7 +394,7 @@ class Iterations:
         dtypes = [tf.int64] * 5
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(
             lambda _: tuple(tf.numpy_function(self.begin, [], dtypes, stateful=True)))
-        return self.reader.options(control.flat_map(iteration))
+        return self.reader.options(control.flat_map(iteration).with_options(self._options))
 
 
 def unsaved(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -418,22 +452,25 @@ def generated(iterations: Iterations, decide: Callable[[], Any],
 
 
 def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],
-             cardinality: int, checkpoint: bool) -> tf.data.Dataset:
+             cardinality: int, checkpoint: bool, batched: BatchBuilder | None = None,
+             ignoring: IgnoringBuilder | None = None) -> tf.data.Dataset:
     """fmt.elements() for a checkpointable dataset: iterations(per_iteration) builds it.
 
     The elements are unbatched, and batch(B)'s batches rebatched, inside each
     iteration's flat_map: an iteration whose last batches are still in a buffer
     of its own (the assembling map, a partial rebatch) keeps its flat_map alive,
     and a restore of it reruns open(), which moves the next iteration's epoch on.
-    Without checkpoint, they run after it, as on fmt.elements().
+    Without checkpoint, they run after it, as on fmt.elements(). batched and
+    ignoring are fmt.elements()'s (a tapped cc.cache() gives its own).
     """
     if not checkpoint:
-        return fmt.elements(iterations(lambda batches: batches), cardinality)
+        return fmt.elements(iterations(lambda batches: batches), cardinality, batched, ignoring)
     ds = iterations(fmt.unbatched)
     if cardinality >= 0:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+        ds = declared(ds, cardinality)
     ds = with_spec(ds, fmt.spec)
-    if not fmt.direct:
-        return ds
-    return CachedElements(ds, lambda size, drop_remainder: iterations(
-        lambda batches: batches.rebatch(size, drop_remainder=drop_remainder)), cardinality)
+    if batched is None:
+        def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
+            return iterations(lambda batches: batches.rebatch(size,
+                                                              drop_remainder=drop_remainder))
+    return CachedElements(ds, batched if fmt.direct else None, cardinality, ignoring)

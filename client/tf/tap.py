@@ -24,21 +24,23 @@ committed cache (READ), or run the source alone when the daemon refuses or is
 down, or another process is writing (SOURCE). The tap is a stateful
 ``numpy_function`` on each source batch that hands the batch (its tensors'
 buffers, no copy) to the iteration's :class:`WriteBehind` and returns at once.
-flat_map asks the control generator for its next element only once the
-iteration's batches are exhausted: that is where the write is committed, before
-the iteration ends. An iteration stopped early (break, ``take(n)``, Ctrl-C, an
-error) destroys the iterator and with it the control generator, whose
-``finally`` cancels the write (nothing is committed) and joins the write-behind
-thread.
+The tap that sees the source's last element commits the write, before that
+batch goes on: the dataset declares its cardinality by ``take`` (datasets.declared),
+which stops at the last element without asking for more. An iteration stopped
+before the source's last element (break, ``take(n)``, Ctrl-C, an error)
+destroys the iterator and with it the control generator, whose ``finally``
+cancels the write (nothing is committed) and joins the write-behind thread.
 
-A source error does not end a tf.data iteration: a prefetch after it (tf.data
-injects one, users add their own) asks again, and the source's batches may
-then end as if complete. So a write commits only when the tap has seen exactly
-the source's cardinality of elements; one short of it is discarded (logged).
-Only sources of known cardinality whose leaves are all fixed-shape dense
-tensors take this path (``BatchFormat.batchable_source``); the others keep the
-generator path (ragged, sparse and variable-shape leaves batched with
-``ragged_batch``), where a source error ends the generator for good.
+A source error does not end a tf.data iteration: the batch that held it is
+lost, and a loop that catches the error and asks again (``ignore_errors()``)
+gets the batches after it. So a write commits only when the tap has seen exactly
+the source's cardinality of elements; an iteration that ends short of it is
+discarded (logged).
+Only sources of known cardinality take this path; the others keep the
+generator path, where a source error ends the generator for good. Sources with
+variable-shape, ragged or sparse leaves are flattened and ``ragged_batch``ed
+instead of ``batch``ed (convert._wire_batches), and the tap gets their batches
+in the reads' flat form (reads.Wire).
 """
 
 from __future__ import annotations
@@ -87,6 +89,13 @@ class _Iteration:
     behind: WriteBehind | None
     read: Callable[[], Iterator[Any]] | None
     tapped: int = 0  # elements handed to behind
+    committed: bool = False  # by the tap of the last element
+
+
+def committed(behind: WriteBehind) -> None:
+    """Send the rest of a whole source's elements and commit them (logged)."""
+    if (cache := behind.finish()) is not None:
+        log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
 
 
 class TapEpochs:
@@ -97,8 +106,10 @@ class TapEpochs:
     over one dataset at once each have their own write or read.
     """
 
-    def __init__(self, layout: Layout, decide: Callable[[], Decision], elements: int) -> None:
+    def __init__(self, layout: Layout, decide: Callable[[], Decision], elements: int,
+                 unflatten: Callable[[list[np.ndarray]], tuple[int, list[Any]]]) -> None:
         self._layout = layout
+        self._unflatten = unflatten  # a batch's flat arrays -> (count, decoded batch)
         self._decide = decide
         self._elements = elements  # the source's cardinality: what a whole write holds
         self._tokens = itertools.count(1)
@@ -112,31 +123,36 @@ class TapEpochs:
         iteration = self._live[token] = _Iteration(behind, decision.read)
         try:
             yield np.int64(token), np.int64(decision.mode)
-            # flat_map asks again only once the iteration's batches are exhausted
-            if behind is None:
+            # flat_map asks again once the iteration's batches are exhausted; a whole
+            # source was committed by its last tap, unless it had no elements
+            if behind is None or iteration.committed:
                 return
-            if iteration.tapped != self._elements:  # a source error lost some
+            if iteration.tapped == self._elements:
+                committed(behind)
+            else:
                 log.warning("the source pipeline ended after %d of its %d elements (an "
                             "error in it?); the cache is not written, the next epoch will "
                             "try again", iteration.tapped, self._elements)
-                return
-            if (cache := behind.finish()) is not None:
-                log.info("cache %r committed: %d elements", cache.name, cache.num_elements)
         finally:
             del self._live[token]
             if behind is not None:
                 behind.close()  # an uncommitted write is cancelled; the thread is joined
 
-    def tap(self, token: np.int64, *leaves: np.ndarray) -> np.int64:
+    def tap(self, token: np.int64, *flat: np.ndarray) -> np.int64:
         """numpy_function body: queue one source batch for writing; it passes on unchanged.
 
-        The arrays are views of the batch's tensors (numpy_function does not
-        copy them) and keep those alive until the write-behind thread drops them.
+        The arrays (the batch's flat wire arrays, reads.Wire) are views of its
+        tensors (numpy_function does not copy them) and keep those alive until
+        the write-behind thread drops them.
         """
         iteration = self._live.get(int(token))
         if iteration is not None and iteration.behind is not None:
-            iteration.behind.put(len(leaves[0]), list(leaves))  # raises a failed packing's error
-            iteration.tapped += len(leaves[0])
+            n, batch = self._unflatten(list(flat))
+            iteration.behind.put(n, batch)  # raises a failed packing's error
+            iteration.tapped += n
+            if iteration.tapped == self._elements:  # the last batch: commit before it goes on
+                iteration.committed = True
+                committed(iteration.behind)
         return np.int64(0)
 
     def read(self, token: np.int64) -> Iterator[Any]:

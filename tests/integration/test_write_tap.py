@@ -61,11 +61,48 @@ def test_a_source_of_unknown_cardinality_keeps_the_generator_path(cc, name) -> N
     assert cc.info(name).num_elements == 10
 
 
-def test_a_ragged_source_keeps_the_generator_path(cc, name) -> None:
-    src = tf.data.Dataset.range(6).map(lambda x: tf.ragged.range(x))  # shape (1, None)
+@pytest.mark.parametrize(("tap", "inside"), [("1", True), ("0", False)], ids=["tap", "generator"])
+def test_ragged_sparse_and_variable_shape_sources_are_tapped_too(
+        cc, name, monkeypatch, tap, inside) -> None:
+    """Flattened and ragged_batch'ed in tf.data, handed to the tap as their wire form."""
+    monkeypatch.setenv(TAP_ENV, tap)
+
+    def element(x: tf.Tensor) -> dict[str, object]:
+        return {"ragged": tf.ragged.range(x),  # shape (1, None)
+                "sparse": tf.sparse.from_dense(tf.reshape(tf.range(x), [1, -1])),
+                "var": tf.fill(tf.stack([x % 3, 2]), x), "empty": tf.zeros([0, 4])}
+
+    src = tf.data.Dataset.range(6).map(element)
     ds = cc.cache(src, name=name)
-    assert "RangeDataset" not in graph_ops(ds)
-    assert [x.numpy().tolist() for x in ds] == [[list(range(x))] for x in range(6)]
+    assert ("RangeDataset" in graph_ops(ds)) is inside
+
+    def values(d: dict[str, object]) -> list[object]:
+        return [d["ragged"].numpy().tolist(), tf.sparse.to_dense(d["sparse"]).numpy().tolist(),
+                d["var"].numpy().tolist(), d["empty"].shape.as_list()]
+
+    expected = [values(x) for x in src]
+    assert [values(x) for x in ds] == expected
+    assert cc.info(name).num_elements == 6
+    assert [values(x) for x in ds] == expected  # read back
+
+
+@PATHS
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "checkpoint"])
+def test_the_cached_dataset_has_the_sources_options_as_ds_cache_has(
+        cc, name, monkeypatch, tap, checkpoint) -> None:
+    monkeypatch.setenv(TAP_ENV, tap)
+    options = tf.data.Options()
+    options.deterministic = False
+    options.threading.private_threadpool_size = 3
+    src = tf.data.Dataset.range(10).with_options(options)
+    for ds in (cc.cache(src, name=name, checkpoint=checkpoint),
+               cc.cache(src, name=name, checkpoint=checkpoint).batch(4)):
+        assert ds.options().deterministic is False
+        assert ds.options().threading.private_threadpool_size == 3
+        assert (ds.options().experimental_external_state_policy
+                == (tf.data.experimental.ExternalStatePolicy.IGNORE if checkpoint
+                    else src.options().experimental_external_state_policy))
+    assert [int(x) for x in cc.cache(src, name=name)] == list(range(10))
 
 
 @PATHS
