@@ -27,6 +27,7 @@ from client.format.blocks import blocked, check_block_bytes, write_batch_element
 from client.format.layout import Layout
 from client.read import direct as direct_read
 from client.read import plan
+from client.read.chunks import EpochChunks
 from client.read.streams import DEFAULT_PREFETCH_BYTES, read_epoch
 from client.tf import malloc, tap
 from client.write import direct as direct_write
@@ -201,7 +202,7 @@ class CacheClient:
 
     def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                 shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,
-                num_workers: int = 1, parallel_shards: int = 1, epoch: int = 0, start: int = 0,
+                num_workers: int = 1, parallel_shards: int = 0, epoch: int = 0, start: int = 0,
                 resume: plan.ReadState | None = None,
                 reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
                 direct: bool | str | None = None, checkpoint: bool = False
@@ -212,11 +213,12 @@ class CacheClient:
         whole cache, new each epoch, fixed by (seed, epoch); shuffle="shards"
         shuffles shards and ~1 MiB blocks within them (sequential disk reads).
         Worker worker_index of num_workers reads its disjoint share of each
-        epoch. parallel_shards streams stay in flight; the order stays
-        deterministic. epoch/start (or resume=, see read_state()) begin at
-        position start of epoch's share; each further iteration reads the next
-        epoch. A daemon lost mid-epoch is reconnected to for up to
-        reconnect_timeout seconds, continuing at the next undelivered element.
+        epoch. parallel_shards chunks are read at once by tf.data's threads (0:
+        tf.data's AUTOTUNE picks); the order stays deterministic. epoch/start
+        (or resume=, see read_state()) begin at position start of epoch's share;
+        each further iteration reads the next epoch. A daemon lost mid-epoch is
+        reconnected to for up to reconnect_timeout seconds, continuing at the
+        next undelivered element.
         See docs/reading.md.
 
         direct: "auto" reads the shard files themselves when this process
@@ -250,14 +252,16 @@ class CacheClient:
         reads.check(cache)
         reader = tf_reads.Reader(tf_reads.Wire(fmt), functools.partial(
             self._epoch_batches, cache, fmt.layout, options, prefetch_bytes, reads),
-            plan.Epochs(options), checkpoint)
+            plan.Epochs(options), checkpoint, functools.partial(
+                self._epoch_chunks, cache, fmt.layout, options, prefetch_bytes, reads),
+            options.parallel_shards)
         return tf_reads.elements(fmt, reader.dataset, plan.cardinality(cache, options),
                                  checkpoint)
 
     def cache(self, dataset: tf.data.Dataset, name: str, *, version: str | None = None,
               prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
               seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
-              parallel_shards: int = 1, epoch: int = 0, start: int = 0,
+              parallel_shards: int = 0, epoch: int = 0, start: int = 0,
               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
               direct: bool | str | None = None, block_bytes: int | None = None,
               checkpoint: bool = False) -> tf.data.Dataset:
@@ -318,7 +322,8 @@ class CacheClient:
                            and existing.state == pb.CACHE_STATE_READY else None)
         reader = tf_reads.Reader(tf_reads.Wire(fmt), functools.partial(
             self._cache_batches, ready, begin, options, prefetch_bytes, reads), epochs,
-            checkpoint)
+            checkpoint, functools.partial(self._cache_chunks, ready, begin, options,
+                                          prefetch_bytes, reads), options.parallel_shards)
         iterations = tf_reads.Iterations(reader, epochs, dataset.options())
         decide = iterations.deciding(functools.partial(self._begin_epoch, begin, epochs, reads,
                                                        ready))
@@ -372,12 +377,34 @@ class CacheClient:
         yield from read_epoch(self._transport, cache, layout, options, epoch, start,
                               prefetch_bytes, direct)
 
+    def _epoch_chunks(self, cache: pb.Cache, layout: Layout, options: plan.ReadOptions,
+                      prefetch_bytes: int, direct: direct_read.DirectReads | None,
+                      epoch: int, start: int) -> EpochChunks:
+        """epoch over cache from position start of this share, in chunks (read/chunks.py)."""
+        if self._tune_malloc:
+            malloc.tune()
+        return EpochChunks(self._transport, cache, layout, options, epoch, start,
+                           prefetch_bytes, direct)
+
+    def _cache_chunks(self, ready: _Committed, begin: pb.WriteBegin,
+                      options: plan.ReadOptions, prefetch_bytes: int,
+                      direct: direct_read.DirectReads, epoch: int, start: int) -> EpochChunks:
+        """_cache_batches' epoch, in chunks."""
+        return self._epoch_chunks(self._ready(ready, begin), Layout.from_json(
+            begin.layout_json), options, prefetch_bytes, direct, epoch, start)
+
     def _cache_batches(self, ready: _Committed, begin: pb.WriteBegin,
                        options: plan.ReadOptions, prefetch_bytes: int,
                        direct: direct_read.DirectReads, epoch: int, start: int
                        ) -> Iterator[tuple[int, Any]]:
-        """A read epoch of a cc.cache() dataset; ready.cache: the committed cache, when known
-        (a read epoch restored from a checkpoint looks it up)."""
+        """A read epoch of a cc.cache() dataset."""
+        yield from self._epoch_batches(self._ready(ready, begin),
+                                       Layout.from_json(begin.layout_json), options,
+                                       prefetch_bytes, direct, epoch, start)
+
+    def _ready(self, ready: _Committed, begin: pb.WriteBegin) -> pb.Cache:
+        """The committed cache a cc.cache() dataset reads: ready.cache, when known (a read
+        epoch restored from a checkpoint looks it up)."""
         cache = ready.cache
         if cache is None:
             cache = self._get(begin.name)
@@ -388,8 +415,7 @@ class CacheClient:
                     "build it again first (one full pass over cc.cache())")
             _check_same_source(cache, begin.fingerprint, Layout.from_json(begin.layout_json))
             ready.cache = cache
-        yield from self._epoch_batches(cache, Layout.from_json(begin.layout_json), options,
-                                       prefetch_bytes, direct, epoch, start)
+        return cache
 
     def _begin_epoch(self, begin: pb.WriteBegin, epochs: plan.Epochs,
                      direct: direct_read.DirectReads, ready: _Committed) -> tap.Decision:

@@ -20,6 +20,9 @@ from pathlib import Path
 from client.wire.status import DiskFull
 
 FILE = "retention.json"
+#: A read's end rewrites the file when it counted a hit, else at most this often (seconds):
+#: the last read time on disk lags by as much after a crash (memory has it exact).
+SAVE_READS_EVERY = 10.0
 
 
 @dataclass
@@ -45,6 +48,7 @@ class RetentionBook:
         self._lock = threading.Lock()
         self._by_name: dict[str, Retention] = {}
         self._readers: Counter[str] = Counter()
+        self._saved: dict[str, tuple[float, int]] = {}  # (when, hits) of the last write
 
     def load(self, name: str) -> None:
         path = self._dir / name / FILE
@@ -65,6 +69,7 @@ class RetentionBook:
     def forget(self, name: str) -> None:
         with self._lock:
             self._by_name.pop(name, None)
+            self._saved.pop(name, None)
 
     def update(self, name: str, pinned: bool | None, ttl_seconds: float | None) -> Retention:
         with self._lock:
@@ -97,6 +102,10 @@ class RetentionBook:
             if value is None:  # deleted while being read
                 return
             value.last_read_time = now
+            saved_at, saved_hits = self._saved.get(name, (0.0, -1))
+            if value.hits == saved_hits and now - saved_at < SAVE_READS_EVERY:
+                return  # chunked reads end a call every few MiB: the time alone can wait
+            self._saved[name] = (now, value.hits)
             snapshot = Retention(**asdict(value))
         # deleted meanwhile, or a full disk: statistics are best effort
         with contextlib.suppress(OSError, DiskFull):

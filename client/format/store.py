@@ -242,8 +242,8 @@ class ReaderPool:
 
     def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
                     block_elements: int = 1, held: _Env | None = None, views: bool = False,
-                    join: Callable[[int, bytes, list[Any]], bytes] | None = None
-                    ) -> Iterator[tuple[int, bytes, Any]]:
+                    join: Callable[[int, bytes, list[Any]], bytes] | None = None,
+                    ahead: ReadAhead | None = None) -> Iterator[tuple[int, bytes, Any]]:
         """Yield (first element, u32 lengths, data) for the values holding elements
         [start, stop), k = block_elements per value: whole blocks, so the first chunk
         may start before start and the last end after stop (the client trims).
@@ -255,12 +255,15 @@ class ReaderPool:
         stay valid until held is released (a direct reader's pass, client/read/direct.py).
         join: instead of joining a chunk's values, data = join(first, lengths, views of
         the values), called while the views are valid (the daemon frames its ReadShard
-        response there: client/wire/chunks.py).
+        response there: client/wire/chunks.py). ahead: the shard's read-ahead, shared
+        by the reads of one pass (read_ahead(); not closed here), else one of this read's.
         """
         k = block_elements
         start, stop = start // k, -(-stop // k)  # the values holding them
         ent = self._acquire(path) if held is None else self._retain(held)
-        ahead = ReadAhead(path, ent.file_bytes, ent.num_records, stop)
+        own = ahead is None
+        if ahead is None:
+            ahead = ReadAhead(path, ent.file_bytes, ent.num_records, stop)
         try:
             index = start
             while index < stop:
@@ -293,8 +296,14 @@ class ReaderPool:
                     raise _translate(exc, path) from exc
                 yield first * k, packed, blob
         finally:
-            ahead.close()
+            if own:
+                ahead.close()
             self._release(path, ent)
+
+    @staticmethod
+    def read_ahead(path: Path, held: _Env) -> ReadAhead:
+        """A read-ahead over a held shard for all the reads of one pass (close() it)."""
+        return ReadAhead(path, held.file_bytes, held.num_records)
 
     @contextlib.contextmanager
     def opened(self, path: Path) -> Iterator[ShardGetter]:

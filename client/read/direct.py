@@ -274,7 +274,7 @@ class ReadLease:
 
 
 class LocalFetcher:
-    """Chunks of records by index from the leased shard files: what gRPC's _Fetcher
+    """Chunks of records by index from the leased shard files: what gRPC's Fetcher
     returns, (position in the request, u32 lengths, data), read locally."""
 
     def __init__(self, cache: pb.Cache, paths: list[Path], envs: list[Any],
@@ -289,9 +289,26 @@ class LocalFetcher:
         # values as views into the held map, no joined copy: decode_into copies them out
         # into fresh arrays before the pass ends and the map goes (docs/reading.md)
         self._views = handles(layout)
+        self.chunk_bytes = CHUNK_BYTES  # of records per chunk
+        self._lock = threading.Lock()
+        self._ahead: dict[int, Any] = {}  # per shard, for every read of the pass
 
     def cancel(self) -> None:
         self._closing.set()
+        with self._lock:
+            aheads, self._ahead = list(self._ahead.values()), {}
+        for ahead in aheads:
+            ahead.close()
+
+    def _read_ahead(self, shard: int) -> Any:
+        """The shard's read-ahead: one thread per shard and pass, however many reads
+        (chunked reads ask for a few MiB at a time, client/read/chunks.py)."""
+        with self._lock:
+            ahead = self._ahead.get(shard)
+            if ahead is None and not self._closing.is_set():
+                ahead = self._ahead[shard] = _pool().read_ahead(self._paths[shard],
+                                                                self._envs[shard])
+            return ahead
 
     def __call__(self, indices: Any, epoch_start: bool = False) -> list[Any]:
         return list(self.stream(indices, epoch_start))
@@ -316,7 +333,7 @@ class LocalFetcher:
         if not is_run(indices):
             from client.format.lookup import gather_chunks, window_records
 
-            window = window_records(CHUNK_BYTES, self._cache.num_elements,
+            window = window_records(self.chunk_bytes, self._cache.num_elements,
                                     self._cache.stored_bytes)
             yield from gather_chunks(self._getter, indices.astype(np.uint64), self._firsts,
                                      window, self._cache.layout_json,
@@ -326,8 +343,9 @@ class LocalFetcher:
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             offset = shard.first_element - first
             for local, lengths, data in pool.read_chunks(
-                    self._paths[shard.index], start, start + count, CHUNK_BYTES,
-                    block_elements=self._k, held=self._envs[shard.index], views=self._views):
+                    self._paths[shard.index], start, start + count, self.chunk_bytes,
+                    block_elements=self._k, held=self._envs[shard.index], views=self._views,
+                    ahead=self._read_ahead(shard.index)):
                 yield offset + local, lengths, data
 
     def _getter(self, shard: int) -> contextlib.AbstractContextManager[Any]:

@@ -51,7 +51,7 @@ class ReadOptions:
     seed: int | None = None
     worker_index: int = 0
     num_workers: int = 1
-    parallel_shards: int = 1
+    parallel_shards: int = 0  # chunks in flight; 0: tf.data's AUTOTUNE picks
     epoch: int = 0
     start: int = 0
     reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT
@@ -66,7 +66,7 @@ class ReadOptions:
             raise InvalidArgumentError(
                 f"worker_index {self.worker_index} is out of range for num_workers="
                 f"{self.num_workers}: pass 0 <= worker_index < num_workers (your rank)")
-        _int("parallel_shards", self.parallel_shards, 1)
+        _int("parallel_shards", self.parallel_shards)
         _int("epoch", self.epoch)
         _int("start", self.start)
         if self.seed is not None:

@@ -84,6 +84,14 @@ def request_size(cache: pb.Cache, parallel: int, prefetch_bytes: int) -> int:
     return int(min(max(budget // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
 
 
+def chunk_positions(cache: pb.Cache, stored_bytes: int) -> int:
+    """Positions per chunk of about stored_bytes of records, whole blocks of a blocked cache."""
+    avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
+    k = Layout.from_json(cache.layout_json).block_elements
+    n = int(min(max(stored_bytes // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
+    return max(n // k * k, k) if k > 1 else n
+
+
 def is_run(indices: Indices) -> bool:
     """True for consecutive indices (the stored order, a worker's share), read as a run."""
     return not isinstance(indices, np.ndarray) or bool(np.all(np.diff(indices) == 1))
@@ -98,7 +106,7 @@ def shard_runs(cache: pb.Cache, first: int, stop: int) -> Iterator[tuple[Any, in
             yield shard, start - shard.first_element, min(stop, end) - start
 
 
-class _Fetcher:
+class Fetcher:
     """Fetches records by index, whole or as they arrive, reconnecting on UNAVAILABLE;
     thread-safe."""
 
@@ -111,6 +119,7 @@ class _Fetcher:
         self._closing = closing
         self._lock = threading.Lock()
         self._calls: set[Any] = set()
+        self.chunk_bytes = CHUNK_BYTES  # asked of the daemon per message
 
     def cancel(self) -> None:
         self._closing.set()
@@ -174,20 +183,20 @@ class _Fetcher:
         A run of consecutive indices (stored order: every unshuffled read) goes
         over ReadShard, a cursor walk with read-ahead, in whole blocks: a chunk
         may start before the first index (negative position) and end after the
-        last; _Decoder trims. Any other list goes over ReadElements, one key
+        last; Decoder trims. Any other list goes over ReadElements, one key
         lookup per record, one element per value.
         """
         first = int(indices[0])
         if not is_run(indices):
             yield from self._stream(self._transport.stub.ReadElements(pb.ReadElementsRequest(
                 name=self._cache.name, fingerprint=self._cache.fingerprint,
-                indices=np.asarray(indices, "<u8").tobytes(), chunk_bytes=CHUNK_BYTES,
+                indices=np.asarray(indices, "<u8").tobytes(), chunk_bytes=self.chunk_bytes,
                 epoch_start=epoch_start)), 0, "position", None)
             return
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             call = self._transport.stub.ReadShard(pb.ReadShardRequest(
                 name=self._cache.name, shard=shard.index, start=start, count=count,
-                chunk_bytes=CHUNK_BYTES,
+                chunk_bytes=self.chunk_bytes,
                 fingerprint=self._cache.fingerprint, epoch_start=epoch_start))
             epoch_start = False
             yield from self._stream(call, shard.first_element - first, "start",
@@ -213,7 +222,7 @@ class _Fetcher:
                 self._calls.discard(call)
 
 
-class _Decoder:
+class Decoder:
     """Decodes chunks of one cache; thread-safe (one Decompressor per thread)."""
 
     def __init__(self, cache: pb.Cache, layout: Layout) -> None:
@@ -274,9 +283,9 @@ def read_positions(transport: Transport, cache: pb.Cache, layout: Layout, order:
     expansion = cache.raw_bytes / cache.stored_bytes if cache.stored_bytes else 1.0
     per_request = request_size(cache, parallel, prefetch_bytes)
     closing = threading.Event()
-    fetch: _Fetcher | LocalFetcher = (lease.fetcher(closing) if lease is not None else
-                                      _Fetcher(transport, cache, reconnect_timeout, closing))
-    decode = _Decoder(cache, layout)
+    fetch: Fetcher | LocalFetcher = (lease.fetcher(closing) if lease is not None else
+                                      Fetcher(transport, cache, reconnect_timeout, closing))
+    decode = Decoder(cache, layout)
     fetch_pool = ThreadPoolExecutor(parallel, thread_name_prefix="shardcache-fetch")
     decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="shardcache-decode")
 
@@ -333,7 +342,8 @@ def read_epoch(transport: Transport, cache: pb.Cache, layout: Layout, options: R
                                                                                      False)
     try:
         yield from read_positions(transport, cache, layout, order, first, stop,
-                                  parallel=options.parallel_shards, prefetch_bytes=prefetch_bytes,
+                                  parallel=max(options.parallel_shards, 1),
+                                  prefetch_bytes=prefetch_bytes,
                                   reconnect_timeout=options.reconnect_timeout, lease=lease,
                                   epoch_start=not counted)
     finally:

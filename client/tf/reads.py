@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import secrets
 import threading
 import weakref
@@ -66,6 +67,15 @@ log = logging.getLogger("client")
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
 #: Batches of (count, decoded batch) from position start of epoch.
 OpenEpoch = Callable[[int, int], Iterator[tuple[int, list[Any]]]]
+#: The chunks of epoch from position start (client/read/chunks.py's EpochChunks).
+OpenChunks = Callable[[int, int], Any]
+#: "0" reads through the stream reader (client/read/streams.py) instead of chunks.
+CHUNKS_ENV = "SHARDCACHE_READ_CHUNKS"
+
+
+def chunked_reads() -> bool:
+    """Whether reads go by chunks in tf.data's threads ($SHARDCACHE_READ_CHUNKS, default on)."""
+    return os.environ.get(CHUNKS_ENV, "1") != "0"
 _FIXED, _VAR, _EMPTY = "fixed", "var", "empty"
 
 
@@ -222,15 +232,18 @@ class Reader:
     at epoch e moves it to e + 1 (the next iteration reads the next epoch).
     """
 
-    def __init__(self, wire: Wire, open_epoch: OpenEpoch, epochs: Any, checkpoint: bool
-                 ) -> None:
+    def __init__(self, wire: Wire, open_epoch: OpenEpoch, epochs: Any, checkpoint: bool,
+                 open_chunks: OpenChunks | None = None, parallel: int = 0) -> None:
         self.wire = wire
         self.checkpoint = checkpoint
         self._open_epoch = open_epoch
+        self._open_chunks = open_chunks if chunked_reads() else None
+        self._parallel = parallel or tf.data.AUTOTUNE
         self._epochs = epochs
         self._ids = _Ids()
         self._lock = threading.Lock()
         self._live: dict[int, _Stream] = {}
+        self._chunked: dict[int, Any] = {}
 
     def begin(self) -> tuple[np.int64, np.int64]:
         """numpy_function body of cc.dataset()'s control: this iteration's (epoch, start)."""
@@ -286,9 +299,53 @@ class Reader:
         for n, batch in self._open_epoch(int(epoch), int(start)):
             yield self.wire.fmt.to_wire(batch, n)
 
+    def open_chunked(self, epoch: np.int64, start: np.int64) -> tuple[np.ndarray, np.int64]:
+        """numpy_function body: the epoch's chunks from start, as (hold, chunk count)."""
+        self._epochs.seen(int(epoch))
+        chunks = self._open_chunks(int(epoch), int(start))  # type: ignore[misc]
+        ident = next(self._ids)
+        hold = _hold(ident)
+        with self._lock:
+            self._chunked[ident] = chunks
+        weakref.finalize(hold, self._drop_chunked, ident)
+        return hold, np.int64(chunks.count)
+
+    def _drop_chunked(self, ident: int) -> None:
+        with self._lock:
+            chunks = self._chunked.pop(ident, None)
+        if chunks is not None:
+            _quietly(chunks.close)
+
+    def chunk(self, hold: np.ndarray, i: np.int64) -> list[Any]:
+        """numpy_function body: the arrays of chunk i (read.chunks.EpochChunks.chunk)."""
+        with self._lock:
+            chunks = self._chunked.get(int(hold[0]))
+        if chunks is None:  # the iterator is gone; tf.data does not ask then
+            raise RuntimeError(f"shardcache: no read is open for chunk {int(i)}")
+        return self.wire.arrays(*chunks.chunk(int(i)))
+
     def batches(self, epoch: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
-        """The batches of epoch from start, in fmt.signature's form; checkpointable with
-        checkpoint, else one from_generator yield per batch (cheaper per batch)."""
+        """The batches of epoch from start, in fmt.signature's form.
+
+        Chunked (client/read/chunks.py): range(count).map(chunk) with tf.data's
+        parallelism, checkpointable as it is. Otherwise the stream reader's
+        batches: checkpointable with checkpoint (a scan over positions), else one
+        from_generator yield per batch.
+        """
+        if self._open_chunks is not None:
+            def chunks(_: tf.Tensor) -> tf.data.Dataset:  # opened once the batches are asked
+                hold, count = tf.numpy_function(self.open_chunked, [epoch, start],
+                                                [tf.int64, tf.int64], stateful=True)
+
+                def chunk(i: tf.Tensor) -> Any:
+                    flat = tf.numpy_function(self.chunk, [hold, i], self.wire.dtypes,
+                                             stateful=True)
+                    return self.wire.signature_of(flat)
+
+                return tf.data.Dataset.range(count).map(
+                    chunk, num_parallel_calls=self._parallel, deterministic=True)
+
+            return tf.data.Dataset.from_tensors(np.int64(0)).flat_map(chunks)
         if not self.checkpoint:
             return tf.data.Dataset.from_generator(self.generate, args=(epoch, start),
                                                   output_signature=self.wire.fmt.signature)

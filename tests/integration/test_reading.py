@@ -138,7 +138,7 @@ def test_resuming_with_a_state_of_another_seed_or_cache_is_refused(cc, sharded, 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"worker_index": 2, "num_workers": 2}, "worker_index 2 is out of range"),
     ({"worker_index": -1}, "worker_index must be >= 0"),
-    ({"parallel_shards": 0}, "parallel_shards must be >= 1"),
+    ({"parallel_shards": -1}, "parallel_shards must be >= 0"),
     ({"shuffle": True, "seed": "7"}, "seed must be an int"),
     ({"epoch": -1}, "epoch must be >= 0"),
     ({"start": N + 1}, "past the end of this worker's share"),

@@ -46,7 +46,7 @@ def test_a_fixed_shape_source_runs_inside_the_cached_datasets_graph_unless_the_t
     monkeypatch.setenv(TAP_ENV, tap)
     src = tf.data.Dataset.range(10).map(lambda x: tf.bitwise.left_shift(x, 3))
     ds = cc.cache(src, name=name)
-    assert ("RangeDataset" in graph_ops(ds)) is inside
+    assert ("LeftShift" in graph_ops(ds)) is inside
     assert [int(x) for x in ds] == [x << 3 for x in range(10)]
     assert cc.info(name).num_elements == 10
 
@@ -56,7 +56,7 @@ def test_a_source_of_unknown_cardinality_keeps_the_generator_path(cc, name) -> N
     can end tf.data's batches early), so it needs to know it."""
     src = tf.data.Dataset.range(20).filter(lambda x: x % 2 == 0)
     ds = cc.cache(src, name=name)
-    assert "RangeDataset" not in graph_ops(ds)
+    assert "FloorMod" not in graph_ops(ds)  # the source's predicate: not in tf.data
     assert [int(x) for x in ds] == list(range(0, 20, 2))
     assert cc.info(name).num_elements == 10
 
@@ -74,7 +74,7 @@ def test_ragged_sparse_and_variable_shape_sources_are_tapped_too(
 
     src = tf.data.Dataset.range(6).map(element)
     ds = cc.cache(src, name=name)
-    assert ("RangeDataset" in graph_ops(ds)) is inside
+    assert ("RaggedRange" in graph_ops(ds)) is inside
 
     def values(d: dict[str, object]) -> list[object]:
         return [d["ragged"].numpy().tolist(), tf.sparse.to_dense(d["sparse"]).numpy().tolist(),

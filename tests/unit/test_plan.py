@@ -39,7 +39,7 @@ def test_worker_shares_are_disjoint_complete_and_differ_by_at_most_one(n, worker
     ({"worker_index": 3, "num_workers": 3}, "worker_index 3 is out of range"),
     ({"worker_index": -1, "num_workers": 2}, "worker_index must be >= 0"),
     ({"num_workers": 0}, "num_workers must be >= 1"),
-    ({"parallel_shards": 0}, "parallel_shards must be >= 1"),
+    ({"parallel_shards": -1}, "parallel_shards must be >= 0"),
     ({"epoch": -1}, "epoch must be >= 0"),
     ({"start": -5}, "start must be >= 0"),
     ({"shuffle": True, "seed": "7"}, "seed must be an int, got str"),

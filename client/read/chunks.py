@@ -1,0 +1,100 @@
+"""An epoch's share as numbered chunks, each fetched and decoded on its own: parallel reads.
+
+The stream reader (client/read/streams.py) runs one epoch as a pipeline of its
+own threads feeding one Python generator, and TensorFlow takes its batches one
+at a time through ``from_generator``. Here the epoch is cut into chunks of
+consecutive positions, and :meth:`EpochChunks.chunk` returns chunk i's decoded
+batch, a function of i alone: TensorFlow's own threads call it, several at once
+(``range(count).map(chunk, num_parallel_calls=AUTOTUNE, deterministic=True)``,
+client/tf/reads.py), and tf.data's prefetch and autotuning replace the stream
+reader's threads and queue. A chunk's work (LMDB reads or one gRPC call, CRC,
+zstd, the copy into aligned arrays) releases the GIL for most of its time.
+
+Each chunk is one request: ReadShard for a run of the stored order, ReadElements
+for shuffled positions, or the same calls on the leased shard files
+(client/read/direct.py), asked for in one chunk of the request's size, so a
+chunk is decoded with one copy into its arrays. Reconnecting is the fetcher's:
+a chunk whose call fails with UNAVAILABLE is asked again until
+``reconnect_timeout`` passes without progress. Memory: tf.data holds at most its
+parallelism's chunks in flight plus what the consumer's prefetch keeps, each
+about ``chunk_bytes`` of stored records.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from client._transport import Transport, pb
+from client.format.codec import VarLeaf
+from client.format.layout import Layout
+from client.read.order import EpochOrder
+from client.read.plan import ReadOptions, epoch_range
+from client.read.streams import Decoder, Fetcher, Indices, chunk_positions
+
+#: Stored bytes per chunk: large enough that a call's fixed cost is small against
+#: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
+CHUNK_BYTES = 4 << 20
+
+
+class EpochChunks:
+    """One epoch's share of a cache, position start onwards, as count chunks.
+
+    chunk(i) is thread-safe and depends on i alone; close() ends the lease and
+    cancels calls in flight. direct: a read lease (client/read/direct.py) when it
+    allows one, the shard files then read here.
+    """
+
+    def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
+                 options: ReadOptions, epoch: int, start: int, prefetch_bytes: int,
+                 direct: Any = None) -> None:
+        self._order: EpochOrder
+        self._order, self._first, self._stop = epoch_range(cache, options, epoch, start)
+        self._lease: Any
+        self._lease, counted = (direct.lease(cache) if direct is not None
+                                and self._first < self._stop else (None, False))
+        self._epoch_start = not counted
+        self._closing = threading.Event()
+        self._per_chunk = chunk_positions(cache, min(CHUNK_BYTES, max(prefetch_bytes // 8,
+                                                                       64 << 10)))
+        chunk_bytes = int(self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1))
+        self._fetch: Fetcher = (self._lease.fetcher(self._closing) if self._lease is not None
+                                else Fetcher(transport, cache, options.reconnect_timeout,
+                                             self._closing))
+        self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
+        self._decode = Decoder(cache, layout)
+        self.count = -(-(self._stop - self._first) // self._per_chunk)
+
+    def chunk(self, i: int) -> tuple[int, list[Any]]:
+        """(elements, decoded batch) of chunk i: positions [first + i * c, ... + c)."""
+        p0 = self._first + i * self._per_chunk
+        positions = np.arange(p0, min(p0 + self._per_chunk, self._stop))
+        indices: Indices = self._order.indices(positions)
+        if self._order.mode == "none":  # the stored order: a run, read as one
+            indices = range(int(indices[0]), int(indices[0]) + len(indices))
+        parts = [self._decode(indices, chunk)
+                 for chunk in self._fetch(indices, self._epoch_start and i == 0)]
+        if len(parts) == 1:
+            return parts[0]
+        return sum(n for n, _ in parts), [_joined(column)
+                                          for column in zip(*(batch for _, batch in parts))]
+
+    def close(self) -> None:
+        self._fetch.cancel()
+        if self._lease is not None:
+            self._lease.close()
+            self._lease = None
+
+
+def _joined(parts: tuple[Any, ...]) -> Any:
+    """One leaf's batch from the batches of a chunk's parts (a chunk crossing a shard)."""
+    if isinstance(parts[0], VarLeaf):
+        return VarLeaf(*(np.concatenate([getattr(p, f) for p in parts])
+                         for f in ("values", "sizes", "dims", "ranks")))
+    from client.format.fixed_decode import aligned_empty
+
+    out = aligned_empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
+    np.concatenate(parts, out=out)
+    return out
