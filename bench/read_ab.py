@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.repeat):
                 for name, ds in plans.items():
                     rates[name].append(epoch_rate(ds, args.elements))
-                print(f"round {i + 1}/{args.repeat} done", file=sys.stderr)
+                print(f"pass {i + 1}/{args.repeat} done", file=sys.stderr)
     finally:
         daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
