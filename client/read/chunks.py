@@ -93,6 +93,8 @@ def _joined(parts: tuple[Any, ...]) -> Any:
     if isinstance(parts[0], VarLeaf):
         return VarLeaf(*(np.concatenate([getattr(p, f) for p in parts])
                          for f in ("values", "sizes", "dims", "ranks")))
+    if parts[0].dtype.hasobject:  # strings: no buffer for TensorFlow to alias anyway
+        return np.concatenate(parts)
     from client.format.fixed_decode import aligned_empty
 
     out = aligned_empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
