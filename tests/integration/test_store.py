@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -192,9 +193,16 @@ def test_two_publishers_of_one_name_leave_exactly_one_cache(
         store, moto_server, daemons, name) -> None:
     a, b = store_daemon(store), store_daemon(store)
     daemons += [a, b]
-    for d in (a, b):  # the same pipeline on both, published at about the same time
+
+    def write(d: Daemon) -> None:
         with CacheClient(d.unix_target) as cc:
             write_sharded(cc, source(), name, shard_bytes=768 << 10, chunk_bytes=64 << 10)
+
+    # the same pipeline on both at once: one after the other, the second WriteBegin can
+    # find the first already published and read it instead of writing (not a race then)
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(write, d) for d in (a, b)]:
+            done.result()
     for d in (a, b):
         with CacheClient(d.unix_target) as cc:
             wait_for(cc, name, "STORED")
