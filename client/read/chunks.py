@@ -29,6 +29,7 @@ import numpy as np
 
 from client._transport import Transport, pb
 from client.format.codec import VarLeaf
+from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
@@ -70,10 +71,9 @@ class EpochChunks:
     def chunk(self, i: int) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of chunk i: positions [first + i * c, ... + c)."""
         p0 = self._first + i * self._per_chunk
-        positions = np.arange(p0, min(p0 + self._per_chunk, self._stop))
-        indices: Indices = self._order.indices(positions)
-        if self._order.mode == "none":  # the stored order: a run, read as one
-            indices = range(int(indices[0]), int(indices[0]) + len(indices))
+        p1 = min(p0 + self._per_chunk, self._stop)
+        indices: Indices = (range(p0, p1) if self._order.mode == "none"  # the stored order
+                            else self._order.indices(np.arange(p0, p1)))
         parts = [self._decode(indices, chunk)
                  for chunk in self._fetch(indices, self._epoch_start and i == 0)]
         if len(parts) == 1:
@@ -95,8 +95,6 @@ def _joined(parts: tuple[Any, ...]) -> Any:
                          for f in ("values", "sizes", "dims", "ranks")))
     if parts[0].dtype.hasobject:  # strings: no buffer for TensorFlow to alias anyway
         return np.concatenate(parts)
-    from client.format.fixed_decode import aligned_empty
-
     out = aligned_empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
     np.concatenate(parts, out=out)
     return out
