@@ -200,6 +200,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(AWS_* environment, shared config, instance or pod identity). Empty: none."),
     Setting("store_endpoint", click.STRING, "",
             "URL of an S3-compatible server for --store (e.g. http://minio:9000); empty: AWS."),
+    Setting("store_pull", click.Choice(["all", "on-read"]), "all",
+            "What a daemon fetches of a stored cache it lacks once asked for it: all (every "
+            "shard, in the background) or on-read (only the shards read from it: in a fleet, "
+            "the shards it owns; docs/fleet.md)."),
     Setting("allow_shipped_pipelines", click.BOOL, False,
             "Run datasets that clients send as serialized tf.data graphs (materialize(ds)); "
             "such a graph reads any file the daemon can: allow only if every client that "

@@ -6,13 +6,15 @@ import atexit
 import functools
 import gc
 import logging
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client import _materialize
+from client._fleet import TARGETS_ENV, Fleet, parse_targets
 from client._materialize import MaterializeOperation
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client.errors import (
@@ -109,11 +111,18 @@ _exit_hook = functools.cache(lambda: atexit.register(_free_dangling_iterators))
 
 
 class CacheClient:
-    """A connection to one cacheserver daemon.
+    """A connection to one cacheserver daemon, or to a fleet of them.
 
     target is "host:port" or "unix:///path/to.sock"; when omitted, the
     SHARDCACHE_TARGET environment variable, else 127.0.0.1:50051. Use as a
     context manager, or call close().
+
+    targets (a list, or a comma-separated string; default $SHARDCACHE_TARGETS)
+    makes a fleet of daemons over one object store one cache: each shard is read
+    from its owner by rendezvous hashing, a member found down hands its shards to
+    their next owners mid-epoch, and "dns:///NAME:PORT" stands for every address
+    NAME resolves to, looked up again as it changes (a headless Service).
+    See docs/fleet.md. Give target or targets, not both.
 
     tune_malloc (default True) raises glibc's mmap/trim thresholds when an
     epoch starts, undoing the 128 KiB trim threshold TensorFlow's
@@ -129,13 +138,24 @@ class CacheClient:
     TLS) are PEM file paths or PEM bytes; any of them turns TLS on.
     """
 
-    def __init__(self, target: str | None = None, *, connect_timeout: float = 5.0,
+    def __init__(self, target: str | None = None, *, targets: str | Sequence[str] | None = None,
+                 connect_timeout: float = 5.0,
                  tune_malloc: bool = True, token: str | None = None, tls_ca: Pem | None = None,
                  tls_cert: Pem | None = None, tls_key: Pem | None = None,
                  local_data_dir: str | Path | None = None) -> None:
-        self.target = resolve_target(target)
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
-        self._transport = Transport(self.target, connect_timeout, credentials=credentials)
+        if target is not None and targets is not None:
+            raise InvalidArgumentError("give target (one daemon) or targets (a fleet), not both")
+        if targets is None and target is None:
+            targets = os.environ.get(TARGETS_ENV) or None
+        self._fleet: Fleet | None = None
+        self._transport: Transport | None = None
+        if targets is not None:
+            self._fleet = Fleet(parse_targets(targets), connect_timeout, credentials)
+            self.target = repr(self._fleet)
+        else:
+            self.target = resolve_target(target)
+            self._transport = Transport(self.target, connect_timeout, credentials=credentials)
         self._tune_malloc = malloc.enabled(tune_malloc)
         self._local_data_dir = direct_read.resolve_local_data_dir(local_data_dir)
         _exit_hook()
@@ -147,22 +167,45 @@ class CacheClient:
         self.close()
 
     def close(self) -> None:
-        self._transport.close()
+        if self._fleet is not None:
+            self._fleet.close()
+        if self._transport is not None:
+            self._transport.close()
 
     def __repr__(self) -> str:
         return f"CacheClient({self.target!r})"
 
     # ------------------------------------------------------------------ catalog
 
+    def _home(self, name: str) -> Transport:
+        """The daemon that answers for cache name: the one daemon, or the name's home
+        member in a fleet (client/_fleet.py)."""
+        if self._fleet is None:
+            assert self._transport is not None
+            return self._transport
+        return self._fleet.transport(self._fleet.owner(name, -1))
+
+    def _call(self, name: str, method: str, request: Any) -> Any:
+        """A unary call to name's daemon; in a fleet, a home found down is marked so
+        and the call goes to the next member in the name's order."""
+        while True:
+            transport = self._home(name)
+            try:
+                return transport.call(getattr(transport.stub, method), request)
+            except ServerUnavailableError as exc:
+                if self._fleet is None or all(
+                        m == transport.target or self._fleet.is_down(m)
+                        for m in self._fleet.members()):
+                    raise
+                self._fleet.mark_down(transport.target, str(exc))
+
     def _get(self, name: str) -> pb.Cache:
-        stub = self._transport.stub
-        return self._transport.call(stub.GetCache, pb.GetCacheRequest(name=name)).cache
+        return self._call(name, "GetCache", pb.GetCacheRequest(name=name)).cache
 
     def list(self, *, store: bool = False) -> list[CacheInfo]:
         """Every cache on the daemon, READY and WRITING; store=True: every cache in the
         daemon's object store instead (store_state REMOTE, or this daemon's own state)."""
-        stub = self._transport.stub
-        response = self._transport.call(stub.ListCaches, pb.ListCachesRequest(store=store))
+        response = self._call("", "ListCaches", pb.ListCachesRequest(store=store))
         return [CacheInfo.from_proto(c) for c in response.caches]
 
     def info(self, name: str) -> CacheInfo:
@@ -173,9 +216,7 @@ class CacheClient:
         """Delete a READY cache and its files on the daemon; store=True: also its copy in
         the daemon's object store, so no daemon finds it any more. Returns what was
         removed: (the daemon's copy, the stored copy)."""
-        stub = self._transport.stub
-        response = self._transport.call(stub.DeleteCache,
-                                        pb.DeleteCacheRequest(name=name, store=store))
+        response = self._call(name, "DeleteCache", pb.DeleteCacheRequest(name=name, store=store))
         return response.local, response.stored
 
     def pin(self, name: str) -> CacheInfo:
@@ -194,9 +235,8 @@ class CacheClient:
         return self._retention(name, ttl_seconds=seconds or 0.0)
 
     def _retention(self, name: str, **fields: Any) -> CacheInfo:
-        stub = self._transport.stub
         request = pb.SetCacheRetentionRequest(name=name, **fields)
-        return CacheInfo.from_proto(self._transport.call(stub.SetCacheRetention, request).cache)
+        return CacheInfo.from_proto(self._call(name, "SetCacheRetention", request).cache)
 
     # ------------------------------------------------------------------ datasets
 
@@ -236,8 +276,8 @@ class CacheClient:
 
         _check_prefetch(prefetch_bytes)
         _check_checkpoint(checkpoint)
-        reads = direct_read.DirectReads(self._transport, direct_read.resolve_mode(direct),
-                                    self._local_data_dir)
+        reads = direct_read.DirectReads(self._home(name), direct_read.resolve_mode(direct),
+                                        self._local_data_dir)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
         cache = self._get(name)
@@ -287,8 +327,8 @@ class CacheClient:
 
         _check_prefetch(prefetch_bytes)
         _check_checkpoint(checkpoint)
-        reads = direct_read.DirectReads(self._transport, direct_read.resolve_mode(direct),
-                                    self._local_data_dir)
+        reads = direct_read.DirectReads(self._home(name), direct_read.resolve_mode(direct),
+                                        self._local_data_dir)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
         block_bytes = check_block_bytes(block_bytes)
@@ -358,7 +398,7 @@ class CacheClient:
         resume attaches to a running or interrupted materialization of name.
         block_bytes: as for cache() (None: the daemon's default, 256 KiB blocks).
         """
-        op = _materialize.start(self._transport, source, name=name, num_shards=num_shards,
+        op = _materialize.start(self._home(name), source, name=name, num_shards=num_shards,
                                 workers=workers, overwrite=overwrite, resume=resume,
                                 block_bytes=block_bytes)
         if not wait:
@@ -374,7 +414,7 @@ class CacheClient:
         """(count, decoded batch) of epoch over cache from position start of this share."""
         if self._tune_malloc:  # TensorFlow's py functions have applied their setting by now
             malloc.tune()
-        yield from read_epoch(self._transport, cache, layout, options, epoch, start,
+        yield from read_epoch(self._home(cache.name), cache, layout, options, epoch, start,
                               prefetch_bytes, direct)
 
     def _epoch_chunks(self, cache: pb.Cache, layout: Layout, options: plan.ReadOptions,
@@ -383,8 +423,8 @@ class CacheClient:
         """epoch over cache from position start of this share, in chunks (read/chunks.py)."""
         if self._tune_malloc:
             malloc.tune()
-        return EpochChunks(self._transport, cache, layout, options, epoch, start,
-                           prefetch_bytes, direct)
+        return EpochChunks(self._home(cache.name), cache, layout, options, epoch, start,
+                           prefetch_bytes, direct, self._fleet)
 
     def _cache_chunks(self, ready: _Committed, begin: pb.WriteBegin,
                       options: plan.ReadOptions, prefetch_bytes: int,
@@ -424,7 +464,7 @@ class CacheClient:
         A READ iteration reads the epoch its control took (client/tf/reads.py)."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
             malloc.tune()
-        writer = direct_write.writer_for(self._transport, begin, direct,  # docs/writing.md
+        writer = direct_write.writer_for(self._home(begin.name), begin, direct,  # docs/writing.md
                                           self._local_data_dir)
         try:
             begun = writer.begin()

@@ -31,7 +31,8 @@ class Transport:
     """Owns the channel and the stub; every call goes through :meth:`call`."""
 
     def __init__(self, target: str, connect_timeout: float = 5.0, *,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None,
+                 options: list[tuple[str, int]] | None = None) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
         credentials = credentials or Credentials()
@@ -43,6 +44,7 @@ class Transport:
             # grows to 120 s); reads reconnect mid-epoch (client/read/streams.py)
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
+            *(options or []),
         ]
         if credentials.tls is not None:
             self._channel = grpc.secure_channel(target, credentials.tls, options=options)

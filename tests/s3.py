@@ -304,15 +304,17 @@ class MotoServer(S3Server):
     ACCESS_LINE = re.compile(
         r'\] "(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[0-9.]+" (?P<status>\d{3})\b')
 
-    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, port: int | None = None,
+                 host: str = "127.0.0.1") -> None:
         super().__init__(workdir)
         self.port = port or free_ports(1)[0]
+        self.host = host  # 0.0.0.0: also reachable from network namespaces (tests/fleet.py)
 
     def command(self) -> list[str]:
         beside = Path(sys.executable).parent / "moto_server"
         program = [str(beside)] if beside.exists() else [sys.executable, "-m",
                                                          "moto.server"]
-        return [*program, "-H", "127.0.0.1", "-p", str(self.port)]
+        return [*program, "-H", self.host, "-p", str(self.port)]
 
     def _ready(self) -> bool:
         return _http_ok(f"{self.endpoint}/moto-api/", accept=lambda code: code == 200)

@@ -80,7 +80,7 @@ class Catalog:
     """Thread-safe registry of caches under one data directory."""
 
     def __init__(self, data_dir: Path, capacity: Capacity | None = None,
-                 bucket: Bucket | None = None) -> None:
+                 bucket: Bucket | None = None, *, pull_all: bool = True) -> None:
         self.data_dir = data_dir
         self.capacity = capacity or Capacity(data_dir)
         self.capacity.attach(self)
@@ -100,7 +100,8 @@ class Catalog:
         #: The object store under this daemon's caches (serve --store), if any: remote.py.
         self.tier: StoreTier | None = None
         if bucket is not None:
-            self.tier = StoreTier(bucket, self._caches_dir, self.capacity, self._ready_record)
+            self.tier = StoreTier(bucket, self._caches_dir, self.capacity, self._ready_record,
+                                  pull_all=pull_all)
             self.tier.start([r for r in self._caches.values() if r.state == "READY"])
 
     def close(self) -> None:

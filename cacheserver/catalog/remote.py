@@ -23,6 +23,9 @@ Each object is checked against the manifest's size and SHA-256 before it is put
 in place; a corrupt one is DATA_LOSS and never served. Until every shard is
 here the cache directory holds ``pulling.json`` instead of a manifest, so a
 daemon killed mid-pull discards it at startup and pulls again on the next miss.
+With ``--store-pull on-read`` (a fleet member, docs/fleet.md) nothing is fetched
+in the background: only the shards read from this daemon, which are the ones
+it owns.
 
 **Eviction** may drop a local copy only once the store holds it.
 """
@@ -116,8 +119,9 @@ class StoreTier:
     """Publishes a catalog's committed caches to one bucket and pulls what it lacks."""
 
     def __init__(self, bucket: Bucket, caches_dir: Path, capacity: Capacity,
-                 ready: Callable[[str], CacheRecord | None]) -> None:
+                 ready: Callable[[str], CacheRecord | None], *, pull_all: bool = True) -> None:
         self.bucket = bucket
+        self._pull_all = pull_all  # else on-read: only the shards asked for
         self._caches_dir = caches_dir
         self._capacity = capacity
         self._ready = ready  # the catalog's READY record of a name, or None
@@ -370,6 +374,10 @@ class StoreTier:
         pull = _Pull(stored, directory)
         with self._lock:
             self._pulls[name] = pull
+        if not self._pull_all:
+            log.info("cache %r: found in %s (%d shards, %d bytes); pulling its shards as they "
+                     "are read", name, self.bucket, len(stored.objects), stored.size)
+            return replace(stored.record, disk_bytes=0)
         log.info("cache %r: found in %s (%d shards, %d bytes); pulling it", name, self.bucket,
                  len(stored.objects), stored.size)
         for index in range(len(stored.objects)):

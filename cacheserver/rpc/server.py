@@ -117,6 +117,7 @@ class ServerConfig:
     #: The object store under the local caches (--store, --store-endpoint): empty, none.
     store: str = ""
     store_endpoint: str = ""
+    store_pull: str = "all"  # or "on-read": only the shards read here (a fleet member)
 
 
 def normalize_listen(address: str) -> str:
@@ -176,7 +177,8 @@ class CacheServer:
 
     def _setup(self, config: ServerConfig, token: bytes | None) -> None:
         capacity = Capacity(config.data_dir, config.max_bytes, config.min_free_bytes)
-        self.catalog = Catalog(config.data_dir, capacity, open_store(config))
+        self.catalog = Catalog(config.data_dir, capacity, open_store(config),
+                               pull_all=config.store_pull == "all")
         metrics.watch_disk(capacity.in_use, config.max_bytes)
         self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
         self.materializer = Materializer(
@@ -192,6 +194,10 @@ class CacheServer:
             ("grpc.max_receive_message_length",
              admission.receive_limit(config.max_message_bytes)),
             ("grpc.so_reuseport", 0),
+            # fleet clients ping every few seconds to find a lost link (client/_fleet.py)
+            ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
         ]
         max_streams, per_client = self._stream_limits
         self._control_pool = futures.ThreadPoolExecutor(admission.CONTROL_WORKERS,

@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from client._fleet import Fleet, routed
 from client._transport import Transport, pb
 from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
-from client.read.streams import Decoder, Fetcher, Indices, chunk_positions
+from client.read.streams import Decoder, Fetcher, FleetFetcher, Indices, chunk_positions
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
 #: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
@@ -50,20 +51,25 @@ class EpochChunks:
 
     def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
                  options: ReadOptions, epoch: int, start: int, prefetch_bytes: int,
-                 direct: Any = None) -> None:
+                 direct: Any = None, fleet: Fleet | None = None) -> None:
         self._order: EpochOrder
         self._order, self._first, self._stop = epoch_range(cache, options, epoch, start)
         self._lease: Any
-        self._lease, counted = (direct.lease(cache) if direct is not None
+        by_owner = fleet is not None and routed(cache)
+        self._lease, counted = (direct.lease(cache) if direct is not None and not by_owner
                                 and self._first < self._stop else (None, False))
         self._epoch_start = not counted
         self._closing = threading.Event()
         self._per_chunk = chunk_positions(cache, min(CHUNK_BYTES, max(prefetch_bytes // 8,
                                                                        64 << 10)))
         chunk_bytes = int(self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1))
-        self._fetch: Fetcher = (self._lease.fetcher(self._closing) if self._lease is not None
-                                else Fetcher(transport, cache, options.reconnect_timeout,
-                                             self._closing))
+        self._fetch: Fetcher
+        if self._lease is not None:
+            self._fetch = self._lease.fetcher(self._closing)
+        elif fleet is not None and by_owner:
+            self._fetch = FleetFetcher(fleet, cache, options.reconnect_timeout, self._closing)
+        else:
+            self._fetch = Fetcher(transport, cache, options.reconnect_timeout, self._closing)
         self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
         self._decode = Decoder(cache, layout)
         self.count = -(-(self._stop - self._first) // self._per_chunk)

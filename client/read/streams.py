@@ -57,6 +57,7 @@ MAX_REQUEST_INDICES = 65536  # the daemon's limit (client/format/lookup.py)
 _MIN_REQUEST_BYTES, _MAX_REQUEST_BYTES = 256 << 10, 8 << 20
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
 if TYPE_CHECKING:
+    from client._fleet import Fleet
     from client.read.direct import DirectReads, LocalFetcher, ReadLease
 
 #: (position in the request, u32 lengths, data); a direct read of a layout decode_into
@@ -120,6 +121,7 @@ class Fetcher:
         self._lock = threading.Lock()
         self._calls: set[Any] = set()
         self.chunk_bytes = CHUNK_BYTES  # asked of the daemon per message
+        self.target = transport.target  # for messages
 
     def cancel(self) -> None:
         self._closing.set()
@@ -155,19 +157,19 @@ class Fetcher:
             except grpc.RpcError as err:
                 if self._closing.is_set():
                     raise Closed() from err
-                exc = from_rpc_error(err, self._transport.target)
+                exc = from_rpc_error(err, self.target)
                 if not isinstance(exc, ServerUnavailableError):
                     raise exc from err
                 now = time.monotonic()
                 if failing_since is None:
                     failing_since = now
                     log.warning("lost cacheserver at %s while reading cache %r (%s); "
-                                "reconnecting for up to %gs", self._transport.target,
+                                "reconnecting for up to %gs", self.target,
                                 self._cache.name, err.details(), self._timeout)
                 left = self._timeout - (now - failing_since)
                 if left <= 0:
                     raise ReconnectTimeoutError(
-                        f"lost cacheserver at {self._transport.target} in the middle of "
+                        f"lost cacheserver at {self.target} in the middle of "
                         f"reading cache {self._cache.name!r} and could not reconnect within "
                         f"reconnect_timeout={self._timeout:g}s: start the daemon again (the "
                         "read resumes where it stopped if it is back in time) or raise "
@@ -220,6 +222,75 @@ class Fetcher:
         finally:
             with self._lock:
                 self._calls.discard(call)
+
+
+class FleetFetcher(Fetcher):
+    """A Fetcher over a fleet (client/_fleet.py): each shard's records from its owner.
+
+    A run of the stored order is one ReadShard per shard, to the shard's owner.
+    Other indices are grouped by owner, one ReadElements each, and put back in
+    request order. A member found down is skipped (its shards go to their next
+    owners) and what it had not sent is asked of them; what arrived is kept.
+    """
+
+    def __init__(self, fleet: Fleet, cache: pb.Cache, reconnect_timeout: float,
+                 closing: threading.Event) -> None:
+        super().__init__(fleet.transport(fleet.owner(cache.name, -1)), cache,
+                         reconnect_timeout, closing)
+        self._fleet = fleet
+        self.target = f"targets {fleet!r}"
+        self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
+
+    def _attempt(self, indices: Indices, epoch_start: bool
+                 ) -> Iterator[tuple[int, int, bytes, bytes]]:
+        if not is_run(indices):
+            yield self._gathered(np.asarray(indices, np.uint64), epoch_start)
+            return
+        first = int(indices[0])
+        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
+            member = self._fleet.owner(self._cache.name, shard.index)
+            call = self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
+                name=self._cache.name, shard=shard.index, start=start, count=count,
+                chunk_bytes=self.chunk_bytes,
+                fingerprint=self._cache.fingerprint, epoch_start=epoch_start))
+            epoch_start = False
+            with self._fleet.watching(member):
+                yield from self._stream(call, shard.first_element - first, "start",
+                                        shard.num_elements)
+
+    def _gathered(self, indices: np.ndarray, epoch_start: bool) -> tuple[int, int, Any, Any]:
+        """Every record at indices, each from its shard's owner: (0, count, None, values)."""
+        values: list[Any] = [None] * len(indices)
+        shards = np.searchsorted(self._firsts, indices, side="right") - 1
+        missing = np.arange(len(indices))
+        while missing.size:
+            owners = {int(s): self._fleet.owner(self._cache.name, int(s))
+                      for s in np.unique(shards[missing])}
+            by_member = np.array([owners[int(s)] for s in shards[missing]])
+            failed: grpc.RpcError | None = None
+            for member in np.unique(by_member):
+                positions = missing[by_member == member]
+                call = self._fleet.transport(str(member)).stub.ReadElements(
+                    pb.ReadElementsRequest(
+                        name=self._cache.name, fingerprint=self._cache.fingerprint,
+                        indices=indices[positions].astype("<u8").tobytes(),
+                        chunk_bytes=self.chunk_bytes, epoch_start=epoch_start))
+                epoch_start = False
+                try:
+                    with self._fleet.watching(str(member)):
+                        for position, _, lengths, data in self._stream(call, 0, "position",
+                                                                       None):
+                            for j, value in enumerate(split_chunk(lengths, data)):
+                                values[int(positions[position + j])] = value
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                        raise
+                    failed = err
+            left = np.array([p for p in missing if values[p] is None], np.int64)
+            if failed is not None and left.size == missing.size:
+                raise failed  # nobody answered: Fetcher.stream backs off and tries again
+            missing = left
+        return 0, len(indices), b"", values
 
 
 class Decoder:

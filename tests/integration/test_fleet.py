@@ -1,0 +1,195 @@
+"""A fleet of daemons over one object store read as one cache (client/_fleet.py).
+
+Real daemons on loopback addresses of their own, a real S3 server (moto), a
+real TensorFlow read: every shard is pulled and served by its rendezvous owner
+and by nobody else; a member killed with SIGKILL mid-epoch hands its shards to
+their next owners without an element lost or repeated; a member added to the
+DNS name mid-job takes over only the shards it now owns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from client import CacheClient
+from client._fleet import ranked
+from tests.daemon import Daemon
+from tests.fleet import (
+    LoopbackFleet,
+    NetnsFleet,
+    can_edit_hosts,
+    can_make_netns,
+    hosts_name,
+    shards_on,
+)
+from tests.s3 import MotoServer
+from tests.sharded import write_sharded
+from tests.waits import wait_until
+
+tf = pytest.importorskip("tensorflow")
+pytestmark = pytest.mark.slow
+
+N, DIM = 4000, 240  # ~1 KB elements, 4 MB: about 40 shards of 64 KiB
+SMALL_CHUNKS = 1 << 20  # prefetch_bytes: reads in ~128 KiB chunks, so an epoch is many calls
+
+
+def source():
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal((N, DIM)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((data, np.arange(N)))
+
+
+def ids(ds) -> list[int]:
+    return [int(i) for _, i in ds]
+
+
+@pytest.fixture
+def published(store, name) -> Iterator[tuple[str, int]]:
+    yield from publish(store, name)
+
+
+def publish(store, name: str) -> Iterator[tuple[str, int]]:
+    """A cache of about 40 shards, written on a daemon of its own and published to the store."""
+    url, endpoint, env = store
+    builder = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint),
+                     env={**os.environ, **env}).start()
+    try:
+        with CacheClient(builder.unix_target) as cc:
+            cache = write_sharded(cc, source(), name, shard_bytes=64 << 10,
+                                  chunk_bytes=32 << 10)
+            wait_until(lambda: cc.info(name).store_state == "STORED", 60,
+                       lambda: f"cache {name} not stored: {cc.info(name)}")
+        yield name, len(cache.shards)
+    finally:
+        builder.close()
+
+
+@pytest.fixture
+def fleet(store) -> Iterator[LoopbackFleet]:
+    f = LoopbackFleet(store)
+    try:
+        for _ in range(4):
+            f.add()
+        yield f
+    finally:
+        f.close()
+
+
+def owners(fleet: LoopbackFleet | NetnsFleet, name: str, shards: int, members: list[str] | None = None
+           ) -> dict[str, set[int]]:
+    members = members if members is not None else fleet.targets
+    owned: dict[str, set[int]] = {m: set() for m in members}
+    for s in range(shards):
+        owned[ranked(members, name, s)[0]].add(s)
+    return owned
+
+
+def test_every_shard_is_served_by_its_owner_only(published, fleet) -> None:
+    name, shards = published
+    assert shards >= 32
+    with CacheClient(targets=fleet.targets) as cc:
+        assert ids(cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)) == list(range(N))
+        shuffled = ids(cc.dataset(name, shuffle=True, seed=3, prefetch_bytes=SMALL_CHUNKS))
+    assert sorted(shuffled) == list(range(N)) and shuffled != list(range(N))
+    want = owners(fleet, name, shards)
+    assert all(want.values())  # every member owns some
+    for d in fleet.members:
+        assert shards_on(d, name) == want[d.tcp_target], d.tcp_target
+    # the same order as one daemon reading the whole cache
+    with CacheClient(fleet.members[0].unix_target) as one:
+        assert ids(one.dataset(name, shuffle=True, seed=3)) == shuffled
+
+
+def test_a_member_killed_mid_epoch_loses_and_repeats_nothing(published, fleet) -> None:
+    name, shards = published
+    victim = fleet.members[1]
+    lost = owners(fleet, name, shards)[victim.tcp_target]
+    for shuffle in (False, True):
+        seen = []
+        with CacheClient(targets=fleet.targets) as cc:
+            ds = cc.dataset(name, shuffle=shuffle, seed=5, prefetch_bytes=SMALL_CHUNKS,
+                            parallel_shards=1)
+            for i, element in enumerate(ds):
+                seen.append(int(element[1]))
+                if i == N // 10 and victim.alive():
+                    victim.kill()
+        if shuffle:
+            assert sorted(seen) == list(range(N)) and seen != list(range(N))
+        else:
+            assert seen == list(range(N))
+    # the next owners pulled the victim's shards: each from the store, once
+    alive = [d for d in fleet.members if d is not victim]
+    for s in lost:
+        nxt = ranked(fleet.targets, name, s)[1]
+        assert s in shards_on(next(d for d in alive if d.tcp_target == nxt), name)
+
+
+@pytest.mark.skipif(not can_edit_hosts(), reason="needs to write /etc/hosts (root)")
+def test_a_member_added_mid_job_takes_only_the_shards_it_now_owns(
+        published, fleet, monkeypatch) -> None:
+    name, shards = published
+    monkeypatch.setenv("SHARDCACHE_RESOLVE_SECONDS", "0.5")
+    dns = f"fleet-{os.getpid()}.shardcache.invalid"
+    with hosts_name(dns, [t.rsplit(":", 1)[0] for t in fleet.targets]) as hosts:
+        with CacheClient(targets=f"dns:///{dns}:{fleet.port}") as cc:
+            ds = cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)
+            assert ids(ds) == list(range(N))
+            before = {d.tcp_target: shards_on(d, name) for d in fleet.members}
+            assert before == owners(fleet, name, shards)
+            added = fleet.add()
+            hosts.set([t.rsplit(":", 1)[0] for t in fleet.targets])
+            time.sleep(1)
+            assert ids(ds) == list(range(N))  # the next epoch, same dataset
+    now = owners(fleet, name, shards)
+    taken = now[added.tcp_target]
+    assert shards_on(added, name) == taken
+    assert 0 < len(taken) < shards / 2
+    for member, had in before.items():
+        assert now[member] <= had  # nothing moved between the members already there
+        assert shards_on(next(d for d in fleet.members if d.tcp_target == member),
+                         name) == had  # and none of them pulled anything new
+
+
+@pytest.fixture(scope="module")
+def open_moto() -> Iterator[MotoServer]:
+    """A moto server on every address: members in network namespaces reach it too."""
+    with MotoServer(host="0.0.0.0") as server:
+        yield server
+
+
+@pytest.mark.skipif(not can_make_netns(), reason="needs root and `ip netns`")
+def test_a_member_whose_link_goes_down_mid_epoch_loses_and_repeats_nothing(
+        open_moto, name) -> None:
+    store = open_moto.store()
+    url, _, env = store
+    fleet = NetnsFleet(open_moto.port, env, url)
+    try:
+        for _ in range(4):
+            fleet.add()
+        for published_name, shards in publish(store, name):
+            cut = owners(fleet, published_name, shards)[fleet.targets[2]]
+            assert cut
+            for shuffle in (False, True):
+                fleet.link(2, up=True)
+                seen = []
+                with CacheClient(targets=fleet.targets) as cc:
+                    ds = cc.dataset(published_name, shuffle=shuffle, seed=9,
+                                    prefetch_bytes=SMALL_CHUNKS, parallel_shards=1)
+                    for i, element in enumerate(ds):
+                        seen.append(int(element[1]))
+                        if i == N // 10:
+                            fleet.link(2, up=False)
+                assert sorted(seen) == list(range(N))
+                assert (seen == list(range(N))) is not shuffle
+            # the cut member's shards were read from their next owners
+            for s in cut:
+                nxt = ranked(fleet.targets, published_name, s)[1]
+                member = next(d for d in fleet.members if d.tcp_target == nxt)
+                assert s in shards_on(member, published_name)
+    finally:
+        fleet.close()
