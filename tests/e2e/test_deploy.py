@@ -5,7 +5,8 @@ validated against the Kubernetes API schemas, and the cacheserver container's
 own command, args and env run as a real process with the container's absolute
 paths mapped into a temp dir, probed over gRPC health the way the kubelet does,
 used by a real client through the socket the training container is told about,
-then stopped with SIGTERM as the kubelet (or systemd) stops it.
+then stopped with SIGTERM as the kubelet (or systemd) stops it. The Grafana
+dashboard's queries are parsed and checked against what a real daemon exports.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,9 @@ from typing import Any
 
 import grpc
 import pytest
+from daemon import Daemon
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from client.wire.v1 import cache_service_pb2 as pb
 from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
@@ -42,6 +46,8 @@ K8S = DEPLOY / "k8s"
 SIDECAR_JOB = K8S / "sidecar" / "job.yaml"
 DAEMONSET = K8S / "daemonset" / "daemonset.yaml"
 CLIENT_POD = K8S / "daemonset" / "client-pod.yaml"
+FLEET_SERVICE = K8S / "daemonset" / "fleet-service.yaml"
+DASHBOARD = DEPLOY / "grafana" / "shardcache.json"
 UNIT = DEPLOY / "systemd" / "cacheserver.service"
 UNIT_ENV = DEPLOY / "systemd" / "cacheserver.env"
 STORE_CONFIG = K8S / "daemonset" / "store.yaml"
@@ -51,6 +57,8 @@ CONTAINERFILE = DEPLOY / "container" / "Containerfile"
 #: the oldest Kubernetes the manifests must validate against (native sidecars: 1.29+)
 K8S_VERSION = "1.31.0"
 SOCKET_TARGET = "unix:///run/cacheserver/cacheserver.sock"
+#: where a pod's own IP is, when the tests run its container as a local process
+POD_IP = "127.0.0.1"
 
 
 def load_all(path: Path) -> list[dict[str, Any]]:
@@ -157,6 +165,68 @@ def test_the_daemonset_keeps_caches_and_socket_on_host_paths_the_client_pod_moun
         load_one(DAEMONSET, "DaemonSet")["spec"]["selector"]["matchLabels"]
 
 
+def _named_port(c: dict[str, Any], port: int | str) -> int:
+    """A Service's targetPort as a number: itself, or the container port of that name."""
+    if isinstance(port, int):
+        return port
+    [number] = [p["containerPort"] for p in c["ports"] if p["name"] == port]
+    return int(number)
+
+
+def test_the_fleet_service_is_headless_over_every_ready_daemon_and_the_client_pod_reads_it(
+        ) -> None:
+    from client._fleet import parse_targets
+
+    daemonset = load_one(DAEMONSET, "DaemonSet")
+    server = container(daemonset["spec"]["template"]["spec"], "cacheserver")
+    service = load_one(FLEET_SERVICE, "Service")
+    spec = service["spec"]
+    # headless: the name resolves to the pods' own IPs, one per node, not a proxy's
+    assert spec["clusterIP"] == "None"
+    assert spec.get("publishNotReadyAddresses", False) is False  # draining pods drop out
+    assert "readinessProbe" in server
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"] == daemonset["spec"]["selector"]["matchLabels"]
+    assert spec["selector"].items() <= labels.items()
+    [port] = spec["ports"]
+    # no proxy translates ports: clients connect to the pods' port itself
+    assert port["port"] == _named_port(server, port["targetPort"]) == _probe_port(server)
+    assert port["protocol"] == "TCP" and port["appProtocol"] == "grpc"
+    # and the daemon listens there on every address of the pod, its pod IP included
+    listens = [a for i, a in enumerate(server["args"]) if i and server["args"][i - 1] == "--listen"]
+    assert f"0.0.0.0:{port['port']}" in listens
+    namespace = yaml.safe_load((K8S / "daemonset" / "kustomization.yaml").read_text())["namespace"]
+    [train] = load_one(CLIENT_POD, "Pod")["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in train["env"]}
+    fleet = f"dns:///{service['metadata']['name']}.{namespace}.svc.cluster.local:{port['port']}"
+    assert parse_targets(env["SHARDCACHE_TARGETS"]) == [fleet]
+    # the node's own daemon stays at hand: the CLI's target, and CacheClient()'s without a store
+    assert env["SHARDCACHE_TARGET"] == SOCKET_TARGET
+
+
+def test_the_sidecar_trainer_names_its_own_daemon_not_a_fleet() -> None:
+    train = container(load_one(SIDECAR_JOB, "Job")["spec"]["template"]["spec"], "train")
+    names = {e["name"] for e in train["env"]}
+    assert "SHARDCACHE_TARGET" in names and "SHARDCACHE_TARGETS" not in names
+
+
+def test_the_daemonset_serves_metrics_on_its_pod_ip_where_prometheus_is_told_to_scrape(
+        ) -> None:
+    template = load_one(DAEMONSET, "DaemonSet")["spec"]["template"]
+    server = container(template["spec"], "cacheserver")
+    env = {e["name"]: e for e in server["env"]}
+    pod_ip = re.fullmatch(r"\$\((\w+)\):(\d+)", env["CACHESERVER_METRICS_LISTEN"]["value"])
+    assert pod_ip, env["CACHESERVER_METRICS_LISTEN"]
+    variable, port = pod_ip.groups()
+    assert env[variable]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    # declared before use, or Kubernetes leaves $(POD_IP) as it is
+    assert list(env).index(variable) < list(env).index("CACHESERVER_METRICS_LISTEN")
+    assert _named_port(server, "metrics") == int(port)
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == port
+
+
 @pytest.mark.parametrize("path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")],
                          ids=["sidecar", "daemonset"])
 def test_the_daemon_takes_the_store_from_an_optional_config_map_and_credentials_from_an_optional_secret(  # noqa: E501
@@ -176,6 +246,16 @@ def test_the_store_config_map_holds_only_settings_the_daemon_knows() -> None:
     for key in data:  # serve refuses an unknown CACHESERVER_* variable
         assert key in known or not key.startswith(config.ENV_PREFIX), key
     assert data["CACHESERVER_STORE"] == ""  # no store until the operator names one
+
+
+def test_the_store_config_map_has_each_fleet_member_pull_only_the_shards_read_from_it() -> None:
+    from cacheserver import config
+
+    data = load_one(STORE_CONFIG, "ConfigMap")["data"]
+    values, sources = config.resolve({"data_dir": Path("/var/lib/shardcache")}, None,
+                                     environ=data)
+    assert values["store_pull"] == "on-read"
+    assert sources["store_pull"] == "environment CACHESERVER_STORE_PULL"
 
 
 def _materialize_job() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -301,6 +381,7 @@ class Deployment:
     client_target: str
     root: Path
     client_env: dict[str, str]
+    metrics_url: str | None
 
 
 def _config_maps() -> dict[str, dict[str, str]]:
@@ -321,6 +402,34 @@ def _env_from(c: dict[str, Any]) -> dict[str, str]:
         else:
             env |= shipped
     return env
+
+
+def _env_value(entry: dict[str, Any], defined: dict[str, str]) -> str:
+    """An env entry's value as the kubelet gives it: the pod IP of the one downward API
+    field the manifests use, $(VAR) expanded from the variables defined before it."""
+    if "valueFrom" in entry:
+        assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}, entry
+        return POD_IP
+    return re.sub(r"\$\((\w+)\)", lambda m: defined.get(m.group(1), m.group(0)),
+                  entry["value"])
+
+
+def _local_port(address: str) -> str:
+    """HOST:PORT with the port swapped for a free one if something here holds it."""
+    host, _, port = address.rpartition(":")
+    return address if _port_is_free(int(port)) else f"{host}:{_free_port()}"
+
+
+def _fleet_here(targets: str, pod_port: int, local_port: int) -> str:
+    """The client's fleet targets with each dns:/// name (the headless Service) resolving
+    to the one pod here: its IP, at the port the daemon listens on."""
+    here = []
+    for target in targets.split(","):
+        if target.startswith("dns:///"):
+            assert target.endswith(f":{pod_port}"), f"{target} is not the daemon's port"
+            target = f"dns:///{POD_IP}:{local_port}"
+        here.append(target)
+    return ",".join(here)
 
 
 def _volume_key(volume: dict[str, Any]) -> str:
@@ -344,20 +453,29 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
     # the image's `cacheserver` is the console script this venv installed; not mapped,
     # since the checkout itself may live under a path the pod mounts (/tmp, say)
     argv[0] = str(Path(sys.executable).parent / command[0])
-    probe_port = _probe_port(server)
+    pod_port = probe_port = _probe_port(server)
     if not _port_is_free(probe_port):  # only if it would clash with something on this machine
         new = _free_port()
         argv = [re.sub(rf":{probe_port}$", f":{new}", a) for a in argv]
         probe_port = new
     env = {k: paths(v) for k, v in _env_from(server).items()}
-    env |= {e["name"]: paths(e["value"]) for e in server.get("env", [])}
-    client_env = {e["name"]: e["value"] for e in container(client_spec, client_name)["env"]}
+    for entry in server.get("env", []):
+        env[entry["name"]] = paths(_env_value(entry, env))
+    metrics_url = None
+    if "CACHESERVER_METRICS_LISTEN" in env:
+        env["CACHESERVER_METRICS_LISTEN"] = _local_port(env["CACHESERVER_METRICS_LISTEN"])
+        metrics_url = f"http://{env['CACHESERVER_METRICS_LISTEN']}/metrics"
+    client_env = {e["name"]: paths(e["value"])
+                  for e in container(client_spec, client_name)["env"]}
+    if "SHARDCACHE_TARGETS" in client_env:
+        client_env["SHARDCACHE_TARGETS"] = _fleet_here(client_env["SHARDCACHE_TARGETS"],
+                                                       pod_port, probe_port)
     return Deployment(
         argv=argv, env=env, probe_port=probe_port,
         probes={k: server[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")},
         grace_period_s=float(server_spec["terminationGracePeriodSeconds"]),
-        client_target=paths(client_env["SHARDCACHE_TARGET"]), root=root,
-        client_env={k: paths(v) for k, v in client_env.items()})
+        client_target=client_env["SHARDCACHE_TARGET"], root=root,
+        client_env=client_env, metrics_url=metrics_url)
 
 
 @pytest.fixture
@@ -393,6 +511,18 @@ def _kubelet_probe(port: int, probe: dict[str, Any], deadline_s: float) -> None:
                 pass
             assert time.monotonic() < deadline, f"probe {probe} did not pass in {deadline_s}s"
             time.sleep(0.1)
+
+
+def _exposition(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(_exposition(url))
+            for sample in family.samples}
 
 
 def _write_cache(target: str, name: str, chunks: int) -> int:
@@ -431,10 +561,17 @@ def test_the_manifest_daemon_serves_probes_and_the_client_then_drains_on_sigterm
 
         assert dep.client_target.startswith(f"unix://{scratch}/")
         size = _write_cache(dep.client_target, "epoch-1", chunks=16)
-        monkeypatch.setenv("SHARDCACHE_TARGET", dep.client_target)
-        with CacheClient() as cc:  # the target from the training container's env
+        monkeypatch.delenv("SHARDCACHE_TARGETS", raising=False)
+        for name, value in dep.client_env.items():
+            monkeypatch.setenv(name, value)
+        # the targets from the training container's env: the sidecar's socket, or the
+        # fleet's headless Service (the daemon's TCP port, what other nodes' pods reach)
+        with CacheClient() as cc:
+            assert cc.target == dep.client_env.get("SHARDCACHE_TARGETS", dep.client_target)
             [info] = cc.list()
             assert (info.name, info.state, info.num_elements) == ("epoch-1", "READY", 128)
+        if dep.metrics_url is not None:
+            assert scrape(dep.metrics_url)[("shardcache_written_bytes_total", ())] == size
 
         with grpc.insecure_channel(dep.client_target) as ch:
             stream = pb_grpc.CacheServiceStub(ch).ReadShard(
@@ -633,3 +770,256 @@ def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount
     finally:
         proc.kill()
         proc.wait(30)
+
+
+# --- (e) the Grafana dashboard -------------------------------------------------------
+
+#: labels Prometheus adds to every series it scrapes
+TARGET_LABELS = frozenset({"instance", "job"})
+#: PromQL words that are neither metrics nor functions
+_KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset"})
+_GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_MATCH_OPS = frozenset({"=", "!=", "=~", "!~"})
+_CLOSING = {"(": ")", "{": "}", "[": "]"}
+_TOKEN = re.compile(r"""
+    (?P<space>\s+)
+  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+  | (?P<variable>\$\{\w+(?::\w+)?\}|\$\w+)
+  | (?P<number>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?:ms|[smhdwy])?)
+  | (?P<name>[A-Za-z_:][A-Za-z0-9_:]*)
+  | (?P<op>=~|!~|!=|==|<=|>=|[-+*/%^<>=,])
+  | (?P<open>[({[])
+  | (?P<close>[)}\]])
+""", re.VERBOSE)
+
+
+@dataclass
+class Selector:
+    """One instant or range vector selector of a PromQL expression."""
+
+    metric: str
+    matchers: dict[str, tuple[str, str]]  # label: (operator, value)
+
+
+def _tokens(expr: str) -> list[tuple[str, str]]:
+    tokens, pos = [], 0
+    while pos < len(expr):
+        match = _TOKEN.match(expr, pos)
+        if match is None:
+            raise ValueError(f"cannot read {expr[pos:]!r} in {expr!r}")
+        if match.lastgroup != "space":
+            tokens.append((str(match.lastgroup), match.group()))
+        pos = match.end()
+    return tokens
+
+
+def parse_promql(expr: str) -> tuple[list[Selector], set[str]]:
+    """The selectors of expr and the labels its by/without/on/ignoring clauses name.
+
+    Enough of PromQL for a dashboard's queries: brackets must balance, every
+    selector names its metric, and a matcher is LABEL OP "STRING"; Grafana's
+    $variables stand where PromQL takes a duration or a string."""
+    tokens = _tokens(expr)
+    selectors: list[Selector] = []
+    grouping: set[str] = set()
+    opened: list[str] = []
+    i = 0
+    try:
+        while i < len(tokens):
+            kind, text = tokens[i]
+            following = tokens[i + 1][1] if i + 1 < len(tokens) else ""
+            if kind == "open":
+                if text == "{":
+                    raise ValueError(f"a selector without a metric name in {expr!r}")
+                opened.append(text)
+            elif kind == "close":
+                if not opened or _CLOSING[opened.pop()] != text:
+                    raise ValueError(f"unbalanced {text!r} in {expr!r}")
+            elif kind == "name" and text in _GROUPING and following == "(":
+                i += 2
+                while tokens[i][1] != ")":
+                    label, sep = tokens[i], tokens[i + 1][1]
+                    if label[0] != "name" or sep not in (",", ")"):
+                        raise ValueError(f"bad label list at {label[1]!r} in {expr!r}")
+                    grouping.add(label[1])
+                    i += 2 if sep == "," else 1
+            elif (kind == "name" and text not in _KEYWORDS | _GROUPING
+                  and following not in ("(", "by", "without")):  # not sum(...), sum by (...)
+                matchers: dict[str, tuple[str, str]] = {}
+                if following == "{":
+                    i += 2
+                    while tokens[i][1] != "}":
+                        (lkind, label), (_, op), (vkind, value) = tokens[i:i + 3]
+                        if lkind != "name" or op not in _MATCH_OPS or vkind != "string":
+                            raise ValueError(f"bad matcher {label}{op}{value} in {expr!r}")
+                        matchers[label] = (op, value[1:-1])
+                        i += 3
+                        if tokens[i][1] == ",":
+                            i += 1
+                selectors.append(Selector(text, matchers))
+            i += 1
+    except IndexError as exc:
+        raise ValueError(f"{expr!r} ends in the middle of a selector") from exc
+    if opened:
+        raise ValueError(f"{opened[-1]!r} never closed in {expr!r}")
+    return selectors, grouping
+
+
+def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every panel, those inside rows (collapsed rows hold theirs) included."""
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def _queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(where, PromQL, the panel's or variable's JSON) of every query the dashboard runs."""
+    for panel in _panels(dashboard["panels"]):
+        for target in panel.get("targets", []):
+            yield f"panel {panel['title']!r} {target['refId']}", target["expr"], panel
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            # Grafana's label_values(METRIC, LABEL) is the series METRIC{LABEL!=""}
+            metric, label = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)",
+                                         variable["definition"]).groups()
+            yield f"variable {variable['name']!r}", f'{metric}{{{label}!=""}}', variable
+
+
+def dashboard_problems(dashboard: dict[str, Any], exported: dict[str, set[str]]) -> list[str]:
+    """What in the dashboard's queries the daemon does not export (exported: sample name
+    to its label names), or does not parse, or ignores the $instance variable."""
+    problems = []
+    for where, expr, _ in _queries(dashboard):
+        try:
+            selectors, grouping = parse_promql(expr)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        if not selectors:
+            problems.append(f"{where}: selects no metric")
+        labels = set(TARGET_LABELS)
+        for s in selectors:
+            if not s.metric.startswith("shardcache_") or s.metric not in exported:
+                problems.append(f"{where}: {s.metric} is not a metric the daemon exports")
+                continue
+            labels |= exported[s.metric]
+            unknown = set(s.matchers) - exported[s.metric] - TARGET_LABELS
+            if unknown:
+                problems.append(f"{where}: {s.metric} has no label {sorted(unknown)}")
+            if where.startswith("panel") and s.matchers.get("instance") != ("=~", "$instance"):
+                problems.append(f"{where}: {s.metric} ignores $instance")
+        for label in sorted(grouping - labels):
+            problems.append(f"{where}: no series of it has the label {label!r}")
+    return problems
+
+
+def _exported(url: str) -> dict[str, set[str]]:
+    """The exposition's sample names (histograms' _bucket/_count/_sum, counters' _total)
+    and the label names each carries."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(_exposition(url)):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported() -> Iterator[dict[str, set[str]]]:
+    """What a real daemon exports once it has written, read and refused something."""
+    tf = pytest.importorskip("tensorflow")
+    from client import CacheClient, CacheNotFoundError
+
+    url = f"http://127.0.0.1:{_free_port()}/metrics"
+    d = Daemon(extra_args=("--metrics-listen", url.split("/")[2])).start()
+    try:
+        with CacheClient(d.unix_target) as cc:
+            ds = cc.cache(tf.data.Dataset.range(100), name="dashboard", direct=False)
+            for _ in range(2):  # the write epoch, then a read epoch
+                assert [int(x) for x in ds] == list(range(100))
+            with pytest.raises(CacheNotFoundError):
+                cc.info("absent")  # an RPC error: shardcache_rpc_errors_total gets a series
+        # this daemon's metrics, after that: the read epoch went over gRPC
+        assert scrape(url)[("shardcache_read_elements_total", ())] == 100
+        yield _exported(url)
+    finally:
+        d.close()
+
+
+def _dashboard() -> dict[str, Any]:
+    return dict(json.loads(DASHBOARD.read_text()))
+
+
+def test_every_dashboard_query_parses_and_selects_metrics_and_labels_the_daemon_exports(
+        exported: dict[str, set[str]]) -> None:
+    dashboard = _dashboard()
+    assert dashboard_problems(dashboard, exported) == []
+    selected = {s.metric for _, expr, _ in _queries(dashboard) for s in parse_promql(expr)[0]}
+    # the panels the dashboard promises, each on the series it needs
+    for metric in ("shardcache_read_bytes_total", "shardcache_read_elements_total",
+                   "shardcache_cache_hits_total", "shardcache_cache_misses_total",
+                   "shardcache_rpc_duration_seconds_bucket", "shardcache_rpc_errors_total",
+                   "shardcache_disk_bytes", "shardcache_capacity_bytes",
+                   "shardcache_store_published_bytes_total",
+                   "shardcache_store_pulled_bytes_total", "shardcache_store_errors_total",
+                   "shardcache_store_unpublished_caches"):
+        assert metric in selected, metric
+
+
+def test_the_dashboard_check_catches_a_misspelled_metric_a_wrong_label_and_a_broken_query(
+        exported: dict[str, set[str]]) -> None:
+    text = DASHBOARD.read_text()
+    misspelled = json.loads(text.replace("shardcache_read_bytes_total",
+                                         "shardcache_read_byte_total", 1))
+    [problem] = dashboard_problems(misspelled, exported)
+    assert "shardcache_read_byte_total is not a metric the daemon exports" in problem
+    # a counter without its _total: the family's name, but no sample of that name
+    bare = json.loads(text.replace("shardcache_store_errors_total", "shardcache_store_errors"))
+    assert any("shardcache_store_errors is not" in p for p in dashboard_problems(bare, exported))
+    wrong_label = json.loads(text.replace("sum by (reason)", "sum by (cause)"))
+    [problem] = dashboard_problems(wrong_label, exported)
+    assert "no series of it has the label 'cause'" in problem
+    broken = json.loads(text.replace('"expr": "shardcache_store_unpublished_caches',
+                                     '"expr": "(shardcache_store_unpublished_caches'))
+    [problem] = dashboard_problems(broken, exported)
+    assert problem.startswith("panel 'Unpublished caches' A:") and "never closed" in problem
+    unfiltered = json.loads(text.replace('shardcache_disk_free_bytes{instance=~\\"$instance\\"}',
+                                         "shardcache_disk_free_bytes"))
+    [problem] = dashboard_problems(unfiltered, exported)
+    assert "shardcache_disk_free_bytes ignores $instance" in problem
+
+
+def test_parse_promql_finds_selectors_matchers_and_grouping_labels() -> None:
+    selectors, grouping = parse_promql(
+        'histogram_quantile(0.99, sum by (method, le) (rate(a_b_bucket{x=~"$v", y!="z"}'
+        '[$__rate_interval]))) / on (instance) group_left c > 0 and bool d offset 5m')
+    assert [(s.metric, s.matchers) for s in selectors] == [
+        ("a_b_bucket", {"x": ("=~", "$v"), "y": ("!=", "z")}), ("c", {}), ("d", {})]
+    assert grouping == {"method", "le", "instance"}
+    for bad in ('sum(rate(x[5m])', 'x{a="b"', '{a="b"}', 'x{a}', "sum by (a b) (x)"):
+        with pytest.raises(ValueError):
+            parse_promql(bad)
+
+
+def test_every_dashboard_panel_has_a_title_a_query_and_a_place_of_its_own() -> None:
+    dashboard = _dashboard()
+    assert dashboard["schemaVersion"] >= 36 and dashboard["uid"] and dashboard["title"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["instance"]["multi"] and variables["instance"]["includeAll"]
+    panels = list(_panels(dashboard["panels"]))
+    assert len({p["id"] for p in panels}) == len(panels)
+    taken: set[tuple[int, int]] = set()
+    for panel in panels:
+        assert panel.get("title"), panel
+        grid = panel["gridPos"]
+        cells = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
+                 for y in range(grid["y"], grid["y"] + grid["h"])}
+        assert grid["x"] + grid["w"] <= 24 and not cells & taken, panel["title"]
+        taken |= cells
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        for target in [panel, *panel["targets"]]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert all(t["expr"].strip() for t in panel["targets"])
