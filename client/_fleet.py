@@ -4,7 +4,8 @@
 one object store (``serve --store``). Membership is whatever the targets name:
 fixed addresses, or ``dns:///NAME:PORT``, every address NAME resolves to (the
 headless Service of the DaemonSet), resolved again every ``REFRESH_SECONDS``
-(``$SHARDCACHE_RESOLVE_SECONDS``) as Kubernetes changes the endpoints. There is no membership service.
+(``$SHARDCACHE_RESOLVE_SECONDS``) as Kubernetes changes the endpoints. There
+is no membership service.
 
 **Placement.** Shard s of cache c is owned by the member with the highest
 ``hash(member, c, s)`` (rendezvous, or highest-random-weight, hashing): every
@@ -172,7 +173,7 @@ class Fleet:
             if transport is None:
                 transport = self._transports[member] = Transport(
                     member, self._connect_timeout, credentials=self._credentials,
-                    options=_FLEET_OPTIONS)
+                    options=_FLEET_OPTIONS, wait_connect=False)
             return transport
 
     def is_down(self, member: str) -> bool:

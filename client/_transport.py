@@ -32,7 +32,8 @@ class Transport:
 
     def __init__(self, target: str, connect_timeout: float = 5.0, *,
                  credentials: Credentials | None = None,
-                 options: list[tuple[str, int]] | None = None) -> None:
+                 options: list[tuple[str, int]] | None = None, wait_connect: bool = True
+                 ) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
         credentials = credentials or Credentials()
@@ -53,7 +54,10 @@ class Transport:
         if credentials.token:
             self._channel = grpc.intercept_channel(self._channel, _BearerToken(credentials.token))
         self.stub = pb_grpc.CacheServiceStub(self._channel)
-        self._connected = False
+        # wait_connect=False: calls fail with UNAVAILABLE at once when the daemon refuses
+        # the connection, instead of waiting connect_timeout for it (a fleet's next member
+        # serves meanwhile, client/_fleet.py)
+        self._connected = not wait_connect
 
     @property
     def channel(self) -> grpc.Channel:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,15 +27,18 @@ class LoopbackFleet:
                  extra_args: Sequence[str] = ()) -> None:
         self.store = store
         self.port = port or free_port()
+        self.metrics_port = free_port()
         self.extra_args = tuple(extra_args)
         self.members: list[Daemon] = []
 
     def add(self) -> Daemon:
         url, endpoint, env = self.store
+        host = f"127.0.0.{len(self.members) + 2}"
         d = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint,
-                               "--store-pull", "on-read", *self.extra_args),
-                   env={**os.environ, **env}, host=f"127.0.0.{len(self.members) + 2}",
-                   port=self.port)
+                               "--store-pull", "on-read", "--metrics-listen",
+                               f"{host}:{self.metrics_port}", *self.extra_args),
+                   env={**os.environ, **env}, host=host, port=self.port)
+        d.metrics_url = f"http://{host}:{self.metrics_port}/metrics"  # type: ignore[attr-defined]
         # listen on the member's own address only (and the unix socket)
         d.listen = (d.tcp_target, d.unix_target)
         self.members.append(d)
@@ -57,6 +61,16 @@ def shards_on(d: Daemon, name: str) -> set[int]:
         return set()
     return {int(p.name.removeprefix("shard-")) for p in directory.glob("shard-*")
             if (p / "data.mdb").exists()}
+
+
+def metric(d: Daemon, sample: str) -> float:
+    """The value of one sample (name and labels, as exposed) on member d's /metrics; 0 if
+    absent."""
+    with urllib.request.urlopen(d.metrics_url, timeout=10) as response:  # type: ignore[attr-defined]
+        for line in response.read().decode().splitlines():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 @contextlib.contextmanager
@@ -118,11 +132,12 @@ class NetnsFleet:
     """
 
     def __init__(self, store_port: int, env: dict[str, str], url: str,
-                 port: int | None = None) -> None:
+                 port: int | None = None, metrics: bool = False) -> None:
         self.store_port = store_port
         self.env = env
         self.url = url
         self.port = port or free_port()
+        self.metrics_port = free_port() if metrics else 0
         self.members: list[Daemon] = []
         self._tag = f"sc{os.getpid() % 100000}"
 
@@ -142,7 +157,9 @@ class NetnsFleet:
         _ip("link", "set", "lo", "up", ns=ns)
         d = _NetnsDaemon(extra_args=(
             "--store", self.url, "--store-endpoint", f"http://10.231.{i}.1:{self.store_port}",
-            "--store-pull", "on-read"), env={**os.environ, **self.env},
+            "--store-pull", "on-read", *(("--metrics-listen", f"10.231.{i}.2:{self.metrics_port}")
+                                         if self.metrics_port else ())),
+            env={**os.environ, **self.env},
             host=f"10.231.{i}.2", port=self.port)
         d.ns = ns
         d.listen = (d.tcp_target, d.unix_target)
@@ -162,7 +179,7 @@ class NetnsFleet:
         ns, outside, inside = self._names(i + 1)
         for dev, where in ((outside, None), (inside, ns)):
             command = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                       f"{mbit}mbit", "burst", "256kb", "latency", "50ms"]
+                       f"{mbit}mbit", "burst", "64kb", "latency", "10ms"]
             subprocess.run(["ip", "netns", "exec", where, *command] if where else command,
                            check=True, capture_output=True, timeout=30)
 

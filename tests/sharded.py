@@ -20,7 +20,7 @@ from client.write.stream import CacheWriter
 
 def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
                   chunk_bytes: int = 4096, version: str | None = None,
-                  block_bytes: int | None = None) -> pb.Cache:
+                  block_bytes: int | None = None, batch_elements: int = 64) -> pb.Cache:
     from client.tf import convert
 
     spec = ds.element_spec
@@ -34,7 +34,7 @@ def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
     writer = CacheWriter(cc._transport, begin, chunk_bytes=chunk_bytes)
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     packer = BlockPacker(layout, None if block_bytes else Compressor())
-    for n, batch in convert.source_batches(ds, fmt, 64):
+    for n, batch in convert.source_batches(ds, fmt, batch_elements):  # a shard ends between two
         writer.add(*packer.add(batch, n))
     writer.add(*packer.flush())
     return writer.finish()

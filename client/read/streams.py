@@ -122,6 +122,7 @@ class Fetcher:
         self._calls: set[Any] = set()
         self.chunk_bytes = CHUNK_BYTES  # asked of the daemon per message
         self.target = transport.target  # for messages
+        self.lost_level = logging.WARNING  # of the message that the daemon was lost
 
     def cancel(self) -> None:
         self._closing.set()
@@ -163,7 +164,7 @@ class Fetcher:
                 now = time.monotonic()
                 if failing_since is None:
                     failing_since = now
-                    log.warning("lost cacheserver at %s while reading cache %r (%s); "
+                    log.log(self.lost_level, "lost cacheserver at %s while reading cache %r (%s); "
                                 "reconnecting for up to %gs", self.target,
                                 self._cache.name, err.details(), self._timeout)
                 left = self._timeout - (now - failing_since)
@@ -239,6 +240,7 @@ class FleetFetcher(Fetcher):
                          reconnect_timeout, closing)
         self._fleet = fleet
         self.target = f"targets {fleet!r}"
+        self.lost_level = logging.DEBUG  # the fleet said which member, and who serves now
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
 
     def _attempt(self, indices: Indices, epoch_start: bool
@@ -247,16 +249,23 @@ class FleetFetcher(Fetcher):
             yield self._gathered(np.asarray(indices, np.uint64), epoch_start)
             return
         first = int(indices[0])
+        calls = []  # all sent at once: the shards' owners send them side by side
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             member = self._fleet.owner(self._cache.name, shard.index)
-            call = self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
-                name=self._cache.name, shard=shard.index, start=start, count=count,
-                chunk_bytes=self.chunk_bytes,
-                fingerprint=self._cache.fingerprint, epoch_start=epoch_start))
+            calls.append((member, shard, self._fleet.transport(member).stub.ReadShard(
+                pb.ReadShardRequest(
+                    name=self._cache.name, shard=shard.index, start=start, count=count,
+                    chunk_bytes=self.chunk_bytes,
+                    fingerprint=self._cache.fingerprint, epoch_start=epoch_start))))
             epoch_start = False
-            with self._fleet.watching(member):
-                yield from self._stream(call, shard.first_element - first, "start",
-                                        shard.num_elements)
+        try:
+            for member, shard, call in calls:
+                with self._fleet.watching(member):
+                    yield from self._stream(call, shard.first_element - first, "start",
+                                            shard.num_elements)
+        finally:
+            for _, _, call in calls:
+                call.cancel()  # those not read to the end: this try failed, or was closed
 
     def _gathered(self, indices: np.ndarray, epoch_start: bool) -> tuple[int, int, Any, Any]:
         """Every record at indices, each from its shard's owner: (0, count, None, values)."""

@@ -224,6 +224,20 @@ class Wire:
         return tuple(parts)
 
 
+#: Threads of the pool that runs a read's chunk calls (at least): with chunks of
+#: prefetch_bytes / 8, eight in flight hold about prefetch_bytes.
+READ_THREADS = 8
+
+
+def own_threads(ds: tf.data.Dataset, threads: int) -> tf.data.Dataset:
+    """ds computed on a thread pool of its own (tf.data's PrivateThreadPoolDataset): unlike
+    Options.threading, which the elements' consumer would share, it covers ds alone."""
+    variant = tf.raw_ops.PrivateThreadPoolDataset(
+        input_dataset=tf.data.experimental.to_variant(ds), num_threads=threads,
+        output_types=ds._flat_types, output_shapes=ds._flat_shapes)
+    return tf.data.experimental.from_variant(variant, ds.element_spec)
+
+
 class Reader:
     """The Python side of a checkpointable read: streams by hold, served by position.
 
@@ -239,6 +253,10 @@ class Reader:
         self._open_epoch = open_epoch
         self._open_chunks = open_chunks if chunked_reads() else None
         self._parallel = parallel or tf.data.AUTOTUNE
+        # A chunk's call blocks on I/O (a daemon, a fleet member, the disk) for most of its
+        # time: on tf.data's shared pool (one thread per core) at most that many would be
+        # in flight, whatever num_parallel_calls says (docs/design.md, "Read threads").
+        self._threads = max(parallel, READ_THREADS)
         self._epochs = epochs
         self._ids = _Ids()
         self._lock = threading.Lock()
@@ -342,8 +360,9 @@ class Reader:
                                              stateful=True)
                     return self.wire.signature_of(flat)
 
-                return tf.data.Dataset.range(count).map(
-                    chunk, num_parallel_calls=self._parallel, deterministic=True)
+                return own_threads(tf.data.Dataset.range(count).map(
+                    chunk, num_parallel_calls=self._parallel, deterministic=True),
+                    self._threads)
 
             return tf.data.Dataset.from_tensors(np.int64(0)).flat_map(chunks)
         if not self.checkpoint:

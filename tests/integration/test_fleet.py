@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from client import CacheClient
-from client._fleet import ranked
+from client._fleet import DOWN_SECONDS, ranked
 from tests.daemon import Daemon
 from tests.fleet import (
     LoopbackFleet,
@@ -25,6 +25,7 @@ from tests.fleet import (
     can_edit_hosts,
     can_make_netns,
     hosts_name,
+    metric,
     shards_on,
 )
 from tests.s3 import MotoServer
@@ -80,9 +81,8 @@ def fleet(store) -> Iterator[LoopbackFleet]:
         f.close()
 
 
-def owners(fleet: LoopbackFleet | NetnsFleet, name: str, shards: int, members: list[str] | None = None
-           ) -> dict[str, set[int]]:
-    members = members if members is not None else fleet.targets
+def owners(fleet: LoopbackFleet | NetnsFleet, name: str, shards: int) -> dict[str, set[int]]:
+    members = fleet.targets
     owned: dict[str, set[int]] = {m: set() for m in members}
     for s in range(shards):
         owned[ranked(members, name, s)[0]].add(s)
@@ -129,22 +129,45 @@ def test_a_member_killed_mid_epoch_loses_and_repeats_nothing(published, fleet) -
         assert s in shards_on(next(d for d in alive if d.tcp_target == nxt), name)
 
 
+def test_a_member_that_comes_back_serves_its_shards_again(published, fleet) -> None:
+    name, _ = published
+    victim = fleet.members[2]
+    read = "shardcache_read_bytes_total"
+
+    def epoch(cc: CacheClient) -> dict[str, float]:
+        before = {d.tcp_target: metric(d, read) for d in fleet.members if d.alive()}
+        assert ids(cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)) == list(range(N))
+        return {d.tcp_target: metric(d, read) - before[d.tcp_target]
+                for d in fleet.members if d.alive()}
+
+    with CacheClient(targets=fleet.targets) as cc:
+        healthy = epoch(cc)
+        assert all(healthy.values())
+        victim.kill()
+        without = epoch(cc)
+        assert victim.tcp_target not in without
+        assert sum(without.values()) == sum(healthy.values())  # its bytes, served by others
+        victim.start()
+        time.sleep(DOWN_SECONDS + 0.5)  # then it is tried again
+        assert epoch(cc) == healthy  # byte for byte, each member its own shards again
+
+
 @pytest.mark.skipif(not can_edit_hosts(), reason="needs to write /etc/hosts (root)")
 def test_a_member_added_mid_job_takes_only_the_shards_it_now_owns(
         published, fleet, monkeypatch) -> None:
     name, shards = published
     monkeypatch.setenv("SHARDCACHE_RESOLVE_SECONDS", "0.5")
     dns = f"fleet-{os.getpid()}.shardcache.invalid"
-    with hosts_name(dns, [t.rsplit(":", 1)[0] for t in fleet.targets]) as hosts:
-        with CacheClient(targets=f"dns:///{dns}:{fleet.port}") as cc:
-            ds = cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)
-            assert ids(ds) == list(range(N))
-            before = {d.tcp_target: shards_on(d, name) for d in fleet.members}
-            assert before == owners(fleet, name, shards)
-            added = fleet.add()
-            hosts.set([t.rsplit(":", 1)[0] for t in fleet.targets])
-            time.sleep(1)
-            assert ids(ds) == list(range(N))  # the next epoch, same dataset
+    with (hosts_name(dns, [t.rsplit(":", 1)[0] for t in fleet.targets]) as hosts,
+          CacheClient(targets=f"dns:///{dns}:{fleet.port}") as cc):
+        ds = cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)
+        assert ids(ds) == list(range(N))
+        before = {d.tcp_target: shards_on(d, name) for d in fleet.members}
+        assert before == owners(fleet, name, shards)
+        added = fleet.add()
+        hosts.set([t.rsplit(":", 1)[0] for t in fleet.targets])
+        time.sleep(1)
+        assert ids(ds) == list(range(N))  # the next epoch, same dataset
     now = owners(fleet, name, shards)
     taken = now[added.tcp_target]
     assert shards_on(added, name) == taken

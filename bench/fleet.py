@@ -1,0 +1,141 @@
+"""A fleet on one machine: aggregate warm-read throughput against the sum of capped links.
+
+Run as root from the repository root::
+
+    .venv/bin/python bench/fleet.py [--members 1,2,4,8] [--mbit 40] [--mb 96]
+        [--repeat 3] [--out bench/results/fleet.json]
+
+Each member is a daemon in a network namespace of its own, joined to the reader's by a
+veth pair capped at ``--mbit`` both ways (tc tbf; tests/fleet.py), all over one moto
+store. One cache of ``--mb`` MB of incompressible 16 KiB elements in 256 shards (32 per
+member at 8 members) is written once on a daemon outside the fleet and published. For
+each fleet size a fresh fleet reads one epoch (each member pulls the shards it owns from
+the store; not timed), then ``--repeat`` epochs are timed through
+``CacheClient(targets=...).dataset(name, parallel_shards=2 x members)``.
+
+Reported per size: the best and median aggregate MB/s (stored bytes over the epoch's
+time), their ratio to the sum of the links (members x the cap), and the busiest member's
+bytes against the mean (each member's ``shardcache_read_bytes_total``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from client import CacheClient
+from tests.daemon import Daemon
+from tests.fleet import NetnsFleet, can_make_netns
+from tests.s3 import MotoServer
+from tests.sharded import write_sharded
+
+ELEMENT_FLOATS = 4096  # 16 KiB
+SHARDS = 256
+
+
+def source(mb: int):
+    import tensorflow as tf
+
+    n = mb * (1 << 20) // (ELEMENT_FLOATS * 4)
+    data = np.random.default_rng(0).standard_normal((n, ELEMENT_FLOATS)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(data), n
+
+
+def read_bytes(fleet: NetnsFleet) -> list[float]:
+    import urllib.request
+
+    counts = []
+    for i, _ in enumerate(fleet.members):
+        with urllib.request.urlopen(f"http://10.231.{i + 1}.2:{fleet.metrics_port}/metrics",
+                                    timeout=10) as response:
+            text = response.read().decode()
+        counts.append(next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                            if line.startswith("shardcache_read_bytes_total ")), 0.0))
+    return counts
+
+
+def epoch(cc: CacheClient, name: str, members: int, n: int) -> float:
+    start = time.perf_counter()
+    seen = 0
+    for batch in cc.dataset(name, parallel_shards=2 * members).batch(64):
+        seen += int(batch.shape[0])
+    assert seen == n, (seen, n)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", default="1,2,4,8", help="fleet sizes, comma-separated")
+    parser.add_argument("--mbit", type=float, default=40.0,
+                        help="each member's link, Mbit/s (0: uncapped)")
+    parser.add_argument("--mb", type=int, default=96, help="the cache's size in MB")
+    parser.add_argument("--repeat", type=int, default=3, help="timed epochs per fleet size")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/fleet.json"))
+    args = parser.parse_args()
+    if not can_make_netns():
+        sys.exit("bench/fleet.py makes network namespaces: run it as root, with `ip` installed")
+    sizes = [int(s) for s in args.members.split(",")]
+    link_mb_s = args.mbit / 8 * 1e6 / (1 << 20)
+    results = []
+    with MotoServer(host="0.0.0.0") as moto:
+        url, endpoint, env = moto.store()
+        builder = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint),
+                         env={**os.environ, **env}).start()
+        try:
+            ds, n = source(args.mb)
+            with CacheClient(builder.unix_target) as cc:
+                cache = write_sharded(cc, ds, "fleet-bench",
+                                      shard_bytes=args.mb * (1 << 20) // SHARDS,
+                                      chunk_bytes=128 << 10, batch_elements=8)
+                while cc.info("fleet-bench").store_state != "STORED":
+                    time.sleep(0.2)
+            stored_mb = cache.stored_bytes / (1 << 20)
+            print(f"cache: {n} elements, {len(cache.shards)} shards, {stored_mb:.1f} MB stored; "
+                  f"links {args.mbit:g} Mbit/s ({link_mb_s:.2f} MB/s) each", flush=True)
+        finally:
+            builder.close()
+        for members in sizes:
+            fleet = NetnsFleet(moto.port, env, url, metrics=True)
+            try:
+                for i in range(members):
+                    fleet.add()
+                    if args.mbit:
+                        fleet.rate(i, args.mbit)
+                with CacheClient(targets=fleet.targets) as cc:
+                    epoch(cc, "fleet-bench", members, n)  # each member pulls what it owns
+                    before = read_bytes(fleet)
+                    times = [epoch(cc, "fleet-bench", members, n) for _ in range(args.repeat)]
+                served = [b - a for a, b in zip(before, read_bytes(fleet))]
+            finally:
+                fleet.close()
+            rates = [stored_mb / t for t in times]
+            links = members * link_mb_s or float("nan")  # uncapped: no ratio
+            row = {"members": members, "best_mb_s": max(rates),
+                   "median_mb_s": statistics.median(rates), "links_mb_s": members * link_mb_s,
+                   "best_vs_links": max(rates) / links,
+                   "median_vs_links": statistics.median(rates) / links,
+                   "busiest_vs_mean": max(served) / (sum(served) / members),
+                   "epoch_s": times}
+            results.append(row)
+            print(f"{members} members: best {row['best_mb_s']:.1f} MB/s, median "
+                  f"{row['median_mb_s']:.1f} MB/s = {row['best_vs_links']:.2f}x / "
+                  f"{row['median_vs_links']:.2f}x the links' {row['links_mb_s']:.1f} MB/s; "
+                  f"busiest member {row['busiest_vs_mean']:.2f}x the mean", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"mbit": args.mbit, "mb": args.mb, "shards": SHARDS,
+                                    "results": results}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
