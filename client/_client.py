@@ -289,7 +289,8 @@ class CacheClient:
                               Layout.from_json(cache.layout_json))
         options = plan.apply_resume(cache, options, resume).with_seed()
         plan.check_start(cache, options)
-        reads.check(cache)
+        if self._fleet is None:  # a fleet's members on this host are found per pass
+            reads.check(cache)
         reader = tf_reads.Reader(tf_reads.Wire(fmt), functools.partial(
             self._epoch_batches, cache, fmt.layout, options, prefetch_bytes, reads),
             plan.Epochs(options), checkpoint, functools.partial(
@@ -349,7 +350,8 @@ class CacheClient:
             _check_same_source(existing, fingerprint, layout)
             if existing.state == pb.CACHE_STATE_READY:
                 plan.check_start(existing, options)
-                reads.check(existing)
+                if self._fleet is None:
+                    reads.check(existing)
                 cardinality = plan.cardinality(existing, options)
             elif not options.whole_epochs:
                 cardinality = -2  # a writing iteration yields all, reading ones a share

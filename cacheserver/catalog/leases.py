@@ -24,6 +24,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,9 +99,11 @@ class LeaseTable:
         for lease in leases:
             self._end(lease)
 
-    def acquire(self, name: str, fingerprint: str, epoch_start: bool
-                ) -> tuple[Lease, CacheRecord, list[Path]]:
-        """Lease the READY cache name: (lease, its record, absolute shard directories)."""
+    def acquire(self, name: str, fingerprint: str, epoch_start: bool,
+                shards: Sequence[int] = ()) -> tuple[Lease, CacheRecord, list[Path]]:
+        """Lease the READY cache name: (lease, its record, absolute shard directories).
+
+        shards: the ones the reader reads (empty: all), on disk when this returns."""
         self.catalog.get_ready(name, fingerprint)  # NOT_FOUND / WRITING / mismatch first
         lease = Lease(secrets.token_hex(16), name, 0.0)
         lease.reading.enter_context(self.catalog.reading(name, hit=epoch_start))
@@ -120,9 +123,12 @@ class LeaseTable:
         metrics.DIRECT_LEASES.inc()
         if epoch_start:
             metrics.DIRECT_READS.inc()
-        try:  # a cache being pulled from the object store: every shard here first
+        try:  # a cache being pulled from the object store: the shards read here first
+            if any(s >= len(record.shards) for s in shards):
+                raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
+                                      f"shard {max(shards)} does not exist")
             if self.catalog.tier is not None:
-                self.catalog.tier.ensure(name, range(len(record.shards)))
+                self.catalog.tier.ensure(name, list(shards) or range(len(record.shards)))
         except BaseException:
             self.release(lease.id)
             raise

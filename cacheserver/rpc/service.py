@@ -319,7 +319,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
                          context: grpc.ServicerContext) -> pb.AcquireReadLeaseResponse:
         validate.read(request.name, request.fingerprint)
         lease, record, paths = self.leases.acquire(request.name, request.fingerprint,
-                                                   request.epoch_start)
+                                                   request.epoch_start, request.shards)
         return pb.AcquireReadLeaseResponse(
             lease_id=lease.id, ttl_seconds=self.leases.ttl, cache=self._proto(record),
             data_dir=str(self.leases.data_dir), shard_dirs=[str(p) for p in paths],

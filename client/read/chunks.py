@@ -66,8 +66,9 @@ class EpochChunks:
         self._fetch: Fetcher
         if self._lease is not None:
             self._fetch = self._lease.fetcher(self._closing)
-        elif fleet is not None and by_owner:
-            self._fetch = FleetFetcher(fleet, cache, options.reconnect_timeout, self._closing)
+        elif fleet is not None and by_owner:  # members on this host read directly
+            self._fetch = FleetFetcher(fleet, cache, options.reconnect_timeout, self._closing,
+                                       direct)
         else:
             self._fetch = Fetcher(transport, cache, options.reconnect_timeout, self._closing)
         self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
@@ -89,6 +90,8 @@ class EpochChunks:
 
     def close(self) -> None:
         self._fetch.cancel()
+        if isinstance(self._fetch, FleetFetcher):
+            self._fetch.close()
         if self._lease is not None:
             self._lease.close()
             self._lease = None

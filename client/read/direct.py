@@ -29,7 +29,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +94,23 @@ def _pool() -> Any:
 class DirectReads:
     """How one dataset's passes read: take a lease and read locally, or say why not."""
 
-    def __init__(self, transport: Transport, mode: Mode, local_data_dir: Path | None) -> None:
+    def __init__(self, transport: Transport, mode: Mode, local_data_dir: Path | None,
+                 quiet: bool = False) -> None:
         self.mode = mode
         self._transport = transport
         self._local = local_data_dir
         self._verified = False
+        self._quiet = quiet
+        self._members: dict[str, DirectReads] = {}
+
+    def member(self, transport: Transport) -> DirectReads:
+        """The DirectReads of a fleet's member (client/_fleet.py): "auto", and quiet when the
+        member is on another host, as most are."""
+        reads = self._members.get(transport.target)
+        if reads is None:
+            reads = self._members[transport.target] = DirectReads(
+                transport, "auto", self._local, quiet=True)
+        return reads
 
     def check(self, cache: pb.Cache) -> None:
         """With direct=True, raise DirectReadUnavailableError now (not mid-iteration, where
@@ -106,15 +118,16 @@ class DirectReads:
         if self.mode is True:
             self._verify(cache)
 
-    def _verify(self, cache: pb.Cache) -> bool:
+    def _verify(self, cache: pb.Cache, shards: Sequence[int] = ()) -> bool:
         """Prove once that this process sees the daemon's files, with a lease that counts
-        nothing and ends at once; False (after _refuse) when it does not."""
+        nothing and ends at once; False (after _refuse) when it does not. shards: the ones
+        to be read (a daemon pulling the cache fetches them first; empty: all)."""
         if self._verified:
             return True
-        granted = self._acquire(cache, epoch_start=False)
+        granted = self._acquire(cache, False, shards)
         if granted is None:
             return False
-        why, _ = local_view(granted, self._local)
+        why, _ = local_view(granted, self._local, shards)
         release = _Releaser(self._transport, granted.lease_id)
         release()
         if why:
@@ -123,10 +136,10 @@ class DirectReads:
         self._verified = True
         return True
 
-    def _acquire(self, cache: pb.Cache, epoch_start: bool
+    def _acquire(self, cache: pb.Cache, epoch_start: bool, shards: Sequence[int] = ()
                  ) -> pb.AcquireReadLeaseResponse | None:
         request = pb.AcquireReadLeaseRequest(name=cache.name, fingerprint=cache.fingerprint,
-                                             epoch_start=epoch_start)
+                                             epoch_start=epoch_start, shards=shards)
         try:
             return self._transport.call(self._transport.stub.AcquireReadLease, request)
         except ShardcacheError as exc:
@@ -135,31 +148,32 @@ class DirectReads:
             self._refuse(f"the daemon does not grant read leases ({exc})")
             return None
 
-    def lease(self, cache: pb.Cache) -> tuple[ReadLease | None, bool]:
+    def lease(self, cache: pb.Cache, shards: Sequence[int] | None = None,
+              epoch_start: bool = True) -> tuple[ReadLease | None, bool]:
         """(a lease for one pass over cache, or None: read over gRPC; whether the daemon
-        counted the pass's hit already)."""
-        if self.mode is False or not self._verify(cache):
+        counted the pass's hit already). shards: only these are opened (None: all)."""
+        if self.mode is False or not self._verify(cache, shards or ()):
             return None, False
-        granted = self._acquire(cache, epoch_start=True)
+        granted = self._acquire(cache, epoch_start, shards or ())
         if granted is None:
             return None, False
         release = _Releaser(self._transport, granted.lease_id)
-        why, paths = local_view(granted, self._local)
+        why, paths = local_view(granted, self._local, shards or ())
         if why:  # unmounted since it was verified; the lease counted the pass's hit
             release()
             self._refuse(why)
-            return None, True
-        envs: list[Any] = []
+            return None, epoch_start
+        envs: list[Any] = []  # None: a shard not held (not asked for)
+        wanted = set(range(len(paths)) if shards is None else shards)
         pool = _pool()
         try:
-            for path in paths:
-                envs.append(pool.hold(path))
+            for index, path in enumerate(paths):
+                envs.append(pool.hold(path) if index in wanted else None)
         except DataLoss as exc:
-            for path, env in zip(paths, envs):
-                pool.release(path, env)
+            _release_all(pool, paths, envs)
             release()
             raise DataLossError(f"cache {cache.name!r}: {exc}") from exc
-        return ReadLease(release, granted, paths, envs), True
+        return ReadLease(release, granted, paths, envs), epoch_start
 
     def _refuse(self, why: str) -> None:
         if self.mode is True:
@@ -167,12 +181,15 @@ class DirectReads:
                 f"direct=True, but this process cannot read the daemon's files: {why}; pass "
                 "direct='auto' (or False) to read over gRPC")
         self.mode = False  # the host does not change: later passes go straight to gRPC
-        log.info("reading over gRPC, not directly: %s", why)
+        log.log(logging.DEBUG if self._quiet else logging.INFO,
+                "reading %sover gRPC, not directly: %s",
+                f"from {self._transport.target} " if self._quiet else "", why)
 
 
-def local_view(granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None
-               ) -> tuple[str, list[Path]]:
-    """("", shard dirs as seen here), or (why they cannot be read here, [])."""
+def local_view(granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None,
+               shards: Sequence[int] = ()) -> tuple[str, list[Path]]:
+    """("", shard dirs as seen here), or (why they cannot be read here, []); shards: the
+    ones to be read, checked (empty: all)."""
     daemon_dir = Path(granted.data_dir)
     base = local_data_dir or daemon_dir
     where = (f"the daemon's data dir {daemon_dir}" if local_data_dir is None else
@@ -197,11 +214,17 @@ def local_view(granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None
         return (f"{token_path} belongs to another daemon: {where} here is not the files that "
                 f"daemon serves ({hint})"), []
     paths = [here(d) for d in granted.shard_dirs]
-    for path in paths:
+    for path in [paths[s] for s in shards] if shards else paths:
         if not os.access(path / "data.mdb", os.R_OK):
             return (f"cannot read {path / 'data.mdb'}: permission denied; run as a user or "
                     "group that may read the daemon's data dir"), []
     return "", paths
+
+
+def _release_all(pool: Any, paths: list[Path], envs: list[Any]) -> None:
+    for path, env in zip(paths, envs):
+        if env is not None:
+            pool.release(path, env)
 
 
 class _Releaser:
@@ -266,11 +289,12 @@ class ReadLease:
         """Stop renewing, close the shards, end the lease on the daemon."""
         self._stop.set()
         self._renewer.join()
-        pool = _pool()
-        for path, env in zip(self.paths, self._envs):
-            pool.release(path, env)
+        _release_all(_pool(), self.paths, self._envs)
         self._envs = []
         self._release()
+
+    def holds(self, shard: int) -> bool:
+        return shard < len(self._envs) and self._envs[shard] is not None
 
 
 class LocalFetcher:
@@ -331,13 +355,7 @@ class LocalFetcher:
             return
         first = int(indices[0])
         if not is_run(indices):
-            from client.format.lookup import gather_chunks, window_records
-
-            window = window_records(self.chunk_bytes, self._cache.num_elements,
-                                    self._cache.stored_bytes)
-            yield from gather_chunks(self._getter, indices.astype(np.uint64), self._firsts,
-                                     window, self._cache.layout_json,
-                                     f"cache {self._cache.name!r}")
+            yield from self.gather(indices)
             return
         pool = _pool()
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
@@ -347,6 +365,19 @@ class LocalFetcher:
                     block_elements=self._k, held=self._envs[shard.index], views=self._views,
                     ahead=self._read_ahead(shard.index)):
                 yield offset + local, lengths, data
+
+    def gather(self, indices: np.ndarray) -> Iterator[Any]:
+        """The records at indices, one element per value, as ReadElements sends them."""
+        from client.format.lookup import gather_chunks, window_records
+
+        window = window_records(self.chunk_bytes, self._cache.num_elements,
+                                self._cache.stored_bytes)
+        try:
+            yield from gather_chunks(self._getter, indices.astype(np.uint64), self._firsts,
+                                     window, self._cache.layout_json,
+                                     f"cache {self._cache.name!r}")
+        except DataLoss as exc:
+            raise DataLossError(str(exc)) from exc
 
     def _getter(self, shard: int) -> contextlib.AbstractContextManager[Any]:
         from client.format.store import ShardGetter

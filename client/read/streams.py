@@ -235,13 +235,48 @@ class FleetFetcher(Fetcher):
     """
 
     def __init__(self, fleet: Fleet, cache: pb.Cache, reconnect_timeout: float,
-                 closing: threading.Event) -> None:
+                 closing: threading.Event, direct: DirectReads | None = None) -> None:
         super().__init__(fleet.transport(fleet.owner(cache.name, -1)), cache,
                          reconnect_timeout, closing)
         self._fleet = fleet
         self.target = f"targets {fleet!r}"
         self.lost_level = logging.DEBUG  # the fleet said which member, and who serves now
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
+        self._local: dict[str, tuple[ReadLease, LocalFetcher]] = {}
+        if direct is not None and direct.mode is not False:
+            self._lease_local(direct, closing)
+
+    def _lease_local(self, direct: DirectReads, closing: threading.Event) -> None:
+        """Lease the shards each member on this host owns: read from its files (docs/direct.md).
+
+        A member is on this host when its lease's token file is visible here (one probe per
+        member and process); the others' shards go over gRPC."""
+        owned: dict[str, list[int]] = collections.defaultdict(list)
+        for shard in self._cache.shards:
+            owned[self._fleet.owner(self._cache.name, shard.index)].append(shard.index)
+        try:
+            for member, shards in owned.items():
+                reads = direct.member(self._fleet.transport(member))
+                try:
+                    lease, _ = reads.lease(self._cache, shards)  # a hit on each member
+                except ServerUnavailableError as exc:
+                    self._fleet.mark_down(member, str(exc))
+                    continue
+                if lease is not None:
+                    self._local[member] = (lease, lease.fetcher(closing))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """End the leases on the members on this host."""
+        leases, self._local = self._local, {}
+        for lease, _ in leases.values():
+            lease.close()
+
+    def _local_for(self, member: str, shard: int) -> LocalFetcher | None:
+        local = self._local.get(member)
+        return local[1] if local is not None and local[0].holds(shard) else None
 
     def _attempt(self, indices: Indices, epoch_start: bool
                  ) -> Iterator[tuple[int, int, bytes, bytes]]:
@@ -252,20 +287,31 @@ class FleetFetcher(Fetcher):
         calls = []  # all sent at once: the shards' owners send them side by side
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             member = self._fleet.owner(self._cache.name, shard.index)
-            calls.append((member, shard, self._fleet.transport(member).stub.ReadShard(
-                pb.ReadShardRequest(
-                    name=self._cache.name, shard=shard.index, start=start, count=count,
-                    chunk_bytes=self.chunk_bytes,
-                    fingerprint=self._cache.fingerprint, epoch_start=epoch_start))))
+            local = self._local_for(member, shard.index)
+            calls.append((member, shard, start, count, local, None if local else
+                          self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
+                              name=self._cache.name, shard=shard.index, start=start,
+                              count=count, chunk_bytes=self.chunk_bytes,
+                              fingerprint=self._cache.fingerprint,
+                              epoch_start=epoch_start))))
             epoch_start = False
         try:
-            for member, shard, call in calls:
+            for member, shard, start, count, local, call in calls:
+                if local is not None:
+                    lo = shard.first_element + start  # chunks of whole blocks, as ReadShard's
+                    for position, lengths, data in local.stream(range(lo, lo + count)):
+                        values = len(data) if isinstance(data, list) else len(lengths) // 4
+                        at = position + lo - shard.first_element  # in the shard
+                        yield (position + lo - first,
+                               min(values * self._k, shard.num_elements - at), lengths, data)
+                    continue
                 with self._fleet.watching(member):
                     yield from self._stream(call, shard.first_element - first, "start",
                                             shard.num_elements)
         finally:
-            for _, _, call in calls:
-                call.cancel()  # those not read to the end: this try failed, or was closed
+            for *_, call in calls:
+                if call is not None:
+                    call.cancel()  # those not read to the end: this try failed, or was closed
 
     def _gathered(self, indices: np.ndarray, epoch_start: bool) -> tuple[int, int, Any, Any]:
         """Every record at indices, each from its shard's owner: (0, count, None, values)."""
@@ -279,6 +325,14 @@ class FleetFetcher(Fetcher):
             failed: grpc.RpcError | None = None
             for member in np.unique(by_member):
                 positions = missing[by_member == member]
+                local = self._local.get(str(member))
+                if local is not None and all(local[0].holds(int(s))
+                                             for s in np.unique(shards[positions])):
+                    for position, lengths, data in local[1].gather(indices[positions]):
+                        got = data if isinstance(data, list) else split_chunk(lengths, data)
+                        for j, value in enumerate(got):
+                            values[int(positions[position + j])] = value
+                    continue
                 call = self._fleet.transport(str(member)).stub.ReadElements(
                     pb.ReadElementsRequest(
                         name=self._cache.name, fingerprint=self._cache.fingerprint,

@@ -26,6 +26,7 @@ from client import (  # noqa: E402
     DirectReadUnavailableError,
     InvalidArgumentError,
 )
+from client._transport import pb  # noqa: E402
 
 N = 600
 
@@ -57,6 +58,17 @@ def sharded(daemon: Daemon) -> str:
         cache = write_sharded(cc, source(), "direct-sharded", shard_bytes=1000, chunk_bytes=1000)
     assert len(cache.shards) > 5
     return cache.name
+
+
+def test_a_lease_of_shards_the_cache_lacks_is_refused_and_leaves_no_lease(cc, sharded) -> None:
+    cache = cc._get(sharded)
+    request = pb.AcquireReadLeaseRequest(name=sharded, fingerprint=cache.fingerprint,
+                                         shards=[0, len(cache.shards)])
+    with pytest.raises(grpc.RpcError) as caught:
+        cc._transport.stub.AcquireReadLease(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"has {len(cache.shards)} shards" in caught.value.details()
+    assert cc.info(sharded).direct_leases == 0
 
 
 @pytest.mark.parametrize("shuffle", [False, True, "shards"])

@@ -37,6 +37,9 @@ pytestmark = pytest.mark.slow
 
 N, DIM = 4000, 240  # ~1 KB elements, 4 MB: about 40 shards of 64 KiB
 SMALL_CHUNKS = 1 << 20  # prefetch_bytes: reads in ~128 KiB chunks, so an epoch is many calls
+# direct=False: every member runs on this host, so reads would go to their files, and
+# neither a killed member nor a cut link would stop them (test_members_on_this_host...)
+OVER_GRPC = {"prefetch_bytes": SMALL_CHUNKS, "direct": False}
 
 
 def source():
@@ -93,8 +96,8 @@ def test_every_shard_is_served_by_its_owner_only(published, fleet) -> None:
     name, shards = published
     assert shards >= 32
     with CacheClient(targets=fleet.targets) as cc:
-        assert ids(cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)) == list(range(N))
-        shuffled = ids(cc.dataset(name, shuffle=True, seed=3, prefetch_bytes=SMALL_CHUNKS))
+        assert ids(cc.dataset(name, **OVER_GRPC)) == list(range(N))
+        shuffled = ids(cc.dataset(name, shuffle=True, seed=3, **OVER_GRPC))
     assert sorted(shuffled) == list(range(N)) and shuffled != list(range(N))
     want = owners(fleet, name, shards)
     assert all(want.values())  # every member owns some
@@ -112,7 +115,7 @@ def test_a_member_killed_mid_epoch_loses_and_repeats_nothing(published, fleet) -
     for shuffle in (False, True):
         seen = []
         with CacheClient(targets=fleet.targets) as cc:
-            ds = cc.dataset(name, shuffle=shuffle, seed=5, prefetch_bytes=SMALL_CHUNKS,
+            ds = cc.dataset(name, shuffle=shuffle, seed=5, **OVER_GRPC,
                             parallel_shards=1)
             for i, element in enumerate(ds):
                 seen.append(int(element[1]))
@@ -136,7 +139,7 @@ def test_a_member_that_comes_back_serves_its_shards_again(published, fleet) -> N
 
     def epoch(cc: CacheClient) -> dict[str, float]:
         before = {d.tcp_target: metric(d, read) for d in fleet.members if d.alive()}
-        assert ids(cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)) == list(range(N))
+        assert ids(cc.dataset(name, **OVER_GRPC)) == list(range(N))
         return {d.tcp_target: metric(d, read) - before[d.tcp_target]
                 for d in fleet.members if d.alive()}
 
@@ -152,6 +155,21 @@ def test_a_member_that_comes_back_serves_its_shards_again(published, fleet) -> N
         assert epoch(cc) == healthy  # byte for byte, each member its own shards again
 
 
+def test_members_on_this_host_are_read_from_their_files(published, fleet) -> None:
+    name, shards = published
+    with CacheClient(targets=fleet.targets) as cc:
+        assert ids(cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)) == list(range(N))
+        shuffled = ids(cc.dataset(name, shuffle=True, seed=3, prefetch_bytes=SMALL_CHUNKS))
+    assert sorted(shuffled) == list(range(N))
+    want = owners(fleet, name, shards)
+    for d in fleet.members:
+        assert shards_on(d, name) == want[d.tcp_target]  # leased: its own shards only
+        assert metric(d, "shardcache_direct_reads_total") == 2  # a lease per pass
+        assert metric(d, "shardcache_read_bytes_total") == 0  # nothing went over gRPC
+    with CacheClient(fleet.members[0].unix_target) as one:
+        assert ids(one.dataset(name, shuffle=True, seed=3, direct=False)) == shuffled
+
+
 @pytest.mark.skipif(not can_edit_hosts(), reason="needs to write /etc/hosts (root)")
 def test_a_member_added_mid_job_takes_only_the_shards_it_now_owns(
         published, fleet, monkeypatch) -> None:
@@ -160,7 +178,7 @@ def test_a_member_added_mid_job_takes_only_the_shards_it_now_owns(
     dns = f"fleet-{os.getpid()}.shardcache.invalid"
     with (hosts_name(dns, [t.rsplit(":", 1)[0] for t in fleet.targets]) as hosts,
           CacheClient(targets=f"dns:///{dns}:{fleet.port}") as cc):
-        ds = cc.dataset(name, prefetch_bytes=SMALL_CHUNKS)
+        ds = cc.dataset(name, **OVER_GRPC)
         assert ids(ds) == list(range(N))
         before = {d.tcp_target: shards_on(d, name) for d in fleet.members}
         assert before == owners(fleet, name, shards)
@@ -202,7 +220,7 @@ def test_a_member_whose_link_goes_down_mid_epoch_loses_and_repeats_nothing(
                 seen = []
                 with CacheClient(targets=fleet.targets) as cc:
                     ds = cc.dataset(published_name, shuffle=shuffle, seed=9,
-                                    prefetch_bytes=SMALL_CHUNKS, parallel_shards=1)
+                                    **OVER_GRPC, parallel_shards=1)
                     for i, element in enumerate(ds):
                         seen.append(int(element[1]))
                         if i == N // 10:

@@ -426,14 +426,16 @@ class ReadElementsResponse(_message.Message):
     def __init__(self, position: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class AcquireReadLeaseRequest(_message.Message):
-    __slots__ = ("name", "fingerprint", "epoch_start")
+    __slots__ = ("name", "fingerprint", "epoch_start", "shards")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_START_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     fingerprint: str
     epoch_start: bool
-    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., epoch_start: bool = ...) -> None: ...
+    shards: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., epoch_start: bool = ..., shards: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AcquireReadLeaseResponse(_message.Message):
     __slots__ = ("lease_id", "ttl_seconds", "cache", "data_dir", "shard_dirs", "instance_token", "instance_token_path")
