@@ -11,7 +11,8 @@ store. One cache of ``--mb`` MB of incompressible 16 KiB elements in 256 shards 
 member at 8 members) is written once on a daemon outside the fleet and published. For
 each fleet size a fresh fleet reads one epoch (each member pulls the shards it owns from
 the store; not timed), then ``--repeat`` epochs are timed through
-``CacheClient(targets=...).dataset(name, parallel_shards=2 x members)``.
+``CacheClient(targets=...).dataset(name, parallel_shards=P x members, direct=False)``
+(``--per-member`` P, default 2).
 
 Reported per size: the best and median aggregate MB/s (stored bytes over the epoch's
 time), their ratio to the sum of the links (members x the cap), and the busiest member's
@@ -64,10 +65,11 @@ def read_bytes(fleet: NetnsFleet) -> list[float]:
     return counts
 
 
-def epoch(cc: CacheClient, name: str, members: int, n: int) -> float:
+def epoch(cc: CacheClient, name: str, parallel: int, n: int) -> float:
     start = time.perf_counter()
     seen = 0
-    for batch in cc.dataset(name, parallel_shards=2 * members).batch(64):
+    # direct=False: the members share this machine's filesystem, so reads would skip the links
+    for batch in cc.dataset(name, parallel_shards=parallel, direct=False).batch(64):
         seen += int(batch.shape[0])
     assert seen == n, (seen, n)
     return time.perf_counter() - start
@@ -80,6 +82,8 @@ def main() -> None:
                         help="each member's link, Mbit/s (0: uncapped)")
     parser.add_argument("--mb", type=int, default=96, help="the cache's size in MB")
     parser.add_argument("--repeat", type=int, default=3, help="timed epochs per fleet size")
+    parser.add_argument("--per-member", type=int, default=2,
+                        help="chunks in flight per member (parallel_shards = this x members)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/fleet.json"))
     args = parser.parse_args()
     if not can_make_netns():
@@ -112,9 +116,10 @@ def main() -> None:
                     if args.mbit:
                         fleet.rate(i, args.mbit)
                 with CacheClient(targets=fleet.targets) as cc:
-                    epoch(cc, "fleet-bench", members, n)  # each member pulls what it owns
+                    parallel = args.per_member * members
+                    epoch(cc, "fleet-bench", parallel, n)  # each member pulls what it owns
                     before = read_bytes(fleet)
-                    times = [epoch(cc, "fleet-bench", members, n) for _ in range(args.repeat)]
+                    times = [epoch(cc, "fleet-bench", parallel, n) for _ in range(args.repeat)]
                 served = [b - a for a, b in zip(before, read_bytes(fleet))]
             finally:
                 fleet.close()
@@ -133,6 +138,7 @@ def main() -> None:
                   f"busiest member {row['busiest_vs_mean']:.2f}x the mean", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"mbit": args.mbit, "mb": args.mb, "shards": SHARDS,
+                                    "per_member": args.per_member,
                                     "results": results}, indent=1) + "\n")
     print(f"wrote {args.out}")
 
