@@ -36,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from client import CacheClient
 from tests.daemon import Daemon
-from tests.fleet import NetnsFleet, can_make_netns
+from tests.fleet import NetnsFleet, can_make_netns, metric
 from tests.s3 import MotoServer
 from tests.sharded import write_sharded
 
@@ -53,16 +53,7 @@ def source(mb: int):
 
 
 def read_bytes(fleet: NetnsFleet) -> list[float]:
-    import urllib.request
-
-    counts = []
-    for i, _ in enumerate(fleet.members):
-        with urllib.request.urlopen(f"http://10.231.{i + 1}.2:{fleet.metrics_port}/metrics",
-                                    timeout=10) as response:
-            text = response.read().decode()
-        counts.append(next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                            if line.startswith("shardcache_read_bytes_total ")), 0.0))
-    return counts
+    return [metric(d, "shardcache_read_bytes_total") for d in fleet.members]
 
 
 def epoch(cc: CacheClient, name: str, parallel: int, n: int) -> float:

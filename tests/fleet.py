@@ -20,16 +20,35 @@ from tests.daemon import Daemon, free_port
 HOSTS = Path("/etc/hosts")
 
 
-class LoopbackFleet:
-    """Members started one by one, each with --store and --store-pull on-read."""
+class _Fleet:
+    """Members started one by one, each listening on its own address (and a unix socket)."""
+
+    def __init__(self, port: int | None, metrics_port: int) -> None:
+        self.port = port or free_port()
+        self.metrics_port = metrics_port
+        self.members: list[Daemon] = []
+
+    def _start(self, d: Daemon, host: str) -> Daemon:
+        if self.metrics_port:
+            d.metrics_url = f"http://{host}:{self.metrics_port}/metrics"  # type: ignore[attr-defined]
+        d.listen = (d.tcp_target, d.unix_target)  # the member's own address only
+        self.members.append(d)
+        d.start()
+        return d
+
+    @property
+    def targets(self) -> list[str]:
+        return [d.tcp_target for d in self.members]
+
+
+class LoopbackFleet(_Fleet):
+    """Members on 127.0.0.2, 127.0.0.3, ..., each with --store and --store-pull on-read."""
 
     def __init__(self, store: tuple[str, str, dict[str, str]], port: int | None = None,
                  extra_args: Sequence[str] = ()) -> None:
+        super().__init__(port, free_port())
         self.store = store
-        self.port = port or free_port()
-        self.metrics_port = free_port()
         self.extra_args = tuple(extra_args)
-        self.members: list[Daemon] = []
 
     def add(self) -> Daemon:
         url, endpoint, env = self.store
@@ -38,16 +57,7 @@ class LoopbackFleet:
                                "--store-pull", "on-read", "--metrics-listen",
                                f"{host}:{self.metrics_port}", *self.extra_args),
                    env={**os.environ, **env}, host=host, port=self.port)
-        d.metrics_url = f"http://{host}:{self.metrics_port}/metrics"  # type: ignore[attr-defined]
-        # listen on the member's own address only (and the unix socket)
-        d.listen = (d.tcp_target, d.unix_target)
-        self.members.append(d)
-        d.start()
-        return d
-
-    @property
-    def targets(self) -> list[str]:
-        return [d.tcp_target for d in self.members]
+        return self._start(d, host)
 
     def close(self) -> None:
         for d in self.members:
@@ -122,7 +132,7 @@ class _NetnsDaemon(Daemon):
         return ["ip", "netns", "exec", self.ns, *super().command]
 
 
-class NetnsFleet:
+class NetnsFleet(_Fleet):
     """Members in network namespaces of their own, each joined to this one by a veth pair.
 
     Member i is 10.231.i.2 in namespace sc<pid>m<i>; this namespace's end of its
@@ -133,12 +143,10 @@ class NetnsFleet:
 
     def __init__(self, store_port: int, env: dict[str, str], url: str,
                  port: int | None = None, metrics: bool = False) -> None:
+        super().__init__(port, free_port() if metrics else 0)
         self.store_port = store_port
         self.env = env
         self.url = url
-        self.port = port or free_port()
-        self.metrics_port = free_port() if metrics else 0
-        self.members: list[Daemon] = []
         self._tag = f"sc{os.getpid() % 100000}"
 
     def _names(self, i: int) -> tuple[str, str, str]:
@@ -162,14 +170,7 @@ class NetnsFleet:
             env={**os.environ, **self.env},
             host=f"10.231.{i}.2", port=self.port)
         d.ns = ns
-        d.listen = (d.tcp_target, d.unix_target)
-        self.members.append(d)
-        d.start()
-        return d
-
-    @property
-    def targets(self) -> list[str]:
-        return [d.tcp_target for d in self.members]
+        return self._start(d, f"10.231.{i}.2")
 
     def link(self, i: int, up: bool) -> None:
         """Member i's (0-based) link up or down."""
