@@ -47,6 +47,9 @@ DOWN_SECONDS = 5.0
 #: The targets when CacheClient() is given none: comma-separated, dns:/// allowed.
 TARGETS_ENV = "SHARDCACHE_TARGETS"
 _DNS = "dns:///"
+#: Streams one client keeps open to one member at most: well under the daemon's
+#: --max-streams-per-client (48 by default), which every process of a host shares.
+STREAMS_PER_MEMBER = 8
 #: Keepalive: a member whose link is gone is found within ~2 x this (the daemon allows it).
 KEEPALIVE_MS = 3000
 _FLEET_OPTIONS = [("grpc.keepalive_time_ms", KEEPALIVE_MS),
@@ -131,6 +134,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._transports: dict[str, Transport] = {}
         self._down: dict[str, float] = {}
+        self._permits: dict[str, threading.BoundedSemaphore] = {}
         self._members: list[str] = []
         self._refresh = _refresh_seconds()
         self._resolved_at = -self._refresh
@@ -175,6 +179,15 @@ class Fleet:
                     member, self._connect_timeout, credentials=self._credentials,
                     options=_FLEET_OPTIONS, wait_connect=False)
             return transport
+
+    def permits(self, member: str) -> threading.BoundedSemaphore:
+        """One per stream open to member (STREAMS_PER_MEMBER): take one before a call."""
+        with self._lock:
+            permits = self._permits.get(member)
+            if permits is None:
+                permits = self._permits[member] = threading.BoundedSemaphore(
+                    STREAMS_PER_MEMBER)
+            return permits
 
     def is_down(self, member: str) -> bool:
         with self._lock:

@@ -143,7 +143,8 @@ class NetnsFleet(_Fleet):
 
     def __init__(self, store_port: int, env: dict[str, str], url: str,
                  port: int | None = None, metrics: bool = False) -> None:
-        super().__init__(port, free_port() if metrics else 0)
+        # each member has its addresses to itself: fixed ports, so placement is too
+        super().__init__(port or 50051, 9464 if metrics else 0)
         self.store_port = store_port
         self.env = env
         self.url = url

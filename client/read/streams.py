@@ -56,6 +56,8 @@ DEFAULT_PREFETCH_BYTES = 256 << 20
 MAX_REQUEST_INDICES = 65536  # the daemon's limit (client/format/lookup.py)
 _MIN_REQUEST_BYTES, _MAX_REQUEST_BYTES = 256 << 10, 8 << 20
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
+#: A fleet chunk's shard calls sent ahead of the one being read (member permits allowing).
+CALLS_AHEAD = 8
 if TYPE_CHECKING:
     from client._fleet import Fleet
     from client.read.direct import DirectReads, LocalFetcher, ReadLease
@@ -228,9 +230,11 @@ class Fetcher:
 class FleetFetcher(Fetcher):
     """A Fetcher over a fleet (client/_fleet.py): each shard's records from its owner.
 
-    A run of the stored order is one ReadShard per shard, to the shard's owner.
-    Other indices are grouped by owner, one ReadElements each, and put back in
-    request order. A member found down is skipped (its shards go to their next
+    A run of the stored order is one ReadShard per shard, to the shard's owner;
+    the next CALLS_AHEAD shards' calls go out before the first is read, so their
+    owners send side by side, within STREAMS_PER_MEMBER streams per member
+    (client/_fleet.py). Other indices are grouped by owner, one ReadElements
+    each, and put back in request order. A member found down is skipped (its shards go to their next
     owners) and what it had not sent is asked of them; what arrived is kept.
     """
 
@@ -284,19 +288,37 @@ class FleetFetcher(Fetcher):
             yield self._gathered(np.asarray(indices, np.uint64), epoch_start)
             return
         first = int(indices[0])
-        calls = []  # all sent at once: the shards' owners send them side by side
-        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
-            member = self._fleet.owner(self._cache.name, shard.index)
-            local = self._local_for(member, shard.index)
-            calls.append((member, shard, start, count, local, None if local else
-                          self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
-                              name=self._cache.name, shard=shard.index, start=start,
-                              count=count, chunk_bytes=self.chunk_bytes,
-                              fingerprint=self._cache.fingerprint,
-                              epoch_start=epoch_start))))
+        runs = [(self._fleet.owner(self._cache.name, shard.index), shard, start, count)
+                for shard, start, count in shard_runs(self._cache, first, first + len(indices))]
+        calls: dict[int, Any] = {}  # run -> its ReadShard call, sent and holding a permit
+        sent = 0  # runs [0, sent) are sent, or read locally
+
+        def send(i: int) -> None:
+            nonlocal epoch_start
+            member, shard, start, count = runs[i]
+            calls[i] = self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
+                name=self._cache.name, shard=shard.index, start=start, count=count,
+                chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
+                epoch_start=epoch_start))
             epoch_start = False
+
         try:
-            for member, shard, start, count, local, call in calls:
+            for i, (member, shard, start, count) in enumerate(runs):
+                local = self._local_for(member, shard.index)
+                if local is None and i not in calls:
+                    # no call after this one is sent, so this thread holds no permit now
+                    self._fleet.permits(member).acquire()
+                    send(i)
+                # the next shards' calls go out too, so their owners send side by side,
+                # as far as each member admits more streams from this client
+                sent = max(sent, i + 1)
+                while sent < len(runs) and sent - i <= CALLS_AHEAD:
+                    ahead_member, ahead_shard = runs[sent][:2]
+                    if self._local_for(ahead_member, ahead_shard.index) is None:
+                        if not self._fleet.permits(ahead_member).acquire(blocking=False):
+                            break
+                        send(sent)
+                    sent += 1
                 if local is not None:
                     lo = shard.first_element + start  # chunks of whole blocks, as ReadShard's
                     for position, lengths, data in local.stream(range(lo, lo + count)):
@@ -305,13 +327,17 @@ class FleetFetcher(Fetcher):
                         yield (position + lo - first,
                                min(values * self._k, shard.num_elements - at), lengths, data)
                     continue
-                with self._fleet.watching(member):
-                    yield from self._stream(call, shard.first_element - first, "start",
-                                            shard.num_elements)
+                try:
+                    with self._fleet.watching(member):
+                        yield from self._stream(calls[i], shard.first_element - first,
+                                                "start", shard.num_elements)
+                finally:
+                    del calls[i]
+                    self._fleet.permits(member).release()
         finally:
-            for *_, call in calls:
-                if call is not None:
-                    call.cancel()  # those not read to the end: this try failed, or was closed
+            for i, call in calls.items():  # sent, not read: this try failed, or was closed
+                call.cancel()
+                self._fleet.permits(runs[i][0]).release()
 
     def _gathered(self, indices: np.ndarray, epoch_start: bool) -> tuple[int, int, Any, Any]:
         """Every record at indices, each from its shard's owner: (0, count, None, values)."""
@@ -333,6 +359,8 @@ class FleetFetcher(Fetcher):
                         for j, value in enumerate(got):
                             values[int(positions[position + j])] = value
                     continue
+                permits = self._fleet.permits(str(member))
+                permits.acquire()  # this thread holds no other
                 call = self._fleet.transport(str(member)).stub.ReadElements(
                     pb.ReadElementsRequest(
                         name=self._cache.name, fingerprint=self._cache.fingerprint,
@@ -349,6 +377,8 @@ class FleetFetcher(Fetcher):
                     if err.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                         raise
                     failed = err
+                finally:
+                    permits.release()
             left = np.array([p for p in missing if values[p] is None], np.int64)
             if failed is not None and left.size == missing.size:
                 raise failed  # nobody answered: Fetcher.stream backs off and tries again

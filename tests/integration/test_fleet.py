@@ -57,15 +57,16 @@ def published(store, name) -> Iterator[tuple[str, int]]:
     yield from publish(store, name)
 
 
-def publish(store, name: str) -> Iterator[tuple[str, int]]:
+def publish(store, name: str, shard_bytes: int = 64 << 10) -> Iterator[tuple[str, int]]:
     """A cache of about 40 shards, written on a daemon of its own and published to the store."""
     url, endpoint, env = store
     builder = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint),
                      env={**os.environ, **env}).start()
     try:
         with CacheClient(builder.unix_target) as cc:
-            cache = write_sharded(cc, source(), name, shard_bytes=64 << 10,
-                                  chunk_bytes=32 << 10)
+            cache = write_sharded(cc, source(), name, shard_bytes=shard_bytes,
+                                  chunk_bytes=min(32 << 10, shard_bytes),
+                                  batch_elements=min(64, shard_bytes >> 10))
             wait_until(lambda: cc.info(name).store_state == "STORED", 60,
                        lambda: f"cache {name} not stored: {cc.info(name)}")
         yield name, len(cache.shards)
@@ -106,6 +107,16 @@ def test_every_shard_is_served_by_its_owner_only(published, fleet) -> None:
     # the same order as one daemon reading the whole cache
     with CacheClient(fleet.members[0].unix_target) as one:
         assert ids(one.dataset(name, shuffle=True, seed=3)) == shuffled
+
+
+def test_chunks_of_many_small_shards_stay_within_each_members_stream_limit(
+        store, name, fleet) -> None:
+    """A chunk spanning hundreds of shards sends their calls ahead, but never more than a
+    member admits from one client (--max-streams-per-client, 48 by default)."""
+    for small, shards in publish(store, name, shard_bytes=8 << 10):
+        assert shards > 200
+        with CacheClient(targets=fleet.targets[:1]) as cc:  # one member owns every shard
+            assert ids(cc.dataset(small, parallel_shards=16, direct=False)) == list(range(N))
 
 
 def test_a_member_killed_mid_epoch_loses_and_repeats_nothing(published, fleet) -> None:
