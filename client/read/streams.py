@@ -234,8 +234,9 @@ class FleetFetcher(Fetcher):
     the next CALLS_AHEAD shards' calls go out before the first is read, so their
     owners send side by side, within STREAMS_PER_MEMBER streams per member
     (client/_fleet.py). Other indices are grouped by owner, one ReadElements
-    each, and put back in request order. A member found down is skipped (its shards go to their next
-    owners) and what it had not sent is asked of them; what arrived is kept.
+    each, and put back in request order. A member found down is skipped (its
+    shards go to their next owners) and what it had not sent is asked of them;
+    what arrived is kept. Members on this host are read from their files.
     """
 
     def __init__(self, fleet: Fleet, cache: pb.Cache, reconnect_timeout: float,
