@@ -135,6 +135,8 @@ class Fleet:
         self._transports: dict[str, Transport] = {}
         self._down: dict[str, float] = {}
         self._permits: dict[str, threading.BoundedSemaphore] = {}
+        #: (cache, shard) -> its members in rendezvous order, for the members now
+        self._orders: dict[tuple[str, int], list[str]] = {}
         self._members: list[str] = []
         self._refresh = _refresh_seconds()
         self._resolved_at = -self._refresh
@@ -145,15 +147,20 @@ class Fleet:
 
     def members(self) -> list[str]:
         """Every member, live or down, sorted; DNS names resolved again when due."""
+        return list(self._current()[0])
+
+    def _current(self) -> tuple[list[str], dict[tuple[str, int], list[str]]]:
+        """The members and the rendezvous orders computed for them so far."""
         now = time.monotonic()
         with self._lock:
             if not self._members or (self._dynamic
                                      and now - self._resolved_at >= self._refresh):
                 found = sorted({m for t in self.targets for m in _resolve(t)})
-                if found or not self._members:  # a failed lookup keeps the last answer
-                    self._members = found
+                if found != self._members and (found or not self._members):
+                    self._members = found  # (a failed lookup keeps the last answer)
+                    self._orders = {}
                 self._resolved_at = now
-            return list(self._members)
+            return self._members, self._orders
 
     def live(self, members: Sequence[str]) -> list[str]:
         """members without those marked down (all of them when every one is)."""
@@ -164,12 +171,15 @@ class Fleet:
 
     def owner(self, cache: str, shard: int) -> str:
         """The live member that serves shard of cache (-1: the cache's home)."""
-        members = self.members()
+        members, orders = self._current()
         if not members:
             raise ServerUnavailableError(
                 f"no cacheserver found for targets {self!r}: the DNS name resolves to no "
                 "address (a headless Service with no ready pods?)")
-        return self.live(ranked(members, cache, shard))[0]
+        order = orders.get((cache, shard))
+        if order is None:
+            order = orders[(cache, shard)] = ranked(members, cache, shard)
+        return self.live(order)[0]
 
     def transport(self, member: str) -> Transport:
         with self._lock:
