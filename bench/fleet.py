@@ -2,13 +2,13 @@
 
 Run as root from the repository root::
 
-    .venv/bin/python bench/fleet.py [--members 1,2,4,8] [--mbit 40] [--mb 96]
-        [--repeat 3] [--out bench/results/fleet.json]
+    .venv/bin/python bench/fleet.py [--members 1,2,4,8] [--mbit 40] [--mb 96] [--shards 256]
+        [--repeat 3] [--per-member 2] [--out bench/results/fleet.json]
 
 Each member is a daemon in a network namespace of its own, joined to the reader's by a
 veth pair capped at ``--mbit`` both ways (tc tbf; tests/fleet.py), all over one moto
-store. One cache of ``--mb`` MB of incompressible 16 KiB elements in 256 shards (32 per
-member at 8 members) is written once on a daemon outside the fleet and published. For
+store. One cache of ``--mb`` MB of incompressible 16 KiB elements in ``--shards`` shards (256:
+32 per member at 8 members) is written once on a daemon outside the fleet and published. For
 each fleet size a fresh fleet reads one epoch (each member pulls the shards it owns from
 the store; not timed), then ``--repeat`` epochs are timed through
 ``CacheClient(targets=...).dataset(name, parallel_shards=P x members, direct=False)``
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--mbit", type=float, default=40.0,
                         help="each member's link, Mbit/s (0: uncapped)")
     parser.add_argument("--mb", type=int, default=96, help="the cache's size in MB")
+    parser.add_argument("--shards", type=int, default=SHARDS, help="the cache's shards")
     parser.add_argument("--repeat", type=int, default=3, help="timed epochs per fleet size")
     parser.add_argument("--per-member", type=int, default=2,
                         help="chunks in flight per member (parallel_shards = this x members)")
@@ -90,7 +91,7 @@ def main() -> None:
             ds, n = source(args.mb)
             with CacheClient(builder.unix_target) as cc:
                 cache = write_sharded(cc, ds, "fleet-bench",
-                                      shard_bytes=args.mb * (1 << 20) // SHARDS,
+                                      shard_bytes=args.mb * (1 << 20) // args.shards,
                                       chunk_bytes=128 << 10, batch_elements=8)
                 while cc.info("fleet-bench").store_state != "STORED":
                     time.sleep(0.2)
@@ -128,7 +129,7 @@ def main() -> None:
                   f"{row['median_vs_links']:.2f}x the links' {row['links_mb_s']:.1f} MB/s; "
                   f"busiest member {row['busiest_vs_mean']:.2f}x the mean", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"mbit": args.mbit, "mb": args.mb, "shards": SHARDS,
+    args.out.write_text(json.dumps({"mbit": args.mbit, "mb": args.mb, "shards": args.shards,
                                     "per_member": args.per_member,
                                     "results": results}, indent=1) + "\n")
     print(f"wrote {args.out}")
