@@ -345,20 +345,25 @@ class FleetFetcher(Fetcher):
         values: list[Any] = [None] * len(indices)
         shards = np.searchsorted(self._firsts, indices, side="right") - 1
         missing = np.arange(len(indices))
+
+        def place(positions: np.ndarray, chunks: Iterator[Any]) -> None:
+            """Each chunk's values at their positions in indices."""
+            for position, lengths, data in chunks:
+                got = data if isinstance(data, list) else split_chunk(lengths, data)
+                for j, value in enumerate(got):
+                    values[int(positions[position + j])] = value
+
         while missing.size:
-            owners = {int(s): self._fleet.owner(self._cache.name, int(s))
-                      for s in np.unique(shards[missing])}
-            by_member = np.array([owners[int(s)] for s in shards[missing]])
+            touched, shard_of = np.unique(shards[missing], return_inverse=True)
+            by_member = np.array([self._fleet.owner(self._cache.name, int(s))
+                                  for s in touched])[shard_of]
             failed: grpc.RpcError | None = None
             for member in np.unique(by_member):
                 positions = missing[by_member == member]
                 local = self._local.get(str(member))
                 if local is not None and all(local[0].holds(int(s))
                                              for s in np.unique(shards[positions])):
-                    for position, lengths, data in local[1].gather(indices[positions]):
-                        got = data if isinstance(data, list) else split_chunk(lengths, data)
-                        for j, value in enumerate(got):
-                            values[int(positions[position + j])] = value
+                    place(positions, local[1].gather(indices[positions]))
                     continue
                 permits = self._fleet.permits(str(member))
                 permits.acquire()  # this thread holds no other
@@ -370,10 +375,8 @@ class FleetFetcher(Fetcher):
                 epoch_start = False
                 try:
                     with self._fleet.watching(str(member)):
-                        for position, _, lengths, data in self._stream(call, 0, "position",
-                                                                       None):
-                            for j, value in enumerate(split_chunk(lengths, data)):
-                                values[int(positions[position + j])] = value
+                        place(positions, ((position, lengths, data) for position, _, lengths,
+                                          data in self._stream(call, 0, "position", None)))
                 except grpc.RpcError as err:
                     if err.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                         raise
