@@ -367,6 +367,8 @@ class CacheClient:
             checkpoint, functools.partial(self._cache_chunks, ready, begin, options,
                                           prefetch_bytes, reads), options.parallel_shards)
         iterations = tf_reads.Iterations(reader, epochs, dataset.options())
+        if self._tune_malloc:
+            iterations.source_started = malloc.tune
         decide = iterations.deciding(functools.partial(self._begin_epoch, begin, epochs, reads,
                                                        ready))
         if source_count >= 0 and tap.enabled():  # the source stays in tf.data

@@ -324,7 +324,9 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
         reads = iterations.reader.batches(epoch, start)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
-        return (only(unsaved(written), WRITE).concatenate(only(unsaved(dropped), SOURCE))
+        started = iterations.source_started
+        return (only(unsaved(written, started), WRITE)
+                .concatenate(only(unsaved(dropped, started), SOURCE))
                 .concatenate(only(reads, READ)))
 
     iterations.controlled_by(epochs.control)

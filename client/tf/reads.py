@@ -414,6 +414,7 @@ class Iterations:
         self._control: Callable[[], Iterator[tuple[Any, Any]]] | None = None
         self.decisions: dict[int, Any] = {}  # the generator path's, by token
         self.tokens = _Ids()
+        self.source_started: Callable[[], object] = lambda: None  # see unsaved()
 
     def deciding(self, begin_epoch: Callable[[], Any]) -> Callable[[], Any]:
         """decide() for the control: takes the next (epoch, start), noted for begin()."""
@@ -473,14 +474,19 @@ class Iterations:
         return self.reader.options(control.flat_map(iteration).with_options(self._options))
 
 
-def unsaved(ds: tf.data.Dataset) -> tf.data.Dataset:
+def unsaved(ds: tf.data.Dataset, started: Callable[[], object] = lambda: None
+            ) -> tf.data.Dataset:
     """ds, iterated inside a generator's flat_map: an iterator saved while it runs fails.
 
     For the iterations that run the source pipeline (a write epoch): tf.data
     saves a running from_generator with UnimplementedError ("GeneratorDataset
     does not support checkpointing"), at the save, not at a later restore.
+    started() runs in the generator, after from_generator has set glibc's
+    thresholds its own way (client/tf/malloc.py): a CacheClient tunes them
+    again there, or a JPEG-decoding source costs twice its CPU in page faults.
     """
     def once() -> Iterator[np.int64]:
+        started()
         yield np.int64(0)
 
     guard = tf.data.Dataset.from_generator(once, output_signature=tf.TensorSpec((), tf.int64))
