@@ -289,14 +289,16 @@ class FleetFetcher(Fetcher):
             yield self._gathered(np.asarray(indices, np.uint64), epoch_start)
             return
         first = int(indices[0])
-        runs = [(self._fleet.owner(self._cache.name, shard.index), shard, start, count)
-                for shard, start, count in shard_runs(self._cache, first, first + len(indices))]
+        runs = []  # (owner, shard, start, count, its LocalFetcher where read from files)
+        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
+            member = self._fleet.owner(self._cache.name, shard.index)
+            runs.append((member, shard, start, count, self._local_for(member, shard.index)))
         calls: dict[int, Any] = {}  # run -> its ReadShard call, sent and holding a permit
         sent = 0  # runs [0, sent) are sent, or read locally
 
         def send(i: int) -> None:
             nonlocal epoch_start
-            member, shard, start, count = runs[i]
+            member, shard, start, count, _ = runs[i]
             calls[i] = self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
                 name=self._cache.name, shard=shard.index, start=start, count=count,
                 chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
@@ -304,8 +306,7 @@ class FleetFetcher(Fetcher):
             epoch_start = False
 
         try:
-            for i, (member, shard, start, count) in enumerate(runs):
-                local = self._local_for(member, shard.index)
+            for i, (member, shard, start, count, local) in enumerate(runs):
                 if local is None and i not in calls:
                     # no call after this one is sent, so this thread holds no permit now
                     self._fleet.permits(member).acquire()
@@ -314,8 +315,8 @@ class FleetFetcher(Fetcher):
                 # as far as each member admits more streams from this client
                 sent = max(sent, i + 1)
                 while sent < len(runs) and sent - i <= CALLS_AHEAD:
-                    ahead_member, ahead_shard = runs[sent][:2]
-                    if self._local_for(ahead_member, ahead_shard.index) is None:
+                    ahead_member, *_, ahead_local = runs[sent]
+                    if ahead_local is None:
                         if not self._fleet.permits(ahead_member).acquire(blocking=False):
                             break
                         send(sent)

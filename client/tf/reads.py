@@ -474,8 +474,7 @@ class Iterations:
         return self.reader.options(control.flat_map(iteration).with_options(self._options))
 
 
-def unsaved(ds: tf.data.Dataset, started: Callable[[], object] = lambda: None
-            ) -> tf.data.Dataset:
+def unsaved(ds: tf.data.Dataset, started: Callable[[], object]) -> tf.data.Dataset:
     """ds, iterated inside a generator's flat_map: an iterator saved while it runs fails.
 
     For the iterations that run the source pipeline (a write epoch): tf.data
