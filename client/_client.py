@@ -33,6 +33,7 @@ from client.read.chunks import EpochChunks
 from client.read.streams import DEFAULT_PREFETCH_BYTES, read_epoch
 from client.tf import malloc, tap
 from client.write import direct as direct_write
+from client.write.spare_cpu import compress_mode
 from client.write.stream import CacheWriter
 from client.write.write_behind import WriteBehind
 
@@ -322,6 +323,8 @@ class CacheClient:
         block_bytes: raw bytes per stored block of small fixed-shape elements
         (default $SHARDCACHE_BLOCK_BYTES, else 256 KiB); 0 stores one element per
         value, cheaper for caches read mostly with shuffle=True (docs/format.md, "Blocks").
+        $SHARDCACHE_COMPRESS=spare-cpu compresses a write epoch's records only
+        while the process has CPU to spare (docs/writing.md).
         """
         from client.tf import convert, graphs
         from client.tf import reads as tf_reads
@@ -333,6 +336,7 @@ class CacheClient:
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout).with_seed()
         block_bytes = check_block_bytes(block_bytes)
+        compress_mode()  # a bad $SHARDCACHE_COMPRESS fails here, not in the write epoch
         spec = dataset.element_spec
         layout = blocked(convert.layout_of(spec), block_bytes)
         fmt = convert.BatchFormat(spec, layout)

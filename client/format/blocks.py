@@ -156,32 +156,36 @@ class BlockPacker:
         self._pending = np.empty((0, layout.record_size if layout.fixed_numeric else 0),
                                  np.uint8)
 
-    def add(self, batch: Sequence[Any], n: int) -> tuple[list[bytes], int, int]:
+    def add(self, batch: Sequence[Any], n: int, compress: bool = True
+            ) -> tuple[list[bytes], int, int]:
+        """compress=False: the completed values are stored raw, without trying zstd."""
         if self.layout.row_delta:
             batch = delta_rows(self.layout, batch)
         if self._k == 1 and self.layout.fixed_numeric:  # each value joined from its leaves
             cols = fixed_columns(self.layout, batch)
             pack = self._compressor.pack_parts
-            return [pack([c[i] for c in cols]) for i in range(n)], n * self.layout.record_size, n
+            return ([pack([c[i] for c in cols], compress) for i in range(n)],
+                    n * self.layout.record_size, n)
         if self._k == 1:
             bodies = encode_batch(self.layout, batch, n)
             raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
-            return [self._compressor.pack(b) for b in bodies], raw, n
+            return [self._compressor.pack(b, compress) for b in bodies], raw, n
         rows = encode_fixed_batch(self.layout, batch)
         if len(self._pending):
             rows = np.concatenate([self._pending, rows])
         full = len(rows) // self._k * self._k
         self._pending = rows[full:].copy()
-        return self._pack(rows[:full])
+        return self._pack(rows[:full], compress)
 
-    def flush(self) -> tuple[list[bytes], int, int]:
+    def flush(self, compress: bool = True) -> tuple[list[bytes], int, int]:
         """The last, partial block (no values when there is none)."""
         rows, self._pending = self._pending, self._pending[:0]
-        return self._pack(rows)
+        return self._pack(rows, compress)
 
-    def _pack(self, rows: np.ndarray) -> tuple[list[bytes], int, int]:
+    def _pack(self, rows: np.ndarray, compress: bool) -> tuple[list[bytes], int, int]:
         k, pack, stride = self._k, self._compressor.pack, self.layout.block_shuffle
-        values = [pack(shuffle(np.ascontiguousarray(rows[i:i + k]), stride).data.cast("B"))
+        values = [pack(shuffle(np.ascontiguousarray(rows[i:i + k]), stride).data.cast("B"),
+                       compress)
                   for i in range(0, len(rows), k)]
         return values, rows.nbytes, len(rows)
 

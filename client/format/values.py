@@ -56,12 +56,15 @@ class Compressor:
         self._since_probe = 0
         self.attempts = 0  # compressions tried, for tests and stats
 
-    def pack(self, body: Any) -> bytes:
+    def pack(self, body: Any, compress: bool = True) -> bytes:
         """The stored value of one body (bytes-like)."""
-        return self.pack_parts((body,))
+        return self.pack_parts((body,), compress)
 
-    def pack_parts(self, parts: Sequence[Any]) -> bytes:
-        """The stored value of the body parts[0] + parts[1] + ..., joined only once."""
+    def pack_parts(self, parts: Sequence[Any], compress: bool = True) -> bytes:
+        """The stored value of the body parts[0] + parts[1] + ..., joined only once;
+        compress=False stores it raw without trying."""
+        if not compress:
+            return self._raw(parts)
         if self._misses >= self.GIVE_UP:
             self._since_probe += 1
             if self._since_probe < self.PROBE_EVERY:

@@ -13,20 +13,28 @@ pattern): a daemon slower than the source makes put() wait, so memory stays
 bounded. A failure of the write itself (daemon gone, disk full) ends the write
 with a warning and the epoch goes on from the source; any other error (a bug,
 an element the codec refuses) reaches the epoch at its next put() or finish().
+
+With $SHARDCACHE_COMPRESS=spare-cpu a slice is compressed only while the
+process has CPU to spare (client/write/spare_cpu.py): when the source pipeline
+keeps every core busy, compression would lengthen the epoch, so the slice is
+stored raw. By default every slice is compressed.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from client._transport import pb
 from client.errors import ShardcacheError
 from client.format.blocks import BlockPacker
 from client.format.layout import Layout
+from client.write.spare_cpu import CompressGate, SpareCpu, compress_mode
 from client.write.stream import CacheWriter
 
 log = logging.getLogger("client")
@@ -59,6 +67,9 @@ class WriteBehind:
         # for the next batches after the error has reached the consumer).
         self._failed = False
         self._committed = False
+        self._gate = CompressGate(SpareCpu()) if compress_mode() == "spare-cpu" else None
+        self.elements = 0  # sent so far
+        self.uncompressed = 0  # of them, stored raw because no core was spare
         self._thread = threading.Thread(target=self._run, name="shardcache-write-behind",
                                         daemon=True)
         self._thread.start()
@@ -87,6 +98,10 @@ class WriteBehind:
             self._give_up(exc)
             return None
         self._committed = True
+        if self.uncompressed:
+            log.info("cache %r: %d of %d elements stored uncompressed, every core being busy "
+                     "with the source pipeline (SHARDCACHE_COMPRESS=spare-cpu; docs/writing.md)",
+                     cache.name, self.uncompressed, self.elements)
         return cache
 
     def close(self) -> None:
@@ -127,6 +142,18 @@ class WriteBehind:
                 return
             yield min(step, n - i), [leaf[i:i + step] for leaf in batch]
 
+    def _send(self, writer: CacheWriter,
+              pack: Callable[[bool], tuple[list[bytes], int, int]]) -> None:
+        """Pack (compressed while CPU is spare) and send: pack(compress) -> values."""
+        compress = self._gate is None or self._gate.compress()
+        began = time.thread_time()
+        values, raw, n = pack(compress)
+        if self._gate is not None:
+            self._gate.packed(time.thread_time() - began)
+        writer.add(values, raw, n)
+        self.elements += n
+        self.uncompressed += 0 if compress else n
+
     def _run(self) -> None:
         packer = BlockPacker(self._layout)
         while True:
@@ -138,10 +165,10 @@ class WriteBehind:
                 continue  # failed or closing: drain so that put() never waits forever
             try:  # _DONE: the last, short block
                 if item is _DONE:
-                    writer.add(*packer.flush())
+                    self._send(writer, packer.flush)
                 else:
                     for n, part in self._slices(*item):
-                        writer.add(*packer.add(part, n))
+                        self._send(writer, functools.partial(packer.add, part, n))
             except ShardcacheError as exc:
                 if not self._stop.is_set():  # close() cancels the stream: not a failure
                     self._give_up(exc)
