@@ -29,8 +29,6 @@ COMPRESS_ENV = "SHARDCACHE_COMPRESS"
 COMPRESS_MODES = ("always", "spare-cpu")
 #: Compressing goes on while at least this many cores' worth of CPU stays idle beside it.
 KEEP_CORES = 0.1
-#: What compressing is assumed to take (cores) until it has been measured.
-FIRST_NEED_CORES = 0.5
 #: The shortest window idle time is measured over (/proc/stat counts 10 ms ticks per CPU).
 WINDOW_S = 0.2
 
@@ -58,9 +56,9 @@ class Sample:
 class SpareCpu:
     """Idle cores available to this process over the last window; not thread-safe.
 
-    proc and cgroup name the /proc and cgroup v2 roots (tests point them at
-    files of their own). Where /proc/stat cannot be read (not Linux), the idle
-    time is estimated as the CPUs the process may use less its own CPU time.
+    proc and cgroup name the /proc and cgroup v2 roots. Where /proc/stat cannot
+    be read (not Linux), the idle time is estimated as the CPUs the process may
+    use less its own CPU time.
     """
 
     def __init__(self, proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> None:
@@ -113,7 +111,7 @@ class CompressGate:
     def __init__(self, cpu: SpareCpu) -> None:
         self._cpu = cpu
         self.on = True
-        self._need = FIRST_NEED_CORES
+        self._need = 0.0  # cores packing took in the last window spent compressing
         self._packing = 0.0  # CPU seconds packing took in the current window
 
     def packed(self, cpu_seconds: float) -> None:
