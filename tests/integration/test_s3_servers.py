@@ -81,6 +81,10 @@ def test_requests_lists_one_key_per_request_from_the_servers_own_log(server: S3S
     with pytest.raises(ClientError):
         client.get_object(Bucket=bucket, Key="tier/c/objects/u1/missing")
 
+    # the server writes its log behind the responses: wait for the last request's line
+    wait_until(lambda: "c/objects/u1/missing" in server.requests("GET", "c/objects/",
+                                                                  bucket=bucket),
+               10, "the last GET in the server's log")
     gets = server.requests("GET", "c/objects/", bucket=bucket)
     assert gets == ["c/objects/u1/shard-00000", "c/objects/u1/shard-00001",
                     "c/objects/u1/shard-00001", "c/objects/u1/missing"]
