@@ -68,8 +68,7 @@ class WriteBehind:
         self._failed = False
         self._committed = False
         self._gate = CompressGate(SpareCpu()) if compress_mode() == "spare-cpu" else None
-        self.elements = 0  # sent so far
-        self.uncompressed = 0  # of them, stored raw because no core was spare
+        self.uncompressed = 0  # elements stored raw because no core was spare
         self._thread = threading.Thread(target=self._run, name="shardcache-write-behind",
                                         daemon=True)
         self._thread.start()
@@ -101,7 +100,7 @@ class WriteBehind:
         if self.uncompressed:
             log.info("cache %r: %d of %d elements stored uncompressed, every core being busy "
                      "with the source pipeline (SHARDCACHE_COMPRESS=spare-cpu; docs/writing.md)",
-                     cache.name, self.uncompressed, self.elements)
+                     cache.name, self.uncompressed, cache.num_elements)
         return cache
 
     def close(self) -> None:
@@ -151,7 +150,6 @@ class WriteBehind:
         if self._gate is not None:
             self._gate.packed(time.thread_time() - began)
         writer.add(values, raw, n)
-        self.elements += n
         self.uncompressed += 0 if compress else n
 
     def _run(self) -> None:
