@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 #: (position in the request, u32 lengths, data); a direct read of a layout decode_into
 #: handles passes data as the values' memoryviews into the shard's map instead.
 Chunk = tuple[int, bytes, Any]
+#: A fleet read's calls sent ahead and not read when its try failed, each holding a permit
+#: of its member, by (member, shard, start, count): the next try reads them.
+Ahead = dict[tuple[str, int, int, int], tuple[Any, threading.BoundedSemaphore]]
 
 
 def stored_bytes(chunk: Chunk) -> int:
@@ -146,42 +149,48 @@ class Fetcher:
         got = 0
         failing_since: float | None = None
         delay = _FIRST_BACKOFF
-        while got < len(indices):
-            if self._closing.is_set():
-                raise Closed()
-            base = got
-            try:
-                for position, count, lengths, data in self._attempt(indices[got:],
-                                                                    epoch_start):
-                    epoch_start = False
-                    got = base + position + count
-                    failing_since, delay = None, _FIRST_BACKOFF
-                    yield base + position, lengths, data
-            except grpc.RpcError as err:
+        ahead: Ahead = {}  # calls a failed try sent ahead, for the next try (FleetFetcher)
+        try:
+            while got < len(indices):
                 if self._closing.is_set():
-                    raise Closed() from err
-                exc = from_rpc_error(err, self.target)
-                if not isinstance(exc, ServerUnavailableError):
-                    raise exc from err
-                now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
-                    log.log(self.lost_level, "lost cacheserver at %s while reading cache %r (%s); "
-                                "reconnecting for up to %gs", self.target,
+                    raise Closed()
+                base = got
+                try:
+                    for position, count, lengths, data in self._attempt(
+                            indices[got:], epoch_start, ahead):
+                        epoch_start = False
+                        got = base + position + count
+                        failing_since, delay = None, _FIRST_BACKOFF
+                        yield base + position, lengths, data
+                except grpc.RpcError as err:
+                    if self._closing.is_set():
+                        raise Closed() from err
+                    exc = from_rpc_error(err, self.target)
+                    if not isinstance(exc, ServerUnavailableError):
+                        raise exc from err
+                    now = time.monotonic()
+                    if failing_since is None:
+                        failing_since = now
+                        log.log(self.lost_level, "lost cacheserver at %s while reading cache "
+                                "%r (%s); reconnecting for up to %gs", self.target,
                                 self._cache.name, err.details(), self._timeout)
-                left = self._timeout - (now - failing_since)
-                if left <= 0:
-                    raise ReconnectTimeoutError(
-                        f"lost cacheserver at {self.target} in the middle of "
-                        f"reading cache {self._cache.name!r} and could not reconnect within "
-                        f"reconnect_timeout={self._timeout:g}s: start the daemon again (the "
-                        "read resumes where it stopped if it is back in time) or raise "
-                        "reconnect_timeout=") from err
-                self._closing.wait(min(delay, left))  # backoff; wakes at once on close
-                delay = min(delay * 2, _MAX_BACKOFF)
-                epoch_start = False  # the failed try was sent: its hit is counted
+                    left = self._timeout - (now - failing_since)
+                    if left <= 0:
+                        raise ReconnectTimeoutError(
+                            f"lost cacheserver at {self.target} in the middle of "
+                            f"reading cache {self._cache.name!r} and could not reconnect "
+                            f"within reconnect_timeout={self._timeout:g}s: start the daemon "
+                            "again (the read resumes where it stopped if it is back in time) "
+                            "or raise reconnect_timeout=") from err
+                    self._closing.wait(min(delay, left))  # backoff; wakes at once on close
+                    delay = min(delay * 2, _MAX_BACKOFF)
+                    epoch_start = False  # the failed try was sent: its hit is counted
+        finally:
+            for call, permits in ahead.values():  # kept by the last try, read by none
+                call.cancel()
+                permits.release()
 
-    def _attempt(self, indices: Indices, epoch_start: bool
+    def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
                  ) -> Iterator[tuple[int, int, bytes, bytes]]:
         """One try at indices: (position in indices, elements, lengths, data) chunks, in order.
 
@@ -189,7 +198,8 @@ class Fetcher:
         over ReadShard, a cursor walk with read-ahead, in whole blocks: a chunk
         may start before the first index (negative position) and end after the
         last; Decoder trims. Any other list goes over ReadElements, one key
-        lookup per record, one element per value.
+        lookup per record, one element per value. ahead: what a failed try left
+        for this one (FleetFetcher); one daemon sends nothing ahead.
         """
         first = int(indices[0])
         if not is_run(indices):
@@ -236,7 +246,9 @@ class FleetFetcher(Fetcher):
     (client/_fleet.py). Other indices are grouped by owner, one ReadElements
     each, and put back in request order. A member found down is skipped (its
     shards go to their next owners) and what it had not sent is asked of them;
-    what arrived is kept. Members on this host are read from their files.
+    what arrived is kept, and so are the calls sent ahead to the other members,
+    which the next try reads instead of asking again. Members on this host are
+    read from their files.
     """
 
     def __init__(self, fleet: Fleet, cache: pb.Cache, reconnect_timeout: float,
@@ -283,7 +295,7 @@ class FleetFetcher(Fetcher):
         local = self._local.get(member)
         return local[1] if local is not None and local[0].holds(shard) else None
 
-    def _attempt(self, indices: Indices, epoch_start: bool
+    def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
                  ) -> Iterator[tuple[int, int, bytes, bytes]]:
         if not is_run(indices):
             yield self._gathered(np.asarray(indices, np.uint64), epoch_start)
@@ -293,33 +305,53 @@ class FleetFetcher(Fetcher):
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             member = self._fleet.owner(self._cache.name, shard.index)
             runs.append((member, shard, start, count, self._local_for(member, shard.index)))
-        calls: dict[int, Any] = {}  # run -> its ReadShard call, sent and holding a permit
-        sent = 0  # runs [0, sent) are sent, or read locally
 
-        def send(i: int) -> None:
+        def key(i: int) -> tuple[str, int, int, int]:
+            member, shard, start, count, _ = runs[i]
+            return member, shard.index, start, count
+
+        # run -> its ReadShard call, sent and holding a permit: those a failed try sent
+        # ahead to members still up (their owners unchanged) are read, not sent again
+        calls = {i: ahead.pop(key(i)) for i in range(len(runs)) if key(i) in ahead}
+        for call, permits in ahead.values():
+            call.cancel()
+            permits.release()
+        ahead.clear()
+        sent = 0  # runs [0, sent) are sent, or read locally
+        lost = None  # the member whose call failed with UNAVAILABLE
+
+        def send(i: int, permits: threading.BoundedSemaphore) -> None:
             nonlocal epoch_start
             member, shard, start, count, _ = runs[i]
             calls[i] = self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
                 name=self._cache.name, shard=shard.index, start=start, count=count,
                 chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
-                epoch_start=epoch_start))
+                epoch_start=epoch_start)), permits
             epoch_start = False
 
         try:
             for i, (member, shard, start, count, local) in enumerate(runs):
                 if local is None and i not in calls:
-                    # no call after this one is sent, so this thread holds no permit now
-                    self._fleet.permits(member).acquire()
-                    send(i)
+                    permits = self._fleet.permits(member)
+                    if not permits.acquire(blocking=False):
+                        # waiting for a permit, hold none: drop the calls kept from a failed
+                        # try (the others' only, they are sent again in turn)
+                        for call, held in calls.values():
+                            call.cancel()
+                            held.release()
+                        calls.clear()
+                        permits.acquire()
+                    send(i, permits)
                 # the next shards' calls go out too, so their owners send side by side,
                 # as far as each member admits more streams from this client
                 sent = max(sent, i + 1)
                 while sent < len(runs) and sent - i <= CALLS_AHEAD:
                     ahead_member, *_, ahead_local = runs[sent]
-                    if ahead_local is None:
-                        if not self._fleet.permits(ahead_member).acquire(blocking=False):
+                    if ahead_local is None and sent not in calls:
+                        permits = self._fleet.permits(ahead_member)
+                        if not permits.acquire(blocking=False):
                             break
-                        send(sent)
+                        send(sent, permits)
                     sent += 1
                 if local is not None:
                     lo = shard.first_element + start  # chunks of whole blocks, as ReadShard's
@@ -329,17 +361,24 @@ class FleetFetcher(Fetcher):
                         yield (position + lo - first,
                                min(values * self._k, shard.num_elements - at), lengths, data)
                     continue
+                call, permits = calls.pop(i)
                 try:
                     with self._fleet.watching(member):
-                        yield from self._stream(calls[i], shard.first_element - first,
+                        yield from self._stream(call, shard.first_element - first,
                                                 "start", shard.num_elements)
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                        lost = member
+                    raise
                 finally:
-                    del calls[i]
-                    self._fleet.permits(member).release()
+                    permits.release()
         finally:
-            for i, call in calls.items():  # sent, not read: this try failed, or was closed
-                call.cancel()
-                self._fleet.permits(runs[i][0]).release()
+            for i, (call, permits) in calls.items():  # sent, not read
+                if lost is not None and runs[i][0] != lost:
+                    ahead[key(i)] = call, permits  # the next try reads it
+                else:  # this try was closed, or failed otherwise, or this is lost's call
+                    call.cancel()
+                    permits.release()
 
     def _gathered(self, indices: np.ndarray, epoch_start: bool) -> tuple[int, int, Any, Any]:
         """Every record at indices, each from its shard's owner: (0, count, None, values)."""
