@@ -46,6 +46,7 @@ from client.format.codec import RecordError
 from client.format.fixed_decode import decode_into, handles
 from client.format.layout import Layout
 from client.format.values import Decompressor, split_chunk
+from client.read.fleet_calls import MemberQueue
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
 from client.read.prefetch import Closed, Prefetcher
@@ -56,8 +57,8 @@ DEFAULT_PREFETCH_BYTES = 256 << 20
 MAX_REQUEST_INDICES = 65536  # the daemon's limit (client/format/lookup.py)
 _MIN_REQUEST_BYTES, _MAX_REQUEST_BYTES = 256 << 10, 8 << 20
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
-#: A fleet chunk's shard calls sent ahead of the one being read (member permits allowing).
-CALLS_AHEAD = 8
+#: A fleet request's shard calls asked ahead of the one being read (fleet_calls.py).
+CALLS_AHEAD = 32
 if TYPE_CHECKING:
     from client._fleet import Fleet
     from client.read.direct import DirectReads, LocalFetcher, ReadLease
@@ -65,9 +66,9 @@ if TYPE_CHECKING:
 #: (position in the request, u32 lengths, data); a direct read of a layout decode_into
 #: handles passes data as the values' memoryviews into the shard's map instead.
 Chunk = tuple[int, bytes, Any]
-#: A fleet read's calls sent ahead and not read when its try failed, each holding a permit
-#: of its member, by (member, shard, start, count): the next try reads them.
-Ahead = dict[tuple[str, int, int, int], tuple[Any, threading.BoundedSemaphore]]
+#: A fleet read's calls asked ahead and not read when its try failed, by (member, shard,
+#: start, count): the next try reads them (client/read/fleet_calls.py).
+Ahead = dict[tuple[str, int, int, int], Any]
 
 
 def stored_bytes(chunk: Chunk) -> int:
@@ -186,9 +187,8 @@ class Fetcher:
                     delay = min(delay * 2, _MAX_BACKOFF)
                     epoch_start = False  # the failed try was sent: its hit is counted
         finally:
-            for call, permits in ahead.values():  # kept by the last try, read by none
+            for call in ahead.values():  # kept by the last try, read by none
                 call.cancel()
-                permits.release()
 
     def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
                  ) -> Iterator[tuple[int, int, bytes, bytes]]:
@@ -241,14 +241,14 @@ class FleetFetcher(Fetcher):
     """A Fetcher over a fleet (client/_fleet.py): each shard's records from its owner.
 
     A run of the stored order is one ReadShard per shard, to the shard's owner;
-    the next CALLS_AHEAD shards' calls go out before the first is read, so their
-    owners send side by side, within STREAMS_PER_MEMBER streams per member
-    (client/_fleet.py). Other indices are grouped by owner, one ReadElements
-    each, and put back in request order. A member found down is skipped (its
-    shards go to their next owners) and what it had not sent is asked of them;
-    what arrived is kept, and so are the calls sent ahead to the other members,
-    which the next try reads instead of asking again. Members on this host are
-    read from their files.
+    the calls of the shard being read and the next CALLS_AHEAD are asked at once,
+    queued per member and sent in the epoch's order within STREAMS_PER_MEMBER
+    streams per member (client/_fleet.py, client/read/fleet_calls.py). Other
+    indices are grouped by owner, one ReadElements each, and put back in request
+    order. A member found down is skipped (its shards go to their next owners)
+    and what it had not sent is asked of them; what arrived is kept, and so are
+    the calls asked ahead of the other members, which the next try reads instead
+    of asking again. Members on this host are read from their files.
     """
 
     def __init__(self, fleet: Fleet, cache: pb.Cache, reconnect_timeout: float,
@@ -260,6 +260,8 @@ class FleetFetcher(Fetcher):
         self.lost_level = logging.DEBUG  # the fleet said which member, and who serves now
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
         self._local: dict[str, tuple[ReadLease, LocalFetcher]] = {}
+        self._queues: dict[str, MemberQueue] = {}  # this read's calls per member
+        self._queues_lock = threading.Lock()
         if direct is not None and direct.mode is not False:
             self._lease_local(direct, closing)
 
@@ -310,49 +312,33 @@ class FleetFetcher(Fetcher):
             member, shard, start, count, _ = runs[i]
             return member, shard.index, start, count
 
-        # run -> its ReadShard call, sent and holding a permit: those a failed try sent
-        # ahead to members still up (their owners unchanged) are read, not sent again
+        # run -> its ReadShard call (fleet_calls.FleetCall): those a failed try asked ahead
+        # of members still up (their owners unchanged) are read, not asked again
         calls = {i: ahead.pop(key(i)) for i in range(len(runs)) if key(i) in ahead}
-        for call, permits in ahead.values():
+        for call in ahead.values():
             call.cancel()
-            permits.release()
         ahead.clear()
-        sent = 0  # runs [0, sent) are sent, or read locally
         lost = None  # the member whose call failed with UNAVAILABLE
+        hit = iter([epoch_start])  # the first call sent, on whichever thread, counts the hit
 
-        def send(i: int, permits: threading.BoundedSemaphore) -> None:
-            nonlocal epoch_start
+        def ask(i: int) -> None:
             member, shard, start, count, _ = runs[i]
-            calls[i] = self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
-                name=self._cache.name, shard=shard.index, start=start, count=count,
-                chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
-                epoch_start=epoch_start)), permits
-            epoch_start = False
+
+            def send() -> Any:
+                return self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
+                    name=self._cache.name, shard=shard.index, start=start, count=count,
+                    chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
+                    epoch_start=next(hit, False)))
+
+            calls[i] = self._queue(member).submit(shard.first_element + start, send)
 
         try:
             for i, (member, shard, start, count, local) in enumerate(runs):
-                if local is None and i not in calls:
-                    permits = self._fleet.permits(member)
-                    if not permits.acquire(blocking=False):
-                        # waiting for a permit, hold none: drop the calls kept from a failed
-                        # try (the others' only, they are sent again in turn)
-                        for call, held in calls.values():
-                            call.cancel()
-                            held.release()
-                        calls.clear()
-                        permits.acquire()
-                    send(i, permits)
-                # the next shards' calls go out too, so their owners send side by side,
-                # as far as each member admits more streams from this client
-                sent = max(sent, i + 1)
-                while sent < len(runs) and sent - i <= CALLS_AHEAD:
-                    ahead_member, *_, ahead_local = runs[sent]
-                    if ahead_local is None and sent not in calls:
-                        permits = self._fleet.permits(ahead_member)
-                        if not permits.acquire(blocking=False):
-                            break
-                        send(sent, permits)
-                    sent += 1
+                # this run's call and the next ones' are asked: each member sends them in
+                # the epoch's order, as many side by side as it admits streams from here
+                for j in range(i, min(i + 1 + CALLS_AHEAD, len(runs))):
+                    if runs[j][4] is None and j not in calls:
+                        ask(j)
                 if local is not None:
                     lo = shard.first_element + start  # chunks of whole blocks, as ReadShard's
                     for position, lengths, data in local.stream(range(lo, lo + count)):
@@ -361,24 +347,27 @@ class FleetFetcher(Fetcher):
                         yield (position + lo - first,
                                min(values * self._k, shard.num_elements - at), lengths, data)
                     continue
-                call, permits = calls.pop(i)
                 try:
                     with self._fleet.watching(member):
-                        yield from self._stream(call, shard.first_element - first,
+                        yield from self._stream(calls.pop(i), shard.first_element - first,
                                                 "start", shard.num_elements)
                 except grpc.RpcError as err:
                     if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                         lost = member
                     raise
-                finally:
-                    permits.release()
         finally:
-            for i, (call, permits) in calls.items():  # sent, not read
+            for i, call in calls.items():  # asked, not read
                 if lost is not None and runs[i][0] != lost:
-                    ahead[key(i)] = call, permits  # the next try reads it
+                    ahead[key(i)] = call  # the next try reads it
                 else:  # this try was closed, or failed otherwise, or this is lost's call
                     call.cancel()
-                    permits.release()
+
+    def _queue(self, member: str) -> MemberQueue:
+        with self._queues_lock:
+            queue = self._queues.get(member)
+            if queue is None:
+                queue = self._queues[member] = MemberQueue(self._fleet.permits(member))
+            return queue
 
     def _gathered(self, indices: np.ndarray, epoch_start: bool) -> tuple[int, int, Any, Any]:
         """Every record at indices, each from its shard's owner: (0, count, None, values)."""
