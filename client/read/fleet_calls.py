@@ -52,11 +52,18 @@ class FleetCall:
         self.finished = False  # the member sent everything, or the call failed
 
     def start(self, permits: threading.BoundedSemaphore) -> bool:
-        """Send the call holding one of permits; False (nothing sent) if it was cancelled."""
+        """Send the call holding one of permits; False if nothing was sent (cancelled, or
+        sending failed: the reader gets the error), and the permit is the caller's again."""
         with self._cond:
             if self._cancelled:
                 return False
-            self._call = self._send()
+            try:
+                self._call = self._send()
+            except Exception as err:  # e.g. the client was closed meanwhile
+                self._chunks.append(err)
+                self.finished = True
+                self._cond.notify_all()
+                return False
         threading.Thread(target=self._drain, args=(permits,), daemon=True,
                          name="shardcache-fleet-call").start()
         return True

@@ -95,3 +95,15 @@ def test_a_failed_call_raises_its_error_to_the_reader() -> None:
     with pytest.raises(ConnectionError, match="member gone"):
         list(call)
     wait_until(lambda: permits.acquire(blocking=False), 10)
+
+
+def test_a_call_that_cannot_be_sent_gives_its_error_and_its_slot_back() -> None:
+    permits = threading.BoundedSemaphore(1)
+
+    def closed_channel():
+        raise ValueError("Cannot invoke RPC on closed channel!")
+
+    call = MemberQueue(permits).submit(1, closed_channel)
+    with pytest.raises(ValueError, match="closed channel"):
+        list(call)
+    assert permits.acquire(blocking=False)
