@@ -41,8 +41,7 @@ class FleetCall:
     while the call is queued. cancel() ends it early, queued or sent.
     """
 
-    def __init__(self, position: int, send: Callable[[], Any], queue: MemberQueue) -> None:
-        self.position = position  # in the epoch's stored order: the member sends lowest first
+    def __init__(self, send: Callable[[], Any], queue: MemberQueue) -> None:
         self._send = send
         self._queue = queue
         self._cond = threading.Condition()
@@ -129,7 +128,7 @@ class MemberQueue:
 
     def submit(self, position: int, send: Callable[[], Any]) -> FleetCall:
         """Queue a call (send() makes it when a slot is free); it may go out at once."""
-        call = FleetCall(position, send, self)
+        call = FleetCall(send, self)
         with self._lock:
             heapq.heappush(self._heap, (position, next(self._order), call))
         self.dispatch()
