@@ -21,6 +21,7 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check cacheserver client tests bench protos
 	$(BIN)/mypy cacheserver client
 	$(BIN)/lint-imports
+	$(BIN)/python .ci/import_cycles.py
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
