@@ -9,7 +9,8 @@ read is evicted, and again, until the chunk fits. When nothing is left to
 evict the write fails with CapacityExceeded, naming the numbers, and the
 writer's session discards what it stored (its space is released).
 
-Knows nothing of gRPC. The catalog supplies candidates and does the deleting.
+Knows nothing of gRPC. The catalog supplies candidates and does the deleting,
+through :class:`Evictable`.
 """
 
 from __future__ import annotations
@@ -21,20 +22,31 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from cacheserver.catalog.manifest import CacheRecord
 from cacheserver.catalog.retention import Retention, RetentionBook
 from client.wire.status import CapacityExceeded
-
-if TYPE_CHECKING:
-    from cacheserver.catalog.catalog import Catalog
-    from cacheserver.catalog.manifest import CacheRecord
 
 log = logging.getLogger(__name__)
 
 
 def _size(n: int) -> str:
     return f"{n:,} bytes ({n / (1 << 20):.1f} MiB)"
+
+
+class Evictable(Protocol):
+    """What capacity and the TTL sweeper ask of the caches they keep in bounds (the catalog)."""
+
+    def committed_bytes(self) -> int: ...
+
+    def eviction_candidate(self, exclude: str) -> str | None: ...
+
+    def retained_summary(self) -> str: ...
+
+    def expired(self, now: float) -> list[str]: ...
+
+    def evict(self, name: str, reason: str) -> bool: ...
 
 
 class Capacity:
@@ -46,9 +58,9 @@ class Capacity:
         self.min_free_bytes = min_free_bytes
         self._lock = threading.Lock()
         self._pending: defaultdict[str, int] = defaultdict(int)
-        self._catalog: Catalog | None = None
+        self._catalog: Evictable | None = None
 
-    def attach(self, catalog: Catalog) -> None:
+    def attach(self, catalog: Evictable) -> None:
         self._catalog = catalog
 
     def pending_bytes(self) -> int:
@@ -107,7 +119,7 @@ class Capacity:
 class TtlSweeper:
     """A thread deleting caches idle for longer than their TTL, every interval seconds."""
 
-    def __init__(self, catalog: Catalog, interval: float) -> None:
+    def __init__(self, catalog: Evictable, interval: float) -> None:
         self._catalog = catalog
         self._interval = interval
         self._stop = threading.Event()
@@ -135,8 +147,6 @@ class TtlSweeper:
                 self.sweep()
             except Exception:
                 log.exception("TTL sweep failed; trying again in %.0fs", self._interval)
-
-
 
 
 #: Below this much free space the data dir's filesystem counts as full.

@@ -11,7 +11,8 @@ On disk, under ``<data-dir>/caches/<name>/``::
 
 A cache without manifest.json after a restart was interrupted mid-write; its
 writer is gone (the lease is the write stream), so startup discards it, unless
-it holds materialize.json: then it stays WRITING and the materializer resumes it.
+it holds materialize.json: then it stays WRITING and the materializer resumes it
+(recovery.py). Reads of READY caches are reads.py.
 Deleting renames the directory into ``<data-dir>/trash/`` first, so a
 half-finished delete never looks like a cache.
 
@@ -31,26 +32,18 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from cacheserver import metrics
 from cacheserver.catalog.capacity import Capacity, expired_names, pick_victim, retained_summary
-from cacheserver.catalog.manifest import CacheRecord, validate_name, write_atomic
-from cacheserver.catalog.recovery import RecoveryReport
+from cacheserver.catalog.manifest import MATERIALIZE_SPEC, CacheRecord, validate_name, write_atomic
+from cacheserver.catalog.recovery import Recovered, RecoveryReport
 from cacheserver.catalog.remote import StoreTier
 from cacheserver.catalog.retention import Retention, RetentionBook
 from cacheserver.catalog.write_session import WriteSession
 from cacheserver.logs import shown
 from cacheserver.tier.bucket import Bucket
-from client.format import lookup
-from client.format.blocks import block_elements
 from client.format.store import ReaderPool
-from client.wire.chunks import chunk_size
 from client.wire.status import (
     CacheExists,
     CacheNotFound,
@@ -64,16 +57,6 @@ from client.wire.status import (
 log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 1 << 30
-#: Most global indices one ReadElements request may name.
-MAX_INDICES = 65536
-
-
-def _is_cache_name(name: str) -> bool:
-    try:
-        validate_name(name)
-    except InvalidArgument:
-        return False
-    return True
 
 
 class Catalog:
@@ -90,13 +73,13 @@ class Catalog:
         self._caches_dir.mkdir(parents=True, exist_ok=True)
         self._trash.mkdir(exist_ok=True)
         self._lock = threading.RLock()
-        self._caches: dict[str, CacheRecord] = {}
-        #: Caches whose manifest cannot be read: name -> what is wrong (see _load).
-        self._broken: dict[str, str] = {}
         self.readers = ReaderPool()
+        found = self._recover()
+        self._caches: dict[str, CacheRecord] = found.caches
+        #: Caches whose manifest cannot be read: name -> what is wrong.
+        self._broken: dict[str, str] = found.broken
         #: Materializations a crash interrupted: kept WRITING for the materializer to resume.
-        self.interrupted: list[CacheRecord] = []
-        self._recover_and_report()
+        self.interrupted: list[CacheRecord] = found.interrupted
         #: The object store under this daemon's caches (serve --store), if any: remote.py.
         self.tier: StoreTier | None = None
         if bucket is not None:
@@ -130,47 +113,21 @@ class Catalog:
             self.retention.forget(name)
             return record
 
-    def _recover(self) -> None:
-        shutil.rmtree(self._trash, ignore_errors=True)
-        self._trash.mkdir(exist_ok=True)
-        for d in sorted(self._caches_dir.iterdir()):
-            manifest = d / "manifest.json"
-            if not d.is_dir() or not _is_cache_name(d.name):
-                log.warning("ignoring %s: not a cache directory (no valid cache name)",
-                            shown(str(d)))
-            elif manifest.exists():
-                self._load(d.name, manifest)
-            elif self._keep_materialization(d):
-                continue
-            else:
-                log.warning("discarding cache %r: its write was interrupted", d.name)
-                self._remove_dir(d)
-
-    def _load(self, name: str, manifest: Path) -> None:
-        """Load a READY cache's manifest; one that cannot be read or encoded is broken."""
-        try:
-            record = CacheRecord.from_json(manifest.read_text())
-            if record.name != name or record.state != "READY":
-                raise ValueError(f"it describes {record.state} cache {record.name!r}")
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            self._broken[name] = f"{manifest} cannot be read ({shown(str(exc))})"
-            log.warning("cache %r is broken: %s; it is not listed and every call naming it "
-                        "fails; delete it with 'cacheserver rm %s'", name, self._broken[name],
-                        name)
-            return
-        self._caches[name] = record
-
     def _broken_error(self, name: str) -> DataLoss:
         return DataLoss(f"cache {name!r} is broken: {self._broken[name]}; delete it with "
                         f"'cacheserver rm {name}' (CacheClient.delete) and build it again")
 
-    def _recover_and_report(self) -> None:
-        """Run _recover, then load retention of what it kept and log one summary line."""
-        found = RecoveryReport.survey(self._caches_dir, self._trash)
-        self._recover()
-        for name in self._caches:
+    def _recover(self) -> Recovered:
+        """Empty the trash, scan the caches (Recovered.scan), load the retention of what
+        it kept and log one summary line."""
+        survey = RecoveryReport.survey(self._caches_dir, self._trash)
+        shutil.rmtree(self._trash, ignore_errors=True)
+        self._trash.mkdir(exist_ok=True)
+        found = Recovered.scan(self._caches_dir, self._remove_dir)
+        for name in found.caches:
             self.retention.load(name)
-        found.log(self.data_dir, kept={n: r.disk_bytes for n, r in self._caches.items()})
+        survey.log(self.data_dir, kept={n: r.disk_bytes for n, r in found.caches.items()})
+        return found
 
     def _remove_dir(self, d: Path) -> None:
         """Move d to the trash at once (atomic), then delete it.
@@ -386,100 +343,19 @@ class Catalog:
 
     # ------------------------------------------------------------------ reading
 
-    @contextmanager
-    def reading(self, name: str, hit: bool = True) -> Iterator[None]:
-        """Mark cache name as being read for the block: eviction and TTL skip it.
-
-        Every read RPC streams inside one. hit counts a hit (a read from a
-        shard's first record) and the block's end records the last read time.
-        """
-        self.get_ready(name)  # a cache only in the store: pulled, not under the lock
+    def begin_read(self, name: str, hit: bool) -> None:
+        """Mark READY cache name as being read (reads.reading ends the mark): checked and
+        marked under the lock, so eviction never takes a cache a reader was let in to."""
         with self._lock:
             self.get_ready(name)
             self.retention.begin_read(name, time.time(), hit)
-        if hit:
-            metrics.CACHE_HITS.inc()
-        try:
-            yield
-        finally:
-            self.retention.end_read(name, time.time())
 
     def shard_path(self, record: CacheRecord, shard: int) -> Path:
         return self._caches_dir / record.name / f"shard-{shard:05d}"
 
-    def read_shard(self, name: str, shard: int, start: int, chunk_bytes: int,
-                   fingerprint: str = "", count: int = 0,
-                   join: Callable[[int, bytes, builtins.list[Any]], bytes] | None = None
-                   ) -> Iterator[tuple[int, bytes, bytes, int]]:
-        """Validate the request, then iterate the shard's chunks from start (count records,
-        0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it).
-        data is the values joined, or what join makes of them (ReaderPool.read_chunks)."""
-        record = self.get_ready(name, fingerprint)
-        if not 0 <= shard < len(record.shards):
-            raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
-                                  f"shard {shard} does not exist")
-        info = record.shards[shard]
-        if start > info.num_elements:
-            raise InvalidArgument(f"start {start} is past the end of shard {shard} "
-                                  f"({info.num_elements} elements)")
-        if count > info.num_elements - start:
-            raise InvalidArgument(f"{count} records from {start} run past the end of shard "
-                                  f"{shard} ({info.num_elements} elements)")
-        if self.tier is not None:
-            self.tier.ensure(name, [shard])
-        chunk = chunk_size(chunk_bytes)
-        stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
-        chunks = self.readers.read_chunks(self.shard_path(record, shard), start, stop, chunk, k,
-                                          join=join)
-        return ((first, lengths, data,  # whole blocks: the first and last may stick out
-                 min(first + len(lengths) // 4 * k, stop) - max(first, start))
-                for first, lengths, data in chunks)
-
-    def read_elements(self, name: str, fingerprint: str, indices: bytes,
-                          chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:
-        """ReadElements: validate the request, then yield (position, u32 lengths, data) chunks
-        in request order."""
-        record = self.get_ready(name, fingerprint)
-        if len(indices) % 8:
-            raise InvalidArgument(f"indices is {len(indices)} bytes, not a whole number of "
-                                  "little-endian uint64s")
-        wanted = np.frombuffer(indices, "<u8")
-        if wanted.size > MAX_INDICES:
-            raise InvalidArgument(f"{wanted.size} indices in one ReadElements request; the limit "
-                                  f"is {MAX_INDICES}: split the request")
-        total = record.num_elements
-        if wanted.size and int(wanted.max()) >= total:
-            bad = int(wanted[np.argmax(wanted >= total)])
-            raise InvalidArgument(f"element index {bad} is out of range: cache {name!r} has "
-                                  f"{total} elements")
-        window = lookup.window_records(chunk_bytes, total,
-                                       sum(s.stored_bytes for s in record.shards))
-        firsts = np.array([s.first_element for s in record.shards], np.uint64)
-
-        def opened(shard: int) -> Any:
-            if self.tier is not None:
-                self.tier.ensure(name, [shard])
-            return self.readers.opened(self.shard_path(record, shard))
-
-        return lookup.gather_chunks(opened, wanted, firsts, window, record.layout_json,
-                                    f"cache {name!r}")
-
     # ------------------------------------------------------------ materializing
     # A materialized cache's directory also holds materialize.json (what runs);
-    # worker processes write its shards and their markers (cacheserver/materialize/materializer.py).
-
-    def _keep_materialization(self, d: Path) -> bool:
-        """Startup: keep a cache whose materialization was interrupted, WRITING."""
-        if not (d / MATERIALIZE_SPEC).exists() or not (d / "writing.json").exists():
-            return False
-        try:
-            record = CacheRecord.from_json((d / "writing.json").read_text())
-        except (OSError, ValueError, TypeError, KeyError):
-            return False
-        self._caches[d.name] = record
-        self.interrupted.append(record)
-        log.info("cache %r: materialization was interrupted; it will resume", d.name)
-        return True
+    # worker processes write its shards and their markers (cacheserver/materialize/worker.py).
 
     def cache_dir(self, name: str) -> Path:
         return self._caches_dir / name
@@ -540,6 +416,3 @@ class Catalog:
             del self._caches[record.name]
             trashed = self._to_trash(self._caches_dir / record.name)
         self._remove_later(trashed)
-
-
-MATERIALIZE_SPEC = "materialize.json"

@@ -3,7 +3,7 @@
 A client on the daemon's host may read a READY cache's committed shards itself
 (read-only LMDB, mmap; client/read/direct.py) instead of streaming them. It first
 takes a lease: while the lease lives, the cache counts as being read
-(:meth:`Catalog.reading`), so capacity eviction and the TTL sweeper skip it
+(:func:`cacheserver.catalog.reads.reading`), so capacity eviction and the TTL sweeper skip it
 exactly as they skip a cache read over gRPC. A lease expires ``ttl`` seconds
 after it was granted or last renewed; a client killed with kill -9 stops
 renewing, so its lease ends within one TTL and the cache becomes evictable.
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cacheserver import metrics
+from cacheserver.catalog import reads
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.manifest import CacheRecord, write_atomic
 from client.wire.status import DiskFull, InvalidArgument, LeaseNotFound
@@ -106,7 +107,7 @@ class LeaseTable:
         shards: the ones the reader reads (empty: all), on disk when this returns."""
         self.catalog.get_ready(name, fingerprint)  # NOT_FOUND / WRITING / mismatch first
         lease = Lease(secrets.token_hex(16), name, 0.0)
-        lease.reading.enter_context(self.catalog.reading(name, hit=epoch_start))
+        lease.reading.enter_context(reads.reading(self.catalog, name, hit=epoch_start))
         try:  # the cache may have been replaced between the check and the mark
             record = self.catalog.get_ready(name, fingerprint)
         except BaseException:

@@ -24,6 +24,8 @@ MAX_NAME_LEN = 200
 #: A cache's counts and byte totals, each and summed, stay below 2^63: every reader of a
 #: record (the wire's uint64 fields, JSON consumers, numpy int64) can hold them.
 MAX_TOTAL = (1 << 63) - 1
+#: In a cache's directory while the daemon materializes it: what runs, to resume it.
+MATERIALIZE_SPEC = "materialize.json"
 
 
 def validate_name(name: str) -> str:

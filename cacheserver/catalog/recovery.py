@@ -1,4 +1,4 @@
-"""Taking over a data dir at start: the exclusive lock and what recovery found.
+"""Taking over a data dir at start: the exclusive lock, the scan of its caches, what it found.
 
 One daemon per data dir: :class:`DataDirLock` holds an exclusive ``flock`` on
 ``<data-dir>/cacheserver.lock`` for the life of the process (the kernel drops
@@ -8,6 +8,11 @@ file also tells an operator which pid holds it.
 
 A data dir on a read-only filesystem fails here too, with the reason, instead
 of later on the first write.
+
+The scan (:meth:`Recovered.scan`) keeps every READY cache, notes the broken ones
+(a manifest that cannot be read), keeps interrupted materializations WRITING for
+the materializer to resume, and removes every other cache directory: a write
+whose writer is gone.
 """
 
 from __future__ import annotations
@@ -16,8 +21,13 @@ import errno
 import fcntl
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from cacheserver.catalog.manifest import MATERIALIZE_SPEC, CacheRecord, validate_name
+from cacheserver.logs import shown
+from client.wire.status import InvalidArgument
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "cacheserver.lock"
@@ -87,3 +97,68 @@ class RecoveryReport:
                  "(%d bytes), emptied trash (%d bytes)", data_dir, len(kept),
                  sum(kept.values()), len(discarded), sum(discarded.values()),
                  self.trash_bytes)
+
+
+def _is_cache_name(name: str) -> bool:
+    try:
+        validate_name(name)
+    except InvalidArgument:
+        return False
+    return True
+
+
+@dataclass
+class Recovered:
+    """The caches the scan of a data dir kept."""
+
+    #: READY caches, and the interrupted materializations (WRITING).
+    caches: dict[str, CacheRecord] = field(default_factory=dict)
+    #: Caches whose manifest cannot be read: name -> what is wrong.
+    broken: dict[str, str] = field(default_factory=dict)
+    #: Materializations a crash interrupted: kept WRITING for the materializer to resume.
+    interrupted: list[CacheRecord] = field(default_factory=list)
+
+    @classmethod
+    def scan(cls, caches_dir: Path, remove: Callable[[Path], None]) -> Recovered:
+        """Keep what caches_dir holds that is a cache; remove (remove) every other directory."""
+        found = cls()
+        for d in sorted(caches_dir.iterdir()):
+            manifest = d / "manifest.json"
+            if not d.is_dir() or not _is_cache_name(d.name):
+                log.warning("ignoring %s: not a cache directory (no valid cache name)",
+                            shown(str(d)))
+            elif manifest.exists():
+                found._load(d.name, manifest)
+            elif found._keep_materialization(d):
+                continue
+            else:
+                log.warning("discarding cache %r: its write was interrupted", d.name)
+                remove(d)
+        return found
+
+    def _load(self, name: str, manifest: Path) -> None:
+        """Load a READY cache's manifest; one that cannot be read or encoded is broken."""
+        try:
+            record = CacheRecord.from_json(manifest.read_text())
+            if record.name != name or record.state != "READY":
+                raise ValueError(f"it describes {record.state} cache {record.name!r}")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            self.broken[name] = f"{manifest} cannot be read ({shown(str(exc))})"
+            log.warning("cache %r is broken: %s; it is not listed and every call naming it "
+                        "fails; delete it with 'cacheserver rm %s'", name, self.broken[name],
+                        name)
+            return
+        self.caches[name] = record
+
+    def _keep_materialization(self, d: Path) -> bool:
+        """Keep a cache whose materialization was interrupted, WRITING."""
+        if not (d / MATERIALIZE_SPEC).exists() or not (d / "writing.json").exists():
+            return False
+        try:
+            record = CacheRecord.from_json((d / "writing.json").read_text())
+        except (OSError, ValueError, TypeError, KeyError):
+            return False
+        self.caches[d.name] = record
+        self.interrupted.append(record)
+        log.info("cache %r: materialization was interrupted; it will resume", d.name)
+        return True

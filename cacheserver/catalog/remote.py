@@ -16,13 +16,11 @@ meanwhile.
 
 **Pull.** A read or a WriteBegin naming a cache this daemon lacks looks for its
 manifest in the store. Found, the cache is registered READY at once and its
-shards are fetched in the background, ``PULL_SHARDS`` at a time. A reader that
-needs a shard not yet here fetches it itself if nobody has started it, else
-waits for it: each shard is fetched once (one GET) however many readers ask.
-Each object is checked against the manifest's size and SHA-256 before it is put
-in place; a corrupt one is DATA_LOSS and never served. Until every shard is
-here the cache directory holds ``pulling.json`` instead of a manifest, so a
-daemon killed mid-pull discards it at startup and pulls again on the next miss.
+shards are fetched in the background, ``PULL_SHARDS`` at a time; a reader that
+needs a shard not yet here fetches it or waits for it, each shard fetched once
+and checked (cacheserver/catalog/pulls.py). Until every shard is here the cache
+directory holds ``pulling.json`` instead of a manifest, so a daemon killed
+mid-pull discards it at startup and pulls again on the next miss.
 With ``--store-pull on-read`` (a fleet member, docs/fleet.md) nothing is fetched
 in the background: only the shards read from this daemon, which are the ones
 it owns.
@@ -32,7 +30,6 @@ it owns.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -41,18 +38,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cacheserver import metrics
 from cacheserver.catalog import stored as layout
+from cacheserver.catalog.capacity import Capacity
 from cacheserver.catalog.manifest import CacheRecord, du, write_atomic
+from cacheserver.catalog.pulls import Pull
 from cacheserver.catalog.stored import StoredCache
 from cacheserver.logs import shown
 from cacheserver.tier.bucket import Bucket, StoredObject
 from client.wire.status import CacheServerError, DataLoss, StoreUnavailable
-
-if TYPE_CHECKING:
-    from cacheserver.catalog.capacity import Capacity
 
 log = logging.getLogger(__name__)
 
@@ -102,19 +97,6 @@ class _Published:
                                                    for i, o in self.objects.items()}}))
 
 
-class _Pull:
-    """One cache being pulled: each shard 'queued', 'running' or 'done'."""
-
-    def __init__(self, stored: StoredCache, directory: Path) -> None:
-        self.stored, self.directory = stored, directory
-        self.state = ["queued"] * len(stored.objects)
-        self.errors: list[CacheServerError | None] = [None] * len(stored.objects)
-        self.done_bytes = 0
-        self.cancelled = False
-        self.started = time.monotonic()
-        self.cond = threading.Condition()
-
-
 class StoreTier:
     """Publishes a catalog's committed caches to one bucket and pulls what it lacks."""
 
@@ -129,7 +111,7 @@ class StoreTier:
         self._status: dict[str, StoreStatus] = {}
         self._due: dict[str, float] = {}       # publish queue: name -> when to try
         self._attempts: dict[str, int] = {}
-        self._pulls: dict[str, _Pull] = {}
+        self._pulls: dict[str, Pull] = {}
         self._stopped = False
         self._pullers = ThreadPoolExecutor(PULL_SHARDS, thread_name_prefix="shardcache-pull")
         self._uploads = ThreadPoolExecutor(UPLOAD_SHARDS, thread_name_prefix="shardcache-put")
@@ -371,7 +353,7 @@ class StoreTier:
         directory = self._dir(name)
         directory.mkdir()
         write_atomic(directory / PULLING_FILE, json.dumps(stored.to_doc()), durable=False)
-        pull = _Pull(stored, directory)
+        pull = Pull(stored, directory, self.bucket, self._capacity, self._finish)
         with self._lock:
             self._pulls[name] = pull
         if not self._pull_all:
@@ -381,7 +363,7 @@ class StoreTier:
         log.info("cache %r: found in %s (%d shards, %d bytes); pulling it", name, self.bucket,
                  len(stored.objects), stored.size)
         for index in range(len(stored.objects)):
-            self._pullers.submit(self._pull_in_background, pull, index)
+            self._pullers.submit(pull.in_background, index)
         return replace(stored.record, disk_bytes=0)
 
     def ensure(self, name: str, shards: range | list[int]) -> None:
@@ -391,66 +373,9 @@ class StoreTier:
         if pull is None:
             return
         for index in shards:
-            self._fetch(pull, index, wait=True)
+            pull.fetch(index, wait=True)
 
-    def _pull_in_background(self, pull: _Pull, index: int) -> None:
-        with contextlib.suppress(CacheServerError):  # logged; a reader asking tries again
-            self._fetch(pull, index, wait=False)
-
-    def _fetch(self, pull: _Pull, index: int, wait: bool) -> None:
-        """Fetch shard index unless it is here; wait: a reader, who waits for a fetch under
-        way and gets its error; else the background, which leaves a shard others fetch."""
-        with pull.cond:
-            while True:
-                if pull.cancelled:
-                    if not wait:
-                        return
-                    raise StoreUnavailable(f"the pull of cache {pull.stored.record.name!r} "
-                                           "stopped (deleted, or the daemon is stopping)")
-                state, error = pull.state[index], pull.errors[index]
-                if state == "done" or (not wait and (state == "running"
-                                                     or isinstance(error, DataLoss))):
-                    return
-                if isinstance(error, DataLoss):
-                    raise error  # a corrupt object stays refused; nothing is fetched again
-                if state == "queued":
-                    pull.state[index] = "running"
-                    break
-                pull.cond.wait()
-        try:
-            self._download(pull, index)
-        except CacheServerError as exc:
-            metrics.STORE_ERRORS.labels("pull").inc()
-            log.warning("cache %r: pulling shard %d from %s failed: %s", pull.stored.record.name,
-                        index, self.bucket, shown(str(exc), 500))
-            with pull.cond:
-                pull.state[index], pull.errors[index] = "queued", exc
-                pull.cond.notify_all()
-            raise
-        with pull.cond:
-            pull.state[index], pull.errors[index] = "done", None
-            pull.cond.notify_all()
-            finished = all(s == "done" for s in pull.state)
-        if finished:
-            self._finish(pull)
-
-    def _download(self, pull: _Pull, index: int) -> None:
-        obj, info = pull.stored.objects[index], pull.stored.record.shards[index]
-        name = pull.stored.record.name
-        self._capacity.reserve(name, obj.size)
-        shard_dir = pull.directory / f"shard-{index:05d}"
-        shard_dir.mkdir(exist_ok=True)
-
-        def progress(n: int) -> None:
-            metrics.STORE_PULLED_BYTES.inc(n)
-            with pull.cond:
-                pull.done_bytes += n
-
-        self.bucket.download(obj, shard_dir / "data.mdb", progress)
-        write_atomic(pull.directory / f"shard-{index:05d}.json", json.dumps(asdict(info)),
-                     durable=False)
-
-    def _finish(self, pull: _Pull) -> None:
+    def _finish(self, pull: Pull) -> None:
         """Every shard is here: the cache becomes an ordinary local, stored cache."""
         name = pull.stored.record.name
         with self._lock:

@@ -1,12 +1,13 @@
 """Server-side materialization: the daemon runs a pipeline, shard by shard, in workers.
 
 A long-running operation (AIP-151 style) named ``materialize/<cache>``. Its
-supervisor thread starts ``workers`` processes with the ``spawn`` context
-(never a fork of the gRPC daemon; TensorFlow loads only in them, see
-:mod:`cacheserver.materialize.worker`), hands them shard indices over a queue,
-aggregates their progress, checks that every shard yields the same element
-layout and spec, and commits the cache (manifest.json) last, its shards in
-index order, so global element indices follow shard order.
+supervisor thread (:mod:`cacheserver.materialize.supervisor`) starts ``workers``
+processes with the ``spawn`` context (never a fork of the gRPC daemon; TensorFlow
+loads only in them, see :mod:`cacheserver.materialize.worker`), hands them shard
+indices over a queue, aggregates their progress, checks that every shard yields
+the same element layout and spec, and commits the cache (manifest.json) last, its
+shards in index order, so global element indices follow shard order. This module
+starts, finds, watches, cancels and resumes operations.
 
 Only what the operator allowed runs (:mod:`cacheserver.materialize.policy`:
 ``--materialize-allow``, ``--allow-shipped-pipelines``), checked before anything
@@ -26,20 +27,16 @@ Knows nothing of gRPC: the service layer translates.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import queue
 import re
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from cacheserver import metrics
-from cacheserver.catalog.catalog import MATERIALIZE_SPEC, Catalog
-from cacheserver.catalog.manifest import ShardInfo, validate_name
+from cacheserver.catalog.catalog import Catalog
+from cacheserver.catalog.manifest import MATERIALIZE_SPEC, validate_name
 from cacheserver.materialize import worker
 from cacheserver.materialize.operation import (
     Operation,
@@ -49,10 +46,10 @@ from cacheserver.materialize.operation import (
     Spec,
     committed_shard,
     describe,
-    leaves,
     source_fingerprint,
 )
 from cacheserver.materialize.policy import Policy
+from cacheserver.materialize.supervisor import STOP_GRACE, supervise
 from client.format.layout import MAX_BLOCK_BYTES
 from client.wire import status
 from client.wire.status import (
@@ -66,8 +63,6 @@ log = logging.getLogger(__name__)
 
 MAX_SHARDS = 10_000
 MAX_WORKERS = 256
-#: Seconds stopped workers get to abort their shard before they are terminated.
-STOP_GRACE = 20.0
 _ENTRY_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
@@ -269,191 +264,10 @@ class Materializer:
     # ------------------------------------------------------------------ running
 
     def _launch(self, op: Operation) -> None:
-        op.thread = threading.Thread(target=self._supervise, args=(op,),
-                                     name=f"materialize-{op.record.name}", daemon=True)
-        op.thread.start()
-
-    def _supervise(self, op: Operation) -> None:
-        try:
-            self._run_workers(op)
-        except Exception as exc:
-            log.exception("materialization of %r failed", op.record.name)
-            with op.cond:
-                op.fail(OperationError(getattr(exc, "reason", "INTERNAL"), str(exc)))
-        try:
-            with op.cond:
-                complete = op.state == "RUNNING" and len(op.committed) == op.spec.num_shards
-            if complete:
-                self._commit(op)
-        except status.CacheServerError as exc:
-            with op.cond:
-                op.fail(OperationError(exc.reason, str(exc)))
-        with op.cond:
-            if op.state == "RUNNING":
-                op.fail(OperationError("INTERNAL", "the workers stopped with shards left; see "
-                                       "the daemon's log"))
-            if op.state != "SUCCEEDED" and not op.shutting_down:
-                self.catalog.discard_materialized(op.record)
-            op.done, op.end_time = True, time.time()
-            op.changed()
-        metrics.MATERIALIZATIONS.labels(op.state).inc()
-        level = logging.INFO if op.state == "SUCCEEDED" else logging.WARNING
-        log.log(level, "%s %s%s", op.name, op.state,
-                f": {op.error.message}" if op.error else "")
-
-    def _commit(self, op: Operation) -> None:
-        assert op.reference is not None or op.spec.num_shards == 0
-        record, first = op.record, 0
-        record.shards = []
-        for index in range(op.spec.num_shards):
-            s = op.committed[index]
-            record.shards.append(ShardInfo(index, first, s.elements, s.stored_bytes,
-                                           s.raw_bytes))
-            first += s.elements
-        assert op.reference is not None
-        record.layout_json, record.element_spec = op.reference[1], op.reference[2]
-        self.catalog.commit_materialized(record)
-        with op.cond:
-            op.state = "SUCCEEDED"
-            op.changed()
-
-    def _run_workers(self, op: Operation) -> None:
-        pending = [i for i in range(op.spec.num_shards) if i not in op.committed]
-        if not pending:
-            return
-        ctx = multiprocessing.get_context("spawn")
-        tasks, results = ctx.Queue(), ctx.Queue()
-        tasks.cancel_join_thread()
-        with op.cond:
-            op.stop = ctx.Event()
-            if op.state != "RUNNING":
-                op.stop.set()
-        for index in pending:
-            tasks.put(index)
-        count = min(op.workers, len(pending))
-        for _ in range(count):
-            tasks.put(None)
         job = worker.Job(
             str(self.catalog.cache_dir(op.record.name)), op.spec.num_shards,
             op.spec.entry_point, op.spec.graph_def, op.spec.element_spec, self.pythonpath,
             os.getpid(), op.spec.block_bytes, self.policy)
-        procs = [ctx.Process(target=worker.run, args=(job, w, tasks, results, op.stop),
-                             name=f"materialize-{op.record.name}-{w}", daemon=True)
-                 for w in range(count)]
-        for p in procs:
-            p.start()
-        live, current = set(range(count)), dict[int, int]()
-        stopped_at = 0.0
-        try:
-            while live:
-                try:
-                    msg = results.get(timeout=0.25)
-                except queue.Empty:
-                    msg = None
-                if msg is not None:
-                    self._handle(op, msg, live, current)
-                    if msg[0] == "progress":
-                        self._reserve(op, msg[5])
-                for w in list(live):
-                    code = procs[w].exitcode
-                    if code not in (None, 0):
-                        live.discard(w)
-                        with op.cond:
-                            op.fail(_worker_died(w, code, current.get(w, -1)))
-                if op.stop.is_set():
-                    stopped_at = stopped_at or time.monotonic()
-                    if time.monotonic() - stopped_at > STOP_GRACE:
-                        for w in live:
-                            procs[w].terminate()
-                        break
-        finally:
-            for p in procs:
-                p.join(5)
-                if p.is_alive():
-                    assert p.pid is not None  # started
-                    _kill_group(p.pid)  # the worker and whatever it started
-                    p.join()
-            for q in (tasks, results):
-                q.close()
-
-    def _reserve(self, op: Operation, stored: int) -> None:
-        """Count what the workers stored against --max-bytes, evicting to stay under it.
-
-        Workers write first and report after, so a materialization can overshoot
-        the limit by what its workers hold in flight (a batch each) before it
-        evicts or fails with CAPACITY_EXCEEDED.
-        """
-        try:
-            self.catalog.capacity.reserve(op.record.name, stored)
-        except status.CapacityExceeded as exc:
-            with op.cond:
-                op.fail(OperationError(exc.reason, str(exc)))
-
-    def _handle(self, op: Operation, msg: tuple[Any, ...], live: set[int],
-                current: dict[int, int]) -> None:
-        kind, worker = msg[0], msg[1]
-        with op.cond:
-            if kind == "begin":
-                _, _, shard, layout_json, spec = msg
-                current[worker] = shard
-                op.running[shard] = ShardProgress()
-                if op.reference is None:
-                    op.reference = (shard, layout_json, spec)
-                elif (layout_json, spec) != op.reference[1:]:
-                    ref = op.reference
-                    op.fail(OperationError(
-                        "INVALID_ARGUMENT",
-                        f"shard {shard} yields elements of another spec than shard {ref[0]}: "
-                        f"{leaves(layout_json)} vs {leaves(ref[1])}; every shard must yield "
-                        "the same element_spec", shard))
-                op.changed()
-            elif kind == "progress":
-                _, _, shard, n, raw, stored = msg
-                s = op.running.setdefault(shard, ShardProgress())
-                s.elements += n
-                s.raw_bytes += raw
-                s.stored_bytes += stored
-                metrics.MATERIALIZED_ELEMENTS.inc(n)
-                metrics.MATERIALIZED_BYTES.inc(stored)
-            elif kind == "done":
-                _, _, shard, n, raw, stored = msg
-                op.running.pop(shard, None)
-                assert op.reference is not None
-                op.committed[shard] = ShardProgress(n, raw, stored, *op.reference[1:])
-                metrics.MATERIALIZED_SHARDS.inc()
-                op.changed()
-            elif kind == "error":
-                _, _, shard, reason, message = msg
-                op.running.pop(shard, None)
-                error = OperationError(reason, message, shard)
-                op.shard_errors.append(error)
-                op.fail(error)
-                op.changed()
-            elif kind == "exit":
-                live.discard(worker)
-
-
-def _worker_died(w: int, code: int, shard: int) -> OperationError:
-    """A worker that exited without reporting: killed (by its pipeline, or the OOM killer)."""
-    where = f"while writing shard {shard}" if shard >= 0 else "before it reported a shard"
-    if code < 0:
-        try:
-            how = f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"was killed by signal {-code}"
-        hint = ("; the pipeline may have killed it (os.kill, os.killpg reach only its own "
-                "worker) or the kernel did (out of memory? see dmesg)")
-    else:
-        how, hint = f"exited with status {code}", "; the pipeline may have called sys.exit"
-    return OperationError("PIPELINE_FAILED", f"worker process {w} {how} {where}{hint}", shard)
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL a live worker's process group (it leads one: worker.run calls setsid)."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
-        else:  # died or stopped before its setsid: the pid alone
-            os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        op.thread = threading.Thread(target=supervise, args=(op, self.catalog, job),
+                                     name=f"materialize-{op.record.name}", daemon=True)
+        op.thread.start()

@@ -1,8 +1,8 @@
 """A materialization operation's state: what runs, per-shard progress, snapshots.
 
-Plain data guarded by the operation's condition variable; the materializer
-(cacheserver/materialize/materializer.py) drives it and the service turns Snapshots into
-cacheserver.v1.Operation messages (cacheserver/rpc/operations.py).
+Plain data guarded by the operation's condition variable; the materializer and
+its supervisor (cacheserver/materialize/supervisor.py) drive it and the service
+turns Snapshots into cacheserver.v1.Operation messages (cacheserver/rpc/operations.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One materialization worker process: runs the pipeline for its shards and writes them.
 
-Started by :mod:`cacheserver.materialize.materializer` with the ``spawn`` context (never a
+Started by :mod:`cacheserver.materialize.supervisor` with the ``spawn`` context (never a
 fork of the gRPC daemon), so TensorFlow is imported here, in the worker, and
 never in the daemon. Each shard is encoded exactly as write-through encodes it
 (client/tf/convert.py batches the source, client/format/codec.py encodes,

@@ -1,6 +1,7 @@
 """The gRPC adapter: translates requests to catalog calls and errors to statuses.
 
-It decides nothing; the logic lives in :mod:`cacheserver.catalog.catalog`.
+It decides nothing; the logic lives in :mod:`cacheserver.catalog` and
+:mod:`cacheserver.materialize`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cacheserver import metrics
-from cacheserver.catalog import remote
+from cacheserver.catalog import reads, remote
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.direct_writes import StagedShard
 from cacheserver.catalog.leases import LeaseTable
@@ -180,10 +181,10 @@ class CacheService(pb_grpc.CacheServiceServicer):
         """Serialized ReadShardResponses (streams.wire_handlers passes them as they are)."""
         validate.read(request.name, request.fingerprint)
         whole_shard = request.start == 0 and not request.count
-        with self.catalog.reading(request.name, hit=request.epoch_start or whole_shard):
-            chunks = self.catalog.read_shard(request.name, request.shard, request.start,
-                                             request.chunk_bytes, request.fingerprint,
-                                             request.count, join=encode_read_shard_response)
+        with reads.reading(self.catalog, request.name, hit=request.epoch_start or whole_shard):
+            chunks = reads.read_shard(self.catalog, request.name, request.shard, request.start,
+                                      request.chunk_bytes, request.fingerprint, request.count,
+                                      join=encode_read_shard_response)
             for _start, _lengths, message, elements in chunks:  # serialized responses
                 metrics.READ_BYTES.inc(read_shard_data_bytes(message))
                 metrics.READ_ELEMENTS.inc(elements)
@@ -304,9 +305,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
     def ReadElements(self, request: pb.ReadElementsRequest,
                      context: grpc.ServicerContext) -> Iterator[pb.ReadElementsResponse]:
         validate.read_elements(request.name, request.fingerprint, request.indices)
-        with self.catalog.reading(request.name, hit=request.epoch_start):
-            chunks = self.catalog.read_elements(request.name, request.fingerprint,
-                                                request.indices, request.chunk_bytes)
+        with reads.reading(self.catalog, request.name, hit=request.epoch_start):
+            chunks = reads.read_elements(self.catalog, request.name, request.fingerprint,
+                                         request.indices, request.chunk_bytes)
             for position, lengths, data in chunks:
                 metrics.READ_BYTES.inc(len(data))
                 metrics.READ_ELEMENTS.inc(len(lengths) // 4)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from cacheserver.catalog.catalog import MAX_INDICES
 from cacheserver.catalog.direct_writes import StagedShard
 from cacheserver.catalog.manifest import validate_name
+from cacheserver.catalog.reads import MAX_INDICES
 from cacheserver.logs import shown
 from client.format.layout import Layout
 from client.format.values import MAX_ZSTD_EXPANSION

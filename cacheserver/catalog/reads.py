@@ -1,0 +1,101 @@
+"""Reading a READY cache: the being-read mark, a shard's chunks, elements by global index.
+
+Every read RPC and every direct read lease (cacheserver/catalog/leases.py) runs
+inside :func:`reading`, so eviction and the TTL sweeper skip the cache meanwhile.
+Knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from cacheserver import metrics
+from cacheserver.catalog.catalog import Catalog
+from client.format import lookup
+from client.format.blocks import block_elements
+from client.wire.chunks import chunk_size
+from client.wire.status import InvalidArgument
+
+#: Most global indices one ReadElements request may name.
+MAX_INDICES = 65536
+
+
+@contextmanager
+def reading(catalog: Catalog, name: str, hit: bool = True) -> Iterator[None]:
+    """Mark cache name as being read for the block: eviction and TTL skip it.
+
+    hit counts a hit (a read from a shard's first record) and the block's end
+    records the last read time.
+    """
+    catalog.get_ready(name)  # a cache only in the store: pulled, not under the lock
+    catalog.begin_read(name, hit)
+    if hit:
+        metrics.CACHE_HITS.inc()
+    try:
+        yield
+    finally:
+        catalog.retention.end_read(name, time.time())
+
+
+def read_shard(catalog: Catalog, name: str, shard: int, start: int, chunk_bytes: int,
+               fingerprint: str = "", count: int = 0,
+               join: Callable[[int, bytes, list[Any]], bytes] | None = None
+               ) -> Iterator[tuple[int, bytes, bytes, int]]:
+    """Validate the request, then iterate the shard's chunks from start (count records,
+    0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it).
+    data is the values joined, or what join makes of them (ReaderPool.read_chunks)."""
+    record = catalog.get_ready(name, fingerprint)
+    if not 0 <= shard < len(record.shards):
+        raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
+                              f"shard {shard} does not exist")
+    info = record.shards[shard]
+    if start > info.num_elements:
+        raise InvalidArgument(f"start {start} is past the end of shard {shard} "
+                              f"({info.num_elements} elements)")
+    if count > info.num_elements - start:
+        raise InvalidArgument(f"{count} records from {start} run past the end of shard "
+                              f"{shard} ({info.num_elements} elements)")
+    if catalog.tier is not None:
+        catalog.tier.ensure(name, [shard])
+    chunk = chunk_size(chunk_bytes)
+    stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
+    chunks = catalog.readers.read_chunks(catalog.shard_path(record, shard), start, stop, chunk,
+                                         k, join=join)
+    return ((first, lengths, data,  # whole blocks: the first and last may stick out
+             min(first + len(lengths) // 4 * k, stop) - max(first, start))
+            for first, lengths, data in chunks)
+
+
+def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
+                  chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:
+    """ReadElements: validate the request, then yield (position, u32 lengths, data) chunks
+    in request order."""
+    record = catalog.get_ready(name, fingerprint)
+    if len(indices) % 8:
+        raise InvalidArgument(f"indices is {len(indices)} bytes, not a whole number of "
+                              "little-endian uint64s")
+    wanted = np.frombuffer(indices, "<u8")
+    if wanted.size > MAX_INDICES:
+        raise InvalidArgument(f"{wanted.size} indices in one ReadElements request; the limit "
+                              f"is {MAX_INDICES}: split the request")
+    total = record.num_elements
+    if wanted.size and int(wanted.max()) >= total:
+        bad = int(wanted[np.argmax(wanted >= total)])
+        raise InvalidArgument(f"element index {bad} is out of range: cache {name!r} has "
+                              f"{total} elements")
+    window = lookup.window_records(chunk_bytes, total,
+                                   sum(s.stored_bytes for s in record.shards))
+    firsts = np.array([s.first_element for s in record.shards], np.uint64)
+
+    def opened(shard: int) -> Any:
+        if catalog.tier is not None:
+            catalog.tier.ensure(name, [shard])
+        return catalog.readers.opened(catalog.shard_path(record, shard))
+
+    return lookup.gather_chunks(opened, wanted, firsts, window, record.layout_json,
+                                f"cache {name!r}")
