@@ -7,7 +7,8 @@
 Importing this package does not import TensorFlow; it loads on first use.
 """
 
-from client._client import CacheClient, CacheInfo
+from client._catalog import CacheInfo
+from client._client import CacheClient
 from client._materialize import MaterializeOperation, Progress
 from client.errors import (
     CacheExistsError,

@@ -42,7 +42,7 @@ class Transport:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             # a restarted daemon is found within a second (gRPC's default backoff
-            # grows to 120 s); reads reconnect mid-epoch (client/read/streams.py)
+            # grows to 120 s); reads reconnect mid-epoch (client/read/fetch.py)
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
             *(options or []),

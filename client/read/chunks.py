@@ -1,23 +1,22 @@
 """An epoch's share as numbered chunks, each fetched and decoded on its own: parallel reads.
 
-The stream reader (client/read/streams.py) runs one epoch as a pipeline of its
-own threads feeding one Python generator, and TensorFlow takes its batches one
-at a time through ``from_generator``. Here the epoch is cut into chunks of
-consecutive positions, and :meth:`EpochChunks.chunk` returns chunk i's decoded
-batch, a function of i alone: TensorFlow's own threads call it, several at once
+The epoch is cut into chunks of consecutive positions, and
+:meth:`EpochChunks.chunk` returns chunk i's decoded batch, a function of i
+alone: TensorFlow's own threads call it, several at once
 (``range(count).map(chunk, num_parallel_calls=AUTOTUNE, deterministic=True)``,
-client/tf/reads.py), and tf.data's prefetch and autotuning replace the stream
-reader's threads and queue. A chunk's work (LMDB reads or one gRPC call, CRC,
-zstd, the copy into aligned arrays) releases the GIL for most of its time.
+client/tf/reads.py), and tf.data's prefetch and autotuning keep chunks in
+flight. A chunk's work (LMDB reads or one gRPC call, CRC, zstd, the copy into
+aligned arrays) releases the GIL for most of its time.
 
 Each chunk is one request: ReadShard for a run of the stored order, ReadElements
-for shuffled positions, or the same calls on the leased shard files
-(client/read/direct.py), asked for in one chunk of the request's size, so a
-chunk is decoded with one copy into its arrays. Reconnecting is the fetcher's:
-a chunk whose call fails with UNAVAILABLE is asked again until
-``reconnect_timeout`` passes without progress. Memory: tf.data holds at most its
-parallelism's chunks in flight plus what the consumer's prefetch keeps, each
-about ``chunk_bytes`` of stored records.
+for shuffled positions (client/read/fetch.py), the same calls to each shard's
+owner in a fleet (client/read/fleet_fetch.py), or the same reads of the leased
+shard files (client/read/direct.py), asked for in one chunk of the request's
+size, so a chunk is decoded (client/read/decode.py) with one copy into its
+arrays. Reconnecting is the fetcher's: a chunk whose call fails with UNAVAILABLE
+is asked again until ``reconnect_timeout`` passes without progress. Memory:
+tf.data holds at most its parallelism's chunks in flight plus what the
+consumer's prefetch keeps, each about ``chunk_bytes`` of stored records.
 """
 
 from __future__ import annotations
@@ -32,13 +31,18 @@ from client._transport import Transport, pb
 from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
+from client.read.decode import Decoder
+from client.read.direct import DirectReads, LocalFetcher, ReadLease
+from client.read.fetch import Fetcher, Indices, chunk_positions
+from client.read.fleet_fetch import FleetFetcher
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
-from client.read.streams import Decoder, Fetcher, FleetFetcher, Indices, chunk_positions
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
 #: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
 CHUNK_BYTES = 4 << 20
+#: prefetch_bytes= when not given: chunks of prefetch_bytes / 8 stored bytes, at most CHUNK_BYTES.
+DEFAULT_PREFETCH_BYTES = 256 << 20
 
 
 class EpochChunks:
@@ -51,10 +55,10 @@ class EpochChunks:
 
     def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
                  options: ReadOptions, epoch: int, start: int, prefetch_bytes: int,
-                 direct: Any = None, fleet: Fleet | None = None) -> None:
+                 direct: DirectReads | None = None, fleet: Fleet | None = None) -> None:
         self._order: EpochOrder
         self._order, self._first, self._stop = epoch_range(cache, options, epoch, start)
-        self._lease: Any
+        self._lease: ReadLease | None
         by_owner = fleet is not None and routed(cache)
         self._lease, counted = (direct.lease(cache) if direct is not None and not by_owner
                                 and self._first < self._stop else (None, False))
@@ -63,7 +67,7 @@ class EpochChunks:
         self._per_chunk = chunk_positions(cache, min(CHUNK_BYTES, max(prefetch_bytes // 8,
                                                                        64 << 10)))
         chunk_bytes = int(self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1))
-        self._fetch: Fetcher
+        self._fetch: Fetcher | LocalFetcher
         if self._lease is not None:
             self._fetch = self._lease.fetcher(self._closing)
         elif fleet is not None and by_owner:  # members on this host read directly

@@ -45,8 +45,7 @@ from client.errors import (
 )
 from client.format.fixed_decode import handles
 from client.format.layout import Layout
-from client.read.prefetch import Closed
-from client.read.streams import CHUNK_BYTES, is_run, shard_runs
+from client.read.fetch import CHUNK_BYTES, Closed, is_run, shard_runs
 from client.wire.status import DataLoss
 
 log = logging.getLogger("client")

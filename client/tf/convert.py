@@ -32,7 +32,8 @@ from client.tf.datasets import (
     declared,
     with_spec,
 )
-from client.tf.reads import Transform, unsaved
+from client.tf.iterations import unsaved
+from client.tf.reads import Transform
 from client.tf.tap import READ, SOURCE, WRITE
 
 _FIXED, _VAR, _EMPTY = "fixed", "var", "empty"
@@ -272,10 +273,10 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
     """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
 
     client/tf/tap.py has the design. epochs is a tap.TapEpochs; source must be
-    of known cardinality. iterations (client/tf/reads.py) runs epochs' control
+    of known cardinality. iterations (client/tf/iterations.py) runs epochs' control
     generator, one (token, mode) per iteration, in a checkpointable control, and
     reads the READ branch; take(0) never starts the branches the mode does not
-    pick, and an iterator saved in a WRITE or SOURCE branch fails (reads.unsaved). A
+    pick, and an iterator saved in a WRITE or SOURCE branch fails (iterations.unsaved). A
     write taps every batch of the source, the short last one included, and
     drop_remainder drops that one only after the tap. rebatch_reads=False
     leaves a read's decoded batches as they come (for ``unbatch``), and

@@ -1,18 +1,20 @@
 """Write-through with the source kept inside tf.data: a tap instead of from_generator.
 
-The generator path (``CacheClient._write_through``) pulls the source's batches
-into Python and hands them back to TensorFlow through ``from_generator``: on
-the ``jpeg`` pipeline that element path cost +0.52 CPU s per 600 elements over
-the bare pipeline, tapped it costs +0.11 (docs/writing.md, "The tap"). Here
-the source stays in tf.data and only the bytes to store leave it::
+The generator path (``DatasetBuilder._write_through``, client/tf/builder.py)
+pulls the source's batches into Python and hands them back to TensorFlow
+through ``from_generator``: on the ``jpeg`` pipeline that element path cost
++0.52 CPU s per 600 elements over the bare pipeline, tapped it costs +0.11
+(docs/writing.md, "The tap"). Here the source stays in tf.data and only the
+bytes to store leave it::
 
-    control = from_generator(TapEpochs.control)      # one (token, mode) per iteration
-    control.flat_map(lambda token, mode:
+    control = numpy_function(Iterations.begin)   # TapEpochs.control's (token, mode), epoch, start
+    control.flat_map(lambda hold, token, mode, epoch, start:
         finalized(source.batch(B)).map(tap(token)).take(-1 if mode == WRITE else 0)
         .concatenate(finalized(source.batch(B)).take(-1 if mode == SOURCE else 0))
-        .concatenate(from_generator(read, token).rebatch(B).take(-1 if mode == READ else 0)))
+        .concatenate(reader.batches(epoch, start).rebatch(B).take(-1 if mode == READ else 0)))
 
-(``convert.tapped_batches`` builds it; ``take(0)`` never starts its input.) B is
+(``convert.tapped_batches`` builds it, client/tf/iterations.py runs the control;
+``take(0)`` never starts its input.) B is
 the size the consumer's ``batch()`` asks for (client/tf/datasets.py): the
 tap sees the very batches the consumer gets, and a write epoch adds no copy.
 The cache's elements, without ``batch()``, come from ~4 MiB batches
@@ -40,7 +42,7 @@ Only sources of known cardinality take this path; the others keep the
 generator path, where a source error ends the generator for good. Sources with
 variable-shape, ragged or sparse leaves are flattened and ``ragged_batch``ed
 instead of ``batch``ed (convert._wire_batches), and the tap gets their batches
-in the reads' flat form (reads.Wire).
+in the reads' flat form (wire.Wire).
 """
 
 from __future__ import annotations
@@ -75,19 +77,16 @@ def enabled() -> bool:
 class Decision:
     """What an iteration of a cc.cache() dataset does, decided when it starts.
 
-    WRITE carries the begun writer; READ a callable returning the committed
-    cache's batches in the generator's wire form; SOURCE neither.
+    WRITE carries the begun writer; READ and SOURCE none.
     """
 
     mode: int
     writer: CacheWriter | None = None
-    read: Callable[[], Iterator[Any]] | None = None
 
 
 @dataclass
 class _Iteration:
     behind: WriteBehind | None
-    read: Callable[[], Iterator[Any]] | None
     tapped: int = 0  # elements handed to behind
     committed: bool = False  # by the tap of the last element
 
@@ -120,7 +119,7 @@ class TapEpochs:
         decision = self._decide()
         behind = WriteBehind(decision.writer, self._layout) if decision.writer else None
         token = next(self._tokens)
-        iteration = self._live[token] = _Iteration(behind, decision.read)
+        iteration = self._live[token] = _Iteration(behind)
         try:
             yield np.int64(token), np.int64(decision.mode)
             # flat_map asks again once the iteration's batches are exhausted; a whole
@@ -141,7 +140,7 @@ class TapEpochs:
     def tap(self, token: np.int64, *flat: np.ndarray) -> np.int64:
         """numpy_function body: queue one source batch for writing; it passes on unchanged.
 
-        The arrays (the batch's flat wire arrays, reads.Wire) are views of its
+        The arrays (the batch's flat wire arrays, wire.Wire) are views of its
         tensors (numpy_function does not copy them) and keep those alive until
         the write-behind thread drops them.
         """
@@ -154,10 +153,3 @@ class TapEpochs:
                 iteration.committed = True
                 committed(iteration.behind)
         return np.int64(0)
-
-    def read(self, token: np.int64) -> Iterator[Any]:
-        """from_generator body of a READ iteration: the committed cache's batches."""
-        iteration = self._live.get(int(token))
-        if iteration is None or iteration.read is None:
-            raise RuntimeError(f"shardcache: no read was begun for iteration {int(token)}")
-        yield from iteration.read()

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from client.read.fetch import Closed
 from client.read.fleet_calls import DRAIN_CHUNKS, MemberQueue
-from client.read.prefetch import Closed
 from tests.waits import wait_until
 
 

@@ -1,0 +1,67 @@
+"""Decoder: a fetched chunk of records into a decoded batch, corrupt records named by place."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+from client._transport import pb
+from client.errors import DataLossError
+from client.format.blocks import decode_values
+from client.format.codec import RecordError
+from client.format.fixed_decode import decode_into, handles
+from client.format.layout import Layout
+from client.format.values import Decompressor, split_chunk
+from client.read.fetch import Chunk, Indices
+
+
+class Decoder:
+    """Decodes chunks of one cache; thread-safe (one Decompressor per thread)."""
+
+    def __init__(self, cache: pb.Cache, layout: Layout) -> None:
+        self._name = cache.name
+        self._firsts = np.array([s.first_element for s in cache.shards], np.int64)
+        # blocks as the cache has them (a format 1 cache has none), whatever the caller's
+        stored = Layout.from_json(cache.layout_json)
+        self._layout = dataclasses.replace(stored, leaves=layout.leaves)
+        self._decode = decode_into if handles(self._layout) else decode_values
+        self._local = threading.local()
+
+    def _where(self, index: int) -> str:
+        shard = int(np.searchsorted(self._firsts, index, side="right")) - 1
+        local, k = index - int(self._firsts[shard]), self._layout.block_elements
+        if k > 1:
+            return (f"shard {shard} block {local // k} (elements {local - local % k}-"
+                    f"{local - local % k + k - 1} of the shard, element {index})")
+        return f"shard {shard} record {local} (element {index})"
+
+    def __call__(self, indices: Indices, chunk: Chunk) -> tuple[int, list[Any]]:
+        """Decode chunk, keeping only its elements at positions [0, len(indices))."""
+        dec = getattr(self._local, "dec", None)
+        if dec is None:
+            dec = self._local.dec = Decompressor()
+        position, lengths, data = chunk
+        values: list[memoryview] = []
+        try:
+            values = data if isinstance(data, list) else split_chunk(lengths, data)
+            n, batch = self._decode(self._layout, dec, values)
+        except RecordError as exc:
+            before = getattr(exc, "elements_before", None)
+            if not values:
+                where = f"chunk at position {position}"
+            elif before is None:
+                where = f"elements at positions {position}-{position + len(values) - 1}"
+            elif position >= 0:
+                where = self._where(int(indices[min(position + before, len(indices) - 1)]))
+            else:
+                where = self._where(int(indices[0]) + position + before)
+            raise DataLossError(f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
+                                "cache and build it again") from exc
+        lo, hi = max(0, -position), min(n, len(indices) - position)
+        if lo or hi < n:  # a ReadShard chunk of whole blocks: trim to the request
+            batch = [column[lo:hi] for column in batch]
+        return hi - lo, batch
+

@@ -1,0 +1,206 @@
+"""FleetFetcher: a fleet read's records, each shard's from its owner (client/_fleet.py)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+
+from client._fleet import Fleet
+from client._transport import pb
+from client.errors import ServerUnavailableError
+from client.format.values import split_chunk
+from client.read.direct import DirectReads, LocalFetcher, ReadLease
+from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
+from client.read.fleet_calls import MemberQueue
+
+#: A fleet request's shard calls asked ahead of the one being read (fleet_calls.py).
+CALLS_AHEAD = 32
+
+
+class FleetFetcher(Fetcher):
+    """A Fetcher over a fleet (client/_fleet.py): each shard's records from its owner.
+
+    A run of the stored order is one ReadShard per shard, to the shard's owner;
+    the calls of the shard being read and the next CALLS_AHEAD are asked at once,
+    queued per member and sent in the epoch's order within STREAMS_PER_MEMBER
+    streams per member (client/_fleet.py, client/read/fleet_calls.py). Other
+    indices are grouped by owner, one ReadElements each, and put back in request
+    order. A member found down is skipped (its shards go to their next owners)
+    and what it had not sent is asked of them; what arrived is kept, and so are
+    the calls asked ahead of the other members, which the next try reads instead
+    of asking again. Members on this host are read from their files.
+    """
+
+    def __init__(self, fleet: Fleet, cache: pb.Cache, reconnect_timeout: float,
+                 closing: threading.Event, direct: DirectReads | None = None) -> None:
+        super().__init__(fleet.transport(fleet.owner(cache.name, -1)), cache,
+                         reconnect_timeout, closing)
+        self._fleet = fleet
+        self.target = f"targets {fleet!r}"
+        self.lost_level = logging.DEBUG  # the fleet said which member, and who serves now
+        self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
+        self._local: dict[str, tuple[ReadLease, LocalFetcher]] = {}
+        self._queues: dict[str, MemberQueue] = {}  # this read's calls per member
+        self._queues_lock = threading.Lock()
+        if direct is not None and direct.mode is not False:
+            self._lease_local(direct, closing)
+
+    def _lease_local(self, direct: DirectReads, closing: threading.Event) -> None:
+        """Lease the shards each member on this host owns: read from its files (docs/direct.md).
+
+        A member is on this host when its lease's token file is visible here (one probe per
+        member and process); the others' shards go over gRPC."""
+        owned: dict[str, list[int]] = collections.defaultdict(list)
+        for shard in self._cache.shards:
+            owned[self._fleet.owner(self._cache.name, shard.index)].append(shard.index)
+        try:
+            for member, shards in owned.items():
+                reads = direct.member(self._fleet.transport(member))
+                try:
+                    lease, _ = reads.lease(self._cache, shards)  # a hit on each member
+                except ServerUnavailableError as exc:
+                    self._fleet.mark_down(member, str(exc))
+                    continue
+                if lease is not None:
+                    self._local[member] = (lease, lease.fetcher(closing))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """End the leases on the members on this host."""
+        leases, self._local = self._local, {}
+        for lease, _ in leases.values():
+            lease.close()
+
+    def _local_for(self, member: str, shard: int) -> LocalFetcher | None:
+        local = self._local.get(member)
+        return local[1] if local is not None and local[0].holds(shard) else None
+
+    def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
+                 ) -> Iterator[tuple[int, int, bytes, bytes]]:
+        if not is_run(indices):
+            yield self._gathered(np.asarray(indices, np.uint64), epoch_start)
+            return
+        first = int(indices[0])
+        runs = []  # (owner, shard, start, count, its LocalFetcher where read from files)
+        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
+            member = self._fleet.owner(self._cache.name, shard.index)
+            runs.append((member, shard, start, count, self._local_for(member, shard.index)))
+
+        def key(i: int) -> tuple[str, int, int, int]:
+            member, shard, start, count, _ = runs[i]
+            return member, shard.index, start, count
+
+        # run -> its ReadShard call (fleet_calls.FleetCall): those a failed try asked ahead
+        # of members still up (their owners unchanged) are read, not asked again
+        calls = {i: ahead.pop(key(i)) for i in range(len(runs)) if key(i) in ahead}
+        for call in ahead.values():
+            call.cancel()
+        ahead.clear()
+        lost = None  # the member whose call failed with UNAVAILABLE
+        hit = iter([epoch_start])  # the first call sent, on whichever thread, counts the hit
+
+        def ask(i: int) -> None:
+            member, shard, start, count, _ = runs[i]
+
+            def send() -> Any:
+                return self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
+                    name=self._cache.name, shard=shard.index, start=start, count=count,
+                    chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
+                    epoch_start=next(hit, False)))
+
+            calls[i] = self._queue(member).submit(shard.first_element + start, send)
+
+        try:
+            for i, (member, shard, start, count, local) in enumerate(runs):
+                # this run's call and the next ones' are asked: each member sends them in
+                # the epoch's order, as many side by side as it admits streams from here
+                for j in range(i, min(i + 1 + CALLS_AHEAD, len(runs))):
+                    if runs[j][4] is None and j not in calls:
+                        ask(j)
+                if local is not None:
+                    lo = shard.first_element + start  # chunks of whole blocks, as ReadShard's
+                    for position, lengths, data in local.stream(range(lo, lo + count)):
+                        values = len(data) if isinstance(data, list) else len(lengths) // 4
+                        at = position + lo - shard.first_element  # in the shard
+                        yield (position + lo - first,
+                               min(values * self._k, shard.num_elements - at), lengths, data)
+                    continue
+                try:
+                    with self._fleet.watching(member):
+                        yield from self._stream(calls.pop(i), shard.first_element - first,
+                                                "start", shard.num_elements)
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                        lost = member
+                    raise
+        finally:
+            for i, call in calls.items():  # asked, not read
+                if lost is not None and runs[i][0] != lost:
+                    ahead[key(i)] = call  # the next try reads it
+                else:  # this try was closed, or failed otherwise, or this is lost's call
+                    call.cancel()
+
+    def _queue(self, member: str) -> MemberQueue:
+        with self._queues_lock:
+            queue = self._queues.get(member)
+            if queue is None:
+                queue = self._queues[member] = MemberQueue(self._fleet.permits(member))
+            return queue
+
+    def _gathered(self, indices: np.ndarray, epoch_start: bool) -> tuple[int, int, Any, Any]:
+        """Every record at indices, each from its shard's owner: (0, count, None, values)."""
+        values: list[Any] = [None] * len(indices)
+        shards = np.searchsorted(self._firsts, indices, side="right") - 1
+        missing = np.arange(len(indices))
+
+        def place(positions: np.ndarray, chunks: Iterator[Any]) -> None:
+            """Each chunk's values at their positions in indices."""
+            for position, lengths, data in chunks:
+                got = data if isinstance(data, list) else split_chunk(lengths, data)
+                for j, value in enumerate(got):
+                    values[int(positions[position + j])] = value
+
+        while missing.size:
+            touched, shard_of = np.unique(shards[missing], return_inverse=True)
+            by_member = np.array([self._fleet.owner(self._cache.name, int(s))
+                                  for s in touched])[shard_of]
+            failed: grpc.RpcError | None = None
+            for member in np.unique(by_member):
+                positions = missing[by_member == member]
+                local = self._local.get(str(member))
+                if local is not None and all(local[0].holds(int(s))
+                                             for s in np.unique(shards[positions])):
+                    place(positions, local[1].gather(indices[positions]))
+                    continue
+                permits = self._fleet.permits(str(member))
+                permits.acquire()  # this thread holds no other
+                call = self._fleet.transport(str(member)).stub.ReadElements(
+                    pb.ReadElementsRequest(
+                        name=self._cache.name, fingerprint=self._cache.fingerprint,
+                        indices=indices[positions].astype("<u8").tobytes(),
+                        chunk_bytes=self.chunk_bytes, epoch_start=epoch_start))
+                epoch_start = False
+                try:
+                    with self._fleet.watching(str(member)):
+                        place(positions, ((position, lengths, data) for position, _, lengths,
+                                          data in self._stream(call, 0, "position", None)))
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                        raise
+                    failed = err
+                finally:
+                    permits.release()
+            left = np.array([p for p in missing if values[p] is None], np.int64)
+            if failed is not None and left.size == missing.size:
+                raise failed  # nobody answered: Fetcher.stream backs off and tries again
+            missing = left
+        return 0, len(indices), b"", values
+
