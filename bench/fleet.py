@@ -25,18 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from harness import BenchDaemon, timed_iteration
 
 from client import CacheClient
-from tests.daemon import Daemon
 from tests.fleet import NetnsFleet, can_make_netns, metric
 from tests.s3 import MotoServer
 from tests.sharded import write_sharded
@@ -60,20 +59,17 @@ def read_bytes(fleet: NetnsFleet) -> list[float]:
 def epoch(cc: CacheClient, name: str, parallel: int, n: int) -> float:
     """Seconds from the dataset's creation to its last batch.
 
-    The clock stops before the iterator is destroyed, as bench/strategies.py's does:
+    The clock stops before the iterator is destroyed (``harness.timed_iteration``):
     TensorFlow's iterator teardown waits for tf.data's autotune thread to wake, up to an
     epoch's length here, whatever the pipeline (docs/benchmarks.md).
     """
     start = time.perf_counter()
-    seen = 0
     # direct=False: the members share this machine's filesystem, so reads would skip the links
-    iterator = iter(cc.dataset(name, parallel_shards=parallel, direct=False).batch(64))
-    for batch in iterator:
-        seen += int(batch.shape[0])
-    seconds = time.perf_counter() - start
-    del iterator
-    assert seen == n, (seen, n)
-    return seconds
+    ds = cc.dataset(name, parallel_shards=parallel, direct=False).batch(64)
+    made = time.perf_counter() - start
+    result = timed_iteration(ds)
+    assert result.elements == n, (result.elements, n)
+    return made + result.seconds
 
 
 def main() -> None:
@@ -93,13 +89,17 @@ def main() -> None:
     sizes = [int(s) for s in args.members.split(",")]
     link_mb_s = args.mbit / 8 * 1e6 / (1 << 20)
     results = []
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    scratch = Path(tempfile.mkdtemp(prefix="fleet-"))
     with MotoServer(host="0.0.0.0") as moto:
         url, endpoint, env = moto.store()
-        builder = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint),
-                         env={**os.environ, **env}).start()
+        os.environ.update(env)  # the builder's credentials (child_env copies os.environ)
+        builder = BenchDaemon.in_dir(scratch, "builder", ("--store", url, "--store-endpoint",
+                                                          endpoint))
         try:
+            builder.start()
             ds, n = source(args.mb)
-            with CacheClient(builder.unix_target) as cc:
+            with CacheClient(builder.address) as cc:
                 cache = write_sharded(cc, ds, "fleet-bench",
                                       shard_bytes=args.mb * (1 << 20) // args.shards,
                                       chunk_bytes=128 << 10, batch_elements=8)
@@ -109,7 +109,8 @@ def main() -> None:
             print(f"cache: {n} elements, {len(cache.shards)} shards, {stored_mb:.1f} MB stored; "
                   f"links {args.mbit:g} Mbit/s ({link_mb_s:.2f} MB/s) each", flush=True)
         finally:
-            builder.close()
+            builder.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
         for members in sizes:
             fleet = NetnsFleet(moto.port, env, url, metrics=True)
             try:

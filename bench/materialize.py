@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from harness import BENCH_DIR, BenchDaemon, loadavg, markdown_table
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ELEMENTS_ENV = "SC_BENCH_ELEMENTS_PER_SHARD"
 
 
@@ -109,25 +108,21 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeat", type=int, default=1, help="runs per worker count (best)")
     args = parser.parse_args()
-    os.environ[ELEMENTS_ENV] = str(args.elements_per_shard)
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    sys.path.insert(0, str(REPO_ROOT))
-    from daemon import Daemon
-
+    os.environ[ELEMENTS_ENV] = str(args.elements_per_shard)  # the daemon's workers inherit it
     from client import CacheClient
 
-    load = os.getloadavg()
+    load = loadavg()
     _one_thread()
     _log("measuring the pipeline's own speed (one shard, this process)...")
     own = _pipeline_speed(args.elements_per_shard)
     element_bytes = 128 * 128 * 4
     tmp = Path(tempfile.mkdtemp(prefix="sc-bench-mat-"))
-    daemon = Daemon(data_dir=tmp / "data",
-                    extra_args=("--pythonpath", str(BENCH_DIR), "--materialize-allow",
-                                "materialize:cpu_bound", "--log-level", "warning"))
+    daemon = BenchDaemon.in_dir(tmp, "daemon", ("--pythonpath", str(BENCH_DIR),
+                                                "--materialize-allow", "materialize:cpu_bound",
+                                                "--log-level", "warning"))
     try:
         daemon.start()
-        with CacheClient(daemon.unix_target) as cc:
+        with CacheClient(daemon.address) as cc:
             best: dict[int, tuple[float, Any, float]] = {}
             for rep in range(args.repeat):  # interleaved, so drifting load hits all alike
                 for workers in args.workers:
@@ -136,7 +131,7 @@ def main() -> None:
                     start = time.perf_counter()
                     op = cc.materialize("materialize:cpu_bound", name=name,
                                         num_shards=args.shards, workers=workers, wait=False)
-                    cpu = _worker_cpu(daemon.proc.pid, op)
+                    cpu = _worker_cpu(daemon.pid, op)
                     progress = op.wait()
                     wall = time.perf_counter() - start
                     cc.delete(name)
@@ -144,7 +139,7 @@ def main() -> None:
                         best[workers] = (wall, progress, cpu / wall)
             rows = [(w, *best[w]) for w in args.workers]
     finally:
-        daemon.close()
+        daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     total = args.shards * args.elements_per_shard
     base = rows[0][1]
@@ -152,18 +147,17 @@ def main() -> None:
           f"--elements-per-shard {args.elements_per_shard} --workers "
           f"{' '.join(map(str, args.workers))} --repeat {args.repeat}` on "
           f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
-          f"{time.strftime('%Y-%m-%d')}, load average before the run "
-          f"{' / '.join(f'{x:.1f}' for x in load)} (1/5/15 min; the machine is shared).\n")
+          f"load average before the run {load} (1/5/15 min; the machine is shared).\n")
     print(f"Pipeline's own speed (one thread, nothing stored): {own:,.0f} elements/s, "
           f"{own * element_bytes / 2**20:,.1f} MiB/s.\n")
-    print("| workers | wall s | elements/s | raw MiB/s | stored MiB/s | vs 1 worker | "
-          "vs pipeline alone | cores the workers got |")
-    print("|---|---|---|---|---|---|---|---|")
-    for workers, wall, progress, cores in rows:
-        eps = total / wall
-        print(f"| {workers} | {wall:.1f} | {eps:,.0f} | {progress.raw_bytes / wall / 2**20:,.1f} "
-              f"| {progress.stored_bytes / wall / 2**20:,.1f} | {base / wall:.2f}x | "
-              f"{eps / own:.2f}x | {cores:.2f} |")
+    print(markdown_table(
+        ["workers", "wall s", "elements/s", "raw MiB/s", "stored MiB/s", "vs 1 worker",
+         "vs pipeline alone", "cores the workers got"],
+        ([workers, f"{wall:.1f}", f"{total / wall:,.0f}",
+          f"{progress.raw_bytes / wall / 2**20:,.1f}",
+          f"{progress.stored_bytes / wall / 2**20:,.1f}", f"{base / wall:.2f}x",
+          f"{total / wall / own:.2f}x", f"{cores:.2f}"]
+         for workers, wall, progress, cores in rows)))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,20 @@
-"""Derived numbers of measurement records, and the report's markdown tables.
+"""Derived numbers of ``run.py``'s records, and the report's markdown tables.
 
 ``add_derived`` and ``add_ratios`` run when the records are made (``run.py``); the
 ``render_*`` functions turn a results file's records into the tables of the generated block of
-``docs/benchmarks.md`` (``render.py`` puts them together with the plots of ``plots.py``).
+``docs/benchmarks.md`` (``render.py`` puts them together with its plots); ``group_header``
+opens every table group, ``store.py``'s too.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from harness import GB, MB, markdown_table, ratio
 from workloads import WORKLOADS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-GB = 1_000_000_000
-MB = 1_000_000
-
 
 
 def add_derived(record: dict[str, Any]) -> None:
@@ -79,7 +77,6 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
         record["epoch1_vs_bare"] = mine / bare if mine is not None and bare else None
 
 
-
 MISSING = "-"
 #: How the report names each strategy (the keys are the ``--strategies`` names).
 LABELS = {
@@ -121,9 +118,7 @@ def _seconds(value: float | None, spread: list[float] | None = None) -> str:
 
 
 def _ratio(value: float | None, bold: bool = False) -> str:
-    if value is None:
-        return MISSING
-    return f"**{value:.2f}x**" if bold else f"{value:.2f}x"
+    return ratio(value, 1.0, bold, MISSING)
 
 
 def problems(record: dict[str, Any]) -> list[str]:
@@ -169,7 +164,7 @@ def render_epoch2_table(records: list[dict[str, Any]]) -> str:
     columns = ("workload", "size (elements, GB)", "strategy", "epoch 2 s", "elements/s",
                "MB/s", "vs `ds.cache()`", "vs `cache(filename)`", "vs `Dataset.load`",
                "peak RssAnon MB")
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     for record in records:
         _, e2 = _epochs(record)
@@ -195,7 +190,7 @@ def render_epoch1_table(records: list[dict[str, Any]]) -> str:
     present = [s for s in EPOCH1_STRATEGIES if any(r["strategy"] == s for r in records)]
     columns = ["workload", "size (elements, GB)", "bare pipeline s",
                *(label(s) for s in present)]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     keys = list(dict.fromkeys((r["workload"], r["n"]) for r in records))
     for workload, n in keys:
@@ -226,7 +221,7 @@ def render_memory_table(section: dict[str, Any]) -> str:
         columns.append(f"{label(strategy)}: client peak RssAnon MB")
         if strategy.startswith("shardcache"):
             columns += [f"{label(strategy)}: daemon MB", f"{label(strategy)}: epoch 2 MB/s"]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     for gib in section.get("sizes_gib", []):
         row = [r for r in records if r.get("dataset_gib") == gib]
@@ -293,3 +288,25 @@ def render_notes(records: list[dict[str, Any]], daemons: list[dict[str, Any]]) -
             f"{daemon['start_rss_anon_mb']:,.0f} MB after start, peak "
             f"{_range(peaks) if peaks else MISSING} MB during the shardcache rows.")
     return "\n".join(lines)
+
+
+def _machine_line(machine: dict[str, Any]) -> str:
+    disk = machine.get("disk") or {}
+    kind = {True: "flagged rotational by the kernel", False: "non-rotational"}.get(
+        disk.get("rotational"), "")
+    where = (f"; cache files on {disk.get('filesystem')} on {disk.get('device')} "
+             f"({disk.get('size_gb')} GB{', ' + kind if kind else ''})" if disk else "")
+    return (f"{machine['nproc']} cores ({machine['cpu_model']}), {machine['mem_total_gib']} GiB "
+            f"RAM{where}; {machine['platform']}; Python {machine['python']}, TensorFlow "
+            f"{machine['tensorflow']}")
+
+
+def group_header(payload: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
+    """The lines each table group opens with: command, machine, revision."""
+    machine = payload["machine"]
+    quick = (" (**the quick configuration**: small sizes, for checking a change, not for "
+             "quoting)" if payload.get("quick") else "")
+    return [f"- Command: `{payload['command']}`{quick}",
+            f"- Machine: {_machine_line(machine)}",
+            f"- Source: revision {machine.get('git_revision') or 'unknown'}",
+            *extra, ""]

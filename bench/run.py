@@ -6,17 +6,11 @@ Run from the repository root (``make bench`` and ``make bench-quick`` do)::
     .venv/bin/python bench/run.py --quick                         # prints the report instead
     .venv/bin/python bench/run.py --sections throughput --workloads small --sizes small=200000
 
-Three sections, every point in its own process:
-
-- ``throughput``: every workload, size and strategy on the whole machine: epoch 1 (filling
-  the cache) and epoch 2 (reading it). One ``cacheserver`` daemon per workload on a unix
-  socket, started for its first shardcache measurement and stopped when it is done.
-- ``memory``: ``ds.cache()`` and shardcache on cheap 602 KB elements of growing total size
-  in a memory-limited cgroup (``memcap.py``), client and daemon inside it, past the limit:
-  the client's peak anonymous RSS per size, and where ``ds.cache()`` is OOM-killed.
-- ``store``: the object-store tier (``store.py``, one process): a SeaweedFS server's raw PUT
-  and GET through boto3 and obstore (moto's beside it), and shardcache's publish and pull
-  against it, as ratios to the raw rates, with the time to a cold daemon's first element.
+Three sections, every point in its own process (``measure.py``): ``throughput``, every
+workload, size and strategy, epoch 1 (filling the cache) and epoch 2 (reading it), one daemon
+per workload; ``memory``, ``ds.cache()`` and shardcache on 602 KB elements of growing total
+size in a memory-limited cgroup (``cgroups.py``), client and daemon inside it, past the
+limit; ``store``, the object store tier (``store.py``, one process).
 
 All raw results go to ``--out`` (JSON, default ``bench/results/latest.json``, with
 ``--quick`` ``bench/results/quick.json``). ``render.py`` turns them into the report: with
@@ -36,24 +30,34 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemons import REPO_ROOT, BenchDaemon, child_env
-from machine import machine_facts, reproducing_command
-from measure import RESULT_PREFIX, WARMUP_BATCHES, RssSampler, directory_bytes, kib_to_mb
-from memcap import MemoryCap, MemoryCapError
+from cgroups import MemoryCap, MemoryCapError, SlowDisk, SlowDiskError
+from harness import (
+    BENCH_DIR,
+    GB,
+    GIB,
+    REPO_ROOT,
+    BenchDaemon,
+    RssSampler,
+    child_env,
+    kib_to_mb,
+    machine_facts,
+    reproducing_command,
+)
+from measure import (
+    EXTRA_STRATEGIES,
+    STRATEGIES,
+    WARMUP_BATCHES,
+    parse_client_option,
+    run_point,
+)
 from render import render_results
-from report import GB, add_derived, add_ratios, representative
-from slow_disk import SlowDisk, SlowDiskError
-from strategies import EXTRA_STRATEGIES, STRATEGIES
+from report import add_derived, add_ratios, representative
 from workloads import WORKLOADS
 
-BENCH_DIR = Path(__file__).resolve().parent
-MEASURE_SCRIPT = BENCH_DIR / "measure.py"
 RESULTS_DIR = BENCH_DIR / "results"
-GIB = 1 << 30
 
 #: What ``run.py`` measures unless --workloads says otherwise (full run / --quick).
 THROUGHPUT_WORKLOADS = ("image", "small", "jpeg")
@@ -69,23 +73,39 @@ MEMORY_SIZES_GIB = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 QUICK_MEMORY_SIZES_GIB = (0.25, 0.75, 1.5)
 
 
-@dataclass
 class Benchmark:
     """Runs measurements one after another and collects their records."""
 
-    args: argparse.Namespace
-    scratch_root: Path
-    socket_root: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
-    daemons: list[dict[str, Any]] = field(default_factory=list)
-    done: int = 0
-    total: int = 0
+    def __init__(self, args: argparse.Namespace, scratch_root: Path, socket_root: Path,
+                 total: int = 0) -> None:
+        self.args = args
+        self.scratch_root = scratch_root
+        self.socket_root = socket_root
+        self.records: list[dict[str, Any]] = []
+        self.daemons: list[dict[str, Any]] = []
+        self.done = 0
+        self.total = total
 
-    def new_daemon(self, name: str, prefix: tuple[str, ...] = ()) -> BenchDaemon:
-        """A daemon (not started) with its own data dir, socket and log under the scratch dir."""
-        return BenchDaemon(data_dir=self.scratch_root / f"cacheserver-{name}",
-                           socket_path=self.socket_root / f"{name}.sock",
-                           log_path=self.scratch_root / f"cacheserver-{name}.log", prefix=prefix)
+    def start_daemon(self, name: str, workload: str, prefix: tuple[str, ...] = ()
+                     ) -> tuple[BenchDaemon, dict[str, Any]]:
+        """Start a daemon of its own; it and what became of it (never raises for a failure)."""
+        daemon = BenchDaemon(data_dir=self.scratch_root / f"cacheserver-{name}",
+                             socket_path=self.socket_root / f"{name}.sock",
+                             log_path=self.scratch_root / f"cacheserver-{name}.log",
+                             prefix=prefix)
+        try:
+            daemon.start(self.args.daemon_timeout)
+            info = {"workload": workload, "status": "ok", "error": None,
+                    "start_rss_anon_mb": kib_to_mb(RssSampler(daemon.pid).sample())}
+        except Exception as exc:  # a missing or broken daemon must not stop the other strategies
+            info = {"workload": workload, "status": "unavailable", "error": f"cacheserver: {exc}"}
+        self.daemons.append(info)
+        return daemon, info
+
+    def stop_daemon(self, daemon: BenchDaemon | None, info: dict[str, Any] | None) -> None:
+        if daemon is not None and info is not None:
+            info["exit_code"] = daemon.stop()
+            shutil.rmtree(daemon.data_dir, ignore_errors=True)
 
     def run_workload(self, name: str, sizes: tuple[int, ...]) -> None:
         """Measure every size and strategy of one workload (the throughput section).
@@ -94,29 +114,25 @@ class Benchmark:
         measurement, and stopped (SIGTERM, wait) when the workload is done or on any error.
         """
         daemon: BenchDaemon | None = None
-        daemon_info: dict[str, Any] | None = None
+        info: dict[str, Any] | None = None
         try:
             for n in sizes:
                 for strategy in self.args.strategies:
-                    if strategy.startswith("shardcache") and daemon_info is None:
-                        daemon = self.new_daemon(name)
-                        daemon_info = start_daemon(daemon, self.args.daemon_timeout, name)
-                        self.daemons.append(daemon_info)
+                    if strategy.startswith("shardcache") and info is None:
+                        daemon, info = self.start_daemon(name, name)
                     runs: list[dict[str, Any]] = []
                     for repeat in range(self.args.repeat):
                         self.progress(f"{name} n={n:,} {strategy} "
                                       f"(run {repeat + 1}/{self.args.repeat})")
-                        run = self.measure_or_explain(name, n, strategy, daemon, daemon_info,
-                                                      repeat)
+                        run = self.measure(name, n, strategy, daemon, info,
+                                           cache_name=f"{name}-{n}-{strategy}-r{repeat}")
                         runs.append(run)
                         print(progress_summary(run), file=sys.stderr, flush=True)
                         if run.get("status") != "ok":
                             break
                     self.records.append(representative(runs))
         finally:
-            if daemon is not None and daemon_info is not None:
-                daemon_info["exit_code"] = daemon.stop()
-                shutil.rmtree(daemon.data_dir, ignore_errors=True)
+            self.stop_daemon(daemon, info)
 
     def run_memory(self, cap: MemoryCap) -> None:
         """The memory section: every size and strategy inside ``cap``, daemon included.
@@ -126,16 +142,15 @@ class Benchmark:
         args = self.args
         workload = WORKLOADS[args.memory_workload]
         daemon: BenchDaemon | None = None
-        daemon_info: dict[str, Any] | None = None
+        info: dict[str, Any] | None = None
         killed_at: dict[str, int] = {}
         try:
             for gib in args.memory_sizes_gib:
                 n = max(1, int(gib * GIB) // workload.element_bytes)
                 for strategy in args.memory_strategies:
-                    if strategy.startswith("shardcache") and daemon_info is None:
-                        daemon = self.new_daemon("memory", prefix=tuple(cap.prefix()))
-                        daemon_info = start_daemon(daemon, args.daemon_timeout, workload.name)
-                        self.daemons.append(daemon_info)
+                    if strategy.startswith("shardcache") and info is None:
+                        daemon, info = self.start_daemon("memory", workload.name,
+                                                         tuple(cap.prefix()))
                     self.progress(f"[memory, {cap.limit_bytes / GIB:g} GiB] {workload.name} "
                                   f"{gib:g} GiB n={n:,} {strategy}")
                     if strategy in killed_at:
@@ -144,9 +159,9 @@ class Benchmark:
                                "error": f"OOM-killed at {killed_at[strategy]:,} elements"}
                     else:
                         oom_before = cap.oom_kills()
-                        run = self.measure_or_explain(workload.name, n, strategy, daemon,
-                                                      daemon_info, 0, prefix=cap.prefix(),
-                                                      batch_size=args.memory_batch_size)
+                        run = self.measure(workload.name, n, strategy, daemon, info,
+                                           prefix=cap.prefix(),
+                                           batch_size=args.memory_batch_size)
                         if cap.oom_kills() > oom_before and run.get("status") != "ok":
                             run["status"] = "oom_killed"
                             killed_at[strategy] = n
@@ -156,82 +171,32 @@ class Benchmark:
                     print(progress_summary(run), file=sys.stderr, flush=True)
                     self.records.append(run)
         finally:
-            if daemon is not None and daemon_info is not None:
-                daemon_info["exit_code"] = daemon.stop()
-                shutil.rmtree(daemon.data_dir, ignore_errors=True)
+            self.stop_daemon(daemon, info)
 
     def progress(self, text: str) -> None:
         self.done += 1
         print(f"[{self.done}/{self.total}] {text} ...", end=" ", file=sys.stderr, flush=True)
 
-    def measure_or_explain(self, workload: str, n: int, strategy: str,
-                           daemon: BenchDaemon | None, daemon_info: dict[str, Any] | None,
-                           repeat: int, prefix: list[str] | tuple[str, ...] = (),
-                           batch_size: int | None = None) -> dict[str, Any]:
-        """Measure one point, or say why a shardcache point cannot run (no daemon)."""
-        if not strategy.startswith("shardcache"):
-            run = self.measure(workload, n, strategy, None, repeat, prefix=prefix,
-                               batch_size=batch_size)
-        elif daemon is not None and daemon.alive():
-            run = self.measure(workload, n, strategy, daemon, repeat, prefix=prefix,
-                               batch_size=batch_size)
-        else:
-            reason = (daemon_info or {}).get("error") or "cacheserver is not running"
+    def measure(self, workload: str, n: int, strategy: str, daemon: BenchDaemon | None,
+                info: dict[str, Any] | None, cache_name: str | None = None,
+                prefix: list[str] | tuple[str, ...] = (),
+                batch_size: int | None = None) -> dict[str, Any]:
+        """Measure one point (measure.py), or say why a shardcache point cannot run."""
+        args = self.args
+        if strategy.startswith("shardcache") and (daemon is None or not daemon.alive()):
             run = {"workload": workload, "n": n, "strategy": strategy, "status": "unavailable",
-                   "error": reason, "epochs": []}
+                   "error": (info or {}).get("error") or "cacheserver is not running",
+                   "epochs": []}
+        else:
+            extra = [*(["--cold"] if args.cold else []),
+                     *(f"--client-option={k}={v}" for k, v in args.client_option)]
+            run = run_point(workload, n, strategy, scratch=self.scratch_root,
+                            daemon=daemon if strategy.startswith("shardcache") else None,
+                            cache_name=cache_name, batch_size=batch_size or args.batch_size,
+                            warmup_batches=args.warmup_batches, extra_args=extra,
+                            prefix=prefix, timeout_s=args.timeout)
         add_derived(run)
         return run
-
-    def measure(
-        self, workload: str, n: int, strategy: str, daemon: BenchDaemon | None, repeat: int,
-        cache_name: str | None = None, extra_args: tuple[str, ...] = (),
-        prefix: list[str] | tuple[str, ...] = (), batch_size: int | None = None,
-    ) -> dict[str, Any]:
-        """Run one measurement subprocess (behind ``prefix``) and return its result record.
-
-        With a daemon, its RssAnon is sampled and its data-dir growth recorded meanwhile.
-        ``cache_name`` overrides the shardcache cache name; ``extra_args`` go to measure.py.
-        """
-        tmp_dir = Path(
-            tempfile.mkdtemp(prefix=f"{workload}-{n}-{strategy}-", dir=self.scratch_root)
-        )
-        cmd = [*prefix, sys.executable, str(MEASURE_SCRIPT), "--workload", workload,
-               "--n", str(n), "--strategy", strategy, "--tmp-dir", str(tmp_dir),
-               "--batch-size", str(batch_size or self.args.batch_size),
-               "--warmup-batches", str(self.args.warmup_batches)]
-        if self.args.cold:
-            cmd.append("--cold")
-        cmd += extra_args
-        base: dict[str, Any] = {"workload": workload, "n": n, "strategy": strategy,
-                                "repeat": repeat, "epochs": []}
-        if daemon is not None:
-            cache_name = cache_name or f"{workload}-{n}-{strategy}-r{repeat}"
-            cmd += ["--socket", str(daemon.socket_path), "--cache-name", cache_name]
-            base["cache_name"] = cache_name
-        daemon_sampler = RssSampler(daemon.pid).start() if daemon else None
-        daemon_disk_before = directory_bytes(daemon.data_dir) if daemon else 0
-        start = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), capture_output=True,
-                                  text=True, timeout=self.args.timeout, check=False)
-        except subprocess.TimeoutExpired:
-            return base | {"status": "error", "error": f"timed out after {self.args.timeout} s"}
-        finally:
-            if daemon_sampler is not None:
-                daemon_sampler.stop()
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-        if not lines:
-            tail = " ".join(proc.stderr[-800:].split())
-            killed = f" (killed by signal {-proc.returncode})" if proc.returncode < 0 else ""
-            return base | {"status": "error", "returncode": proc.returncode,
-                           "error": f"exit code {proc.returncode}{killed}, no result: {tail}"}
-        record: dict[str, Any] = base | json.loads(lines[-1][len(RESULT_PREFIX):])
-        record["process_seconds"] = time.monotonic() - start
-        if daemon is not None and daemon_sampler is not None:
-            record["daemon_peak_rss_anon_mb"] = kib_to_mb(daemon_sampler.peak_anon_kib)
-            record["daemon_disk_bytes"] = directory_bytes(daemon.data_dir) - daemon_disk_before
-        return record
 
 
 def delete_cache(daemon: BenchDaemon, name: str | None) -> None:
@@ -245,16 +210,6 @@ def delete_cache(daemon: BenchDaemon, name: str | None) -> None:
             cc.delete(name)
     except Exception as exc:  # a cache left behind costs disk space, not correctness
         print(f"(could not delete cache {name}: {exc})", file=sys.stderr)
-
-
-def start_daemon(daemon: BenchDaemon, timeout_s: float, workload: str) -> dict[str, Any]:
-    """Start ``daemon`` and describe the outcome (never raises for a daemon failure)."""
-    try:
-        daemon.start(timeout_s)
-    except Exception as exc:  # a missing or broken daemon must not stop the other strategies
-        return {"workload": workload, "status": "unavailable", "error": f"cacheserver: {exc}"}
-    return {"workload": workload, "status": "ok", "error": None,
-            "start_rss_anon_mb": kib_to_mb(RssSampler(daemon.pid).sample())}
 
 
 def progress_summary(record: dict[str, Any]) -> str:
@@ -295,6 +250,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(compressible) are for --cold runs")
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES + EXTRA_STRATEGIES,
                         default=list(STRATEGIES), help="throughput section")
+    parser.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                        type=parse_client_option,
+                        help="throughput section: keyword argument for cc.cache() in the "
+                        "shardcache strategies (repeatable), e.g. parallel_shards=4, "
+                        "shuffle=true, direct=auto")
     parser.add_argument("--memory-limit-gib", type=float, default=None,
                         help=f"memory section: the cgroup's limit (default {MEMORY_LIMIT_GIB:g}, "
                         f"--quick {QUICK_MEMORY_LIMIT_GIB:g})")
@@ -314,7 +274,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--disk-read-mbps", type=float, default=None, metavar="MB_PER_S",
         help="limit reads from the disk under --tmp-dir to this many MB/s for the whole run "
-        "(a block-I/O cgroup, needs root; bench/slow_disk.py): with --cold, epoch 2 reads "
+        "(a block-I/O cgroup, needs root; bench/cgroups.py): with --cold, epoch 2 reads "
         "from a disk of that speed instead of this VM's host-cached one")
     parser.add_argument("--batch-size", type=int, default=256, help="batch size for every strategy")
     parser.add_argument(
@@ -433,6 +393,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "config": {"sizes": args.size_plan, "strategies": args.strategies,
                    "batch_size": args.batch_size, "warmup_batches": args.warmup_batches,
                    "repeat": args.repeat, "cold": args.cold,
+                   "client_options": dict(args.client_option),
                    "slow_disk": args.slow_disk.describe() if args.slow_disk else None},
         "records": bench.records,
         "daemons": bench.daemons,

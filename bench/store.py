@@ -42,11 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-sys.path[:0] = [str(BENCH_DIR), str(REPO_ROOT)]
+from harness import MB, BenchDaemon, machine_facts, reproducing_command
+from report import group_header
 
-MB = 1_000_000
 MIB = 1 << 20
 #: Sizes: the raw part's objects are as large as the cache publish and pull move, which
 #: cc.cache writes as one shard (its shards hold up to 1 GiB): the same multipart upload
@@ -158,7 +156,6 @@ def _raw_record(client: str, put: Callable[[], None], get: Callable[[], None],
 def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict[str, Any]:
     """Publish a cache from one daemon and pull it into a second, cold one."""
     import tensorflow as tf
-    from daemons import BenchDaemon
 
     from client import CacheClient
 
@@ -168,10 +165,8 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict
     ds = tf.data.Dataset.range(n).map(lambda i: tf.random.stateless_uniform(
         [ELEMENT_INTS], seed=tf.stack([i, 7]), minval=None, maxval=None, dtype=tf.int32))
     name = f"store-bench-{n}"
-    daemons = [BenchDaemon(data_dir=scratch / f"data-{role}", socket_path=scratch / f"{role}.sock",
-                           log_path=scratch / f"daemon-{role}.log",
-                           extra_args=("--store", url, "--store-endpoint", server.endpoint))
-               for role in ("a", "b")]
+    daemons = [BenchDaemon.in_dir(scratch, role, ("--store", url, "--store-endpoint",
+                                                  server.endpoint)) for role in ("a", "b")]
     record: dict[str, Any] = {"elements": n, "element_bytes": ELEMENT_INTS * 4,
                               "payload_bytes": n * ELEMENT_INTS * 4}
     try:
@@ -236,8 +231,6 @@ def start_server(kind: str, workdir: Path) -> Any:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure every server; return the section as one JSON-able object."""
-    from machine import machine_facts, reproducing_command
-
     sizes = FULL if args.full else QUICK
     scratch_root = Path(tempfile.mkdtemp(prefix="shardcache-store-bench-", dir=args.tmp_dir))
     facts = machine_facts(scratch_root)
@@ -300,14 +293,13 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
-def render_store(section: dict[str, Any], header: Callable[[dict[str, Any], tuple[str, ...]],
-                                                              list[str]]) -> list[str]:
-    """The report's markdown for one run of this script (``header``: render.py's group lines)."""
+def render_store(section: dict[str, Any]) -> list[str]:
+    """The report's markdown for one run of this script."""
     config = section["config"]
     lines = ["### The object store tier", ""]
     if section.get("error"):
         return [*lines, f"Not measured: {section['error']}", ""]
-    lines += header(section, (
+    lines += group_header(section, (
         f"- Raw: {config['objects']} objects of {config['object_mib']} MiB of random bytes, one "
         "at a time, file to store and back; publish and pull: a cache of "
         f"{config['cache_mib']} MiB ({config['element_bytes'] // 1024} KiB elements of random "
@@ -381,9 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(section, indent=2) + "\n")
         progress(f"[store] results written to {args.out}")
     if not args.no_report:
-        from render import _group_header
-
-        print("\n".join(render_store(section, _group_header)))
+        print("\n".join(render_store(section)))
     ok = [e for e in section["servers"] if e.get("status") == "ok"]
     return 0 if ok and all(e.get("tier", {}).get("status", "ok") == "ok" for e in ok) else 1
 

@@ -43,7 +43,6 @@ class Workload:
     label_modulus: int
     sizes: tuple[int, ...]
     quick_sizes: tuple[int, ...]
-    description: str
     feature_dtype: str = "float32"
 
     @property
@@ -59,71 +58,22 @@ class Workload:
         return n * self.element_bytes
 
 
-WORKLOADS: dict[str, Workload] = {
-    "image": Workload(
-        name="image",
-        feature_shape=(224, 224, 3),
-        label_modulus=1000,
-        sizes=(1000, 4000),
-        quick_sizes=(128, 512),
-        description=(
-            "224x224x3 float32 image (~602 KB) + int64 label; per element: 32x32 stateless noise, "
-            "bicubic upsample to 256x256, additive noise, 5x5 Gaussian blur, bilinear resize to "
-            "224x224, contrast, per-channel normalisation"
-        ),
-    ),
-    "jpeg": Workload(
-        name="jpeg",
-        feature_shape=(224, 224, 3),
-        label_modulus=1000,
-        sizes=(600,),
-        quick_sizes=(96,),
-        description=(
-            "224x224x3 float32 (~602 KB) + int64 label from a realistically expensive pipeline: "
-            "read and decode a 1600x1200 JPEG (one of 32 generated once under .cache/), "
-            "stateless random crop of 30-100% of its area, bilinear resize to 224x224, "
-            "random flip, scale to [0, 1]"
-        ),
-    ),
-    "pixels": Workload(
-        name="pixels",
-        feature_shape=(224, 224, 3),
-        label_modulus=1000,
-        sizes=(2000,),
-        quick_sizes=(256,),
-        feature_dtype="uint8",
-        description=(
-            "224x224x3 uint8 (~150 KB) + int64 label: the jpeg workload's decode, random crop, "
-            "resize and flip, kept as pixels (compressible, as decoded photos are)"
-        ),
-    ),
-    "tokens": Workload(
-        name="tokens",
-        feature_shape=(512,),
-        label_modulus=10,
-        sizes=(200_000,),
-        quick_sizes=(20_000,),
-        feature_dtype="int32",
-        description=(
-            "512 int32 token ids (~2 KB) + int64 label: Zipf-like ids over a 32,000-word "
-            "vocabulary from stateless draws (compressible, as tokenized text is)"
-        ),
-    ),
-    "small": Workload(
-        name="small",
-        feature_shape=(256,),
-        label_modulus=10,
-        sizes=(200_000, 800_000),
-        quick_sizes=(10_000, 40_000),
-        description=(
-            "256-d float32 feature vector (~1 KB) + int64 label; per element: stateless normal "
-            "draw, tanh + log1p transform"
-        ),
-    ),
-}
+#: image: 602 KB float32 images, a few ms of CPU each (noise, bicubic upsample, blur, resize);
+#: jpeg: a decoded 1600x1200 JPEG's random crop, resized (realistically expensive); pixels:
+#: the same kept as uint8 (compressible); tokens: Zipf-like int32 ids (compressible); small:
+#: 1 KB float32 vectors, where per-element overhead dominates.
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("image", (224, 224, 3), 1000, sizes=(1000, 4000), quick_sizes=(128, 512)),
+    Workload("jpeg", (224, 224, 3), 1000, sizes=(600,), quick_sizes=(96,)),
+    Workload("pixels", (224, 224, 3), 1000, sizes=(2000,), quick_sizes=(256,),
+             feature_dtype="uint8"),
+    Workload("tokens", (512,), 10, sizes=(200_000,), quick_sizes=(20_000,),
+             feature_dtype="int32"),
+    Workload("small", (256,), 10, sizes=(200_000, 800_000), quick_sizes=(10_000, 40_000)),
+)}
 
-#: Cheap, incompressible sources of several element sizes (bench/scaling.py): feature shape per
-#: workload name. ``flat-602k`` has the image workload's shape.
+#: Cheap, incompressible sources of several element sizes (~1 GB/s: rows of a random pool, the
+#: first value the index): feature shape per workload name; ``flat-602k`` is ``image``'s shape.
 FLAT_SHAPES: dict[str, tuple[int, ...]] = {
     "flat-1k": (256,),
     "flat-16k": (4096,),
@@ -135,21 +85,8 @@ FLAT_BATCH_BYTES = 4 << 20  # the flat source makes elements in batches of about
 FLAT_POOL_BYTES = 16 << 20  # random float32 rows the flat elements are copied from
 for _name, _shape in FLAT_SHAPES.items():
     _bytes = 4 * math.prod(_shape) + LABEL_BYTES
-    WORKLOADS[_name] = Workload(
-        name=_name,
-        feature_shape=_shape,
-        label_modulus=1000,
-        sizes=(max(1, (1 << 30) // _bytes),),  # about 1 GiB
-        quick_sizes=(max(1, (1 << 26) // _bytes),),  # about 64 MiB
-        description=(
-            f"{'x'.join(map(str, _shape))} float32 + int64 label from a cheap source (~1 GB/s): "
-            "a row of a fixed 16 MiB pool of uniform random floats (zstd-incompressible), its "
-            "first value replaced by the index so that no two elements are equal"
-        ),
-    )
-
-#: What bench/run.py measures unless --workloads says otherwise.
-DEFAULT_WORKLOADS: tuple[str, ...] = ("image", "small", "jpeg")
+    WORKLOADS[_name] = Workload(_name, _shape, 1000, sizes=(max(1, (1 << 30) // _bytes),),
+                                quick_sizes=(max(1, (1 << 26) // _bytes),))  # 1 GiB, 64 MiB
 
 
 def expected_label_sum(workload: Workload, n: int) -> int:
