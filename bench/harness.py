@@ -38,15 +38,13 @@ REPO_ROOT = BENCH_DIR.parent
 ROOT_ENV = "SHARDCACHE_BENCH_ROOT"
 sys.path.insert(1, os.environ.get(ROOT_ENV, str(REPO_ROOT)))  # after the script's own folder
 
-from cacheserver.launch import DaemonProcess, DaemonStartError  # noqa: E402
+from cacheserver.launch import DaemonProcess  # noqa: E402
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 MB, GB, GIB = 1_000_000, 1_000_000_000, 1 << 30
 RESULT_PREFIX = "RESULT "
-
-__all__ = ["REPO_ROOT", "BenchDaemon", "DaemonStartError"]
 
 
 # ---------------------------------------------------------------------- daemons
