@@ -7,21 +7,15 @@ Run from the repository root (``make bench`` runs it through ``run.py``)::
     .venv/bin/python bench/store.py --servers seaweedfs --out /tmp/store.json
 
 Against a SeaweedFS server the script starts (master, volume, filer, S3 gateway on loopback,
-``tests/s3.py``), and moto's server for comparison, in the same run:
+``tests/s3.py``), and moto's server for comparison, in the same run (docs/benchmarks.md, "The
+object store tier", says what each row times):
 
-- **raw**: PUT and GET of shard-sized objects of random bytes (as large as the cache below,
-  which ``cc.cache`` writes as one shard), one object at a time, from and to files, through
-  each client library: boto3 as the daemon uses it (``upload_file`` with
-  its TransferConfig; one ``get_object`` streamed in 8 MiB reads) and obstore (``put`` of the
-  file; one ``get`` streamed). What the store and each library can move, with nothing of
-  shardcache's around it.
-- **publish**: a daemon with ``--store`` and a cache written with ``cc.cache`` over a tf.data
-  pipeline of known size (random int32 elements of 256 KiB, incompressible): seconds from
-  the commit (the first epoch's end) to the store state STORED (objects and manifest in the
-  store), and its MB/s over the bytes uploaded.
+- **raw**: PUT and GET of shard-sized objects of random bytes, one at a time, from and to
+  files, through boto3 as the daemon uses it and through obstore;
+- **publish**: a daemon with ``--store``, a cache written with ``cc.cache`` (256 KiB elements
+  of random int32): from the commit to the store state STORED;
 - **pull**: a second daemon with a data dir of its own and the same ``--store`` (a cold
-  node): seconds for ``cc.dataset(name)`` to read every element, MB/s over the same bytes,
-  and the time to the first element.
+  node): ``cc.dataset(name)`` reading every element, and the time to the first element.
 
 Ratios divide publish by the raw boto3 PUT and pull by the raw boto3 GET of the same store:
 what the tier adds (SHA-256, fsync, the manifest, LMDB) over the client it uses. MB are
