@@ -1,35 +1,18 @@
-"""The ceilings under shardcache's read and write paths: what each layer moves alone.
+"""What each layer under shardcache's read and write paths moves alone, single-threaded.
 
-Run from the repository root (root for the cold rows; without it they are left out)::
+    .venv/bin/python bench/ceilings.py [--mb 512]      # root adds the cold rows
 
-    .venv/bin/python bench/ceilings.py [--mb 512] [--out ceilings.json]
-
-Each row moves the same payload (``--mb`` MB of 602,112-byte image records, float32 values in
-[0, 1] with a smooth component plus noise, like a normalised photo) through one layer alone,
-single-threaded, so the rows bound what the full paths (docs/benchmarks.md) can reach:
-
-- ``memcpy``: one ``bytes`` copy of a record, the unit of every copy the path makes;
-- ``crc32`` (zlib, ISA-L), ``zstd-1 compress``, ``zstd decompress``: the per-record integrity
-  and compression work;
-- ``gRPC loopback read``/``write``: a bare Python gRPC server in another process streaming
-  1 MiB messages over a unix socket, nothing else done per message: what Python gRPC alone
-  moves here;
-- ``WriteCache``: the stored records through ``CacheWriter`` to a daemon, committed (LMDB
-  writes and fsync); ``WriteCache, same-host``: the client writing the shard file itself
-  (``LocalWriter``), the daemon checking a sample and committing it;
-- ``ReadShard``: the daemon streaming the committed shard's stored records, without decoding
-  or TensorFlow (``cold``: right after dropping the page cache; then warm);
-- ``file read cold``: plain sequential ``read()`` of a file of the same size after dropping
-  the page cache: what the disk gives a reader that asks for sequential blocks.
-
-Prints a markdown table on stdout: MB/s, the ratio to ``memcpy``, and the CPU seconds per GB
-of this process and of the server (the daemon, or the loopback server).
+Every row moves ``--mb`` MB of 602 KB float32 image records (smooth plus noise, like a
+normalised photo): a ``memcpy``; CRC-32 (zlib, ISA-L); zstd-1 compress and decompress; a bare
+Python gRPC server in another process streaming 1 MiB messages over a unix socket; a daemon's
+``WriteCache`` (over gRPC, and same-host: the client writing the shard file) and
+``ReadShard`` (no decoding, no TensorFlow; cold and warm); a plain file read cold. The table
+gives MB/s, the ratio to ``memcpy`` and the CPU seconds per GB here and in the server.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -41,7 +24,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import MB, BenchDaemon, cpu_seconds, drop_page_cache, loadavg, markdown_table, ratio
+from harness import (
+    MB,
+    BenchDaemon,
+    arguments,
+    cpu_seconds,
+    drop_page_cache,
+    markdown_table,
+    ratio,
+    run_line,
+    write_json,
+)
 
 RECORD_SHAPE = (224, 224, 3)
 MESSAGE_BYTES = 1 << 20
@@ -178,10 +171,10 @@ def daemon_rows(tmp: Path, records: list[bytes], count: int, cold: bool) -> dict
                    transport.stub.ReadShard(pb.ReadShardRequest(name="ceiling",
                                                                 shard=shard.index)))
 
-    daemon = BenchDaemon.in_dir(tmp, "daemon")
+    daemon = BenchDaemon(tmp, "daemon")
     try:
         daemon.start()
-        transport = Transport(daemon.address)
+        transport = Transport(daemon.target)
         rows = {"WriteCache": timed(write("ceiling", False), daemon.pid),
                 "WriteCache, same-host": timed(write("ceiling-local", True), daemon.pid)}
         if cold:
@@ -225,9 +218,8 @@ def render(rows: dict[str, Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out=True)
     parser.add_argument("--mb", type=int, default=512, help="payload per row, MB")
-    parser.add_argument("--out", type=Path, help="write the raw rows as JSON here")
     parser.add_argument("--serve-loopback", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     total = args.mb * MB
@@ -245,12 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.update(daemon_rows(Path(tmp), records, count, cold))
         if cold:
             rows["file read cold"] = file_read_cold(Path(tmp), records, count)
-    print(f"Reproduce: `.venv/bin/python bench/ceilings.py --mb {args.mb}` (load average at "
-          f"the end: {loadavg()})\n")
+    print(run_line())
     print(render(rows))
-    if args.out:
-        args.out.write_text(json.dumps({k: dict(zip(("seconds", "bytes", "cpu", "server_cpu"), v))
-                                        for k, v in rows.items()}, indent=2))
+    write_json(args.out, {k: dict(zip(("seconds", "bytes", "cpu", "server_cpu"), v))
+                          for k, v in rows.items()})
     return 0
 
 

@@ -1,26 +1,11 @@
-"""The cgroups of ``run.py``: a machine with less RAM, and a disk of a stated read speed.
+"""The cgroups of ``run.py`` (root): a machine with less RAM, a disk of a given read speed.
 
-**MemoryCap.** Writing more than this machine's RAM takes too long for a benchmark, so the
-memory section gives its processes a smaller machine instead: a cgroup with a hard memory
-limit (cgroup v2 ``memory.max`` or v1 ``memory.limit_in_bytes``; no swap on this machine) as
-a child of the cgroup this process is in. :meth:`MemoryCap.prefix` is a command prefix that
-moves the started process into it before it ``exec``s, so that all of its memory is charged
-there from the first page. A process that needs more than the limit is killed by the
-kernel's OOM killer (SIGKILL), which :meth:`MemoryCap.oom_kills` counts. The page cache of
-files a process reads or writes is charged too, but the kernel reclaims it first.
-
-**SlowDisk.** This machine's disk is a virtual one that its host caches: right after the
-page cache is dropped, a plain sequential read still runs at 0.5-1.9 GB/s, so a "cold" epoch
-costs little more than a warm one and fewer bytes on disk (compression) cannot show.
-:class:`SlowDisk` puts the benchmark process, and with it every process it starts, into a
-block-I/O cgroup that limits reads from the disk holding a directory to ``read_mbps`` MB/s:
-the speed of a real disk (a cloud SSD volume reads 125-1,000 MB/s, a SATA SSD ~500, a local
-NVMe drive several GB/s). Writes are not limited. The limit applies where the kernel issues
-the read: plain ``read()``, page faults on a memory map (LMDB) and read-ahead all count;
-pages already in the page cache are free. It needs the blkio controller of cgroup v1
-(``blkio.throttle.read_bps_device``) or the io controller of cgroup v2 (``io.max``).
-
-Both need root (or a delegated cgroup).
+``MemoryCap``: a child cgroup with a hard memory limit and no swap; :meth:`MemoryCap.prefix`
+moves a started process into it before it ``exec``s, so that all its memory is charged there,
+and the OOM killer's kills are counted. ``SlowDisk``: this machine's virtual disk is cached by
+its host (a "cold" read runs at 0.5-1.9 GB/s), so the run's process tree goes into a block-I/O
+cgroup (v1 ``blkio``, v2 ``io``) that limits reads from a disk, page faults on LMDB's map and
+read-ahead included, to a real disk's rate; the page cache stays free.
 """
 
 from __future__ import annotations
@@ -29,7 +14,6 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from types import TracebackType
 
 MB = 1_000_000
 _ROOT = Path("/sys/fs/cgroup")
@@ -42,31 +26,22 @@ class MemoryCapError(RuntimeError):
 
 def _memory_cgroup() -> tuple[Path, int]:
     """The directory of this process's memory cgroup and the cgroup version (1 or 2)."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(",") and (_ROOT / "memory").is_dir():
-            return _ROOT / "memory" / path.lstrip("/"), 1
-    for line in lines:
-        if line.startswith("0::"):
-            path = line.split(":", 2)[2].lstrip("/")
-            for mount in (_ROOT, _ROOT / "unified"):
-                if (mount / "cgroup.controllers").exists() and "memory" in (
-                        mount / "cgroup.controllers").read_text().split():
-                    return mount / path, 2
+    if (_ROOT / "memory").is_dir():
+        return _ROOT / "memory" / _cgroup_path("memory"), 1
+    for mount in (_ROOT, _ROOT / "unified"):
+        if "memory" in _read(mount / "cgroup.controllers").split():
+            return mount / _cgroup_path(""), 2
     raise MemoryCapError("no cgroup memory controller is mounted under /sys/fs/cgroup")
 
 
-class MemoryCap:
-    """A cgroup whose processes together may use at most ``limit_bytes`` of memory.
+class MemoryCap(contextlib.AbstractContextManager["MemoryCap"]):
+    """A cgroup whose processes together may use ``limit_bytes`` of memory; removed on exit
+    (once its processes have ended)."""
 
-    Use as a context manager: on exit the cgroup is removed (its processes must have ended).
-    """
-
-    def __init__(self, limit_bytes: int, name: str | None = None) -> None:
+    def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         parent, self.version = _memory_cgroup()
-        self.path = parent / (name or f"shardcache-bench-{os.getpid()}")
+        self.path = parent / f"shardcache-bench-{os.getpid()}"
         try:
             if self.version == 2:
                 control = parent / "cgroup.subtree_control"
@@ -81,7 +56,6 @@ class MemoryCap:
             raise MemoryCapError(
                 f"cannot make a memory-limited cgroup under {parent} ({exc}): run as root, "
                 "on a machine with the cgroup memory controller") from exc
-        self._oom_start = self.oom_kills()
 
     def prefix(self) -> list[str]:
         """Command prefix that joins the cgroup, then ``exec``s the rest (the pid stays)."""
@@ -99,31 +73,14 @@ class MemoryCap:
             pass
         return 0
 
-    def peak_bytes(self) -> int | None:
-        """The cgroup's peak charge (v1; v2 kernels from 5.19), None where not reported."""
-        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
-        try:
-            return int((self.path / name).read_text())
-        except (OSError, ValueError):
-            return None
-
     def describe(self) -> str:
-        """One line for the report."""
         limit = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
         return (f"a cgroup v{self.version} with {limit} = {self.limit_bytes / 2**30:g} GiB "
                 "(no swap)")
 
-    def close(self) -> None:
-        """Remove the cgroup (ignored while processes are still in it)."""
-        with contextlib.suppress(OSError):
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):  # processes still in it keep it
             self.path.rmdir()
-
-    def __enter__(self) -> MemoryCap:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
 
 class SlowDiskError(RuntimeError):
@@ -145,11 +102,8 @@ def whole_disk(path: Path) -> str:
 
 
 class SlowDisk:
-    """Limit reads from the disk under ``path`` to ``read_mbps`` MB/s, for this process tree.
-
-    Use as a context manager around the whole run; on exit the process moves
-    back to the cgroup it came from and the limit's cgroup is removed.
-    """
+    """Reads from the disk under ``path`` limited to ``read_mbps`` MB/s for this process tree,
+    while in the context; on exit the process moves back and the cgroup is removed."""
 
     def __init__(self, path: Path, read_mbps: float) -> None:
         if read_mbps <= 0:
@@ -187,8 +141,7 @@ class SlowDisk:
         self._group, self._home = group, home
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._group is None or self._home is None:
             return
         (self._home / "cgroup.procs").write_text(f"{os.getpid()}\n")
@@ -204,7 +157,7 @@ def _cgroup_path(controller: str) -> str:
     """This process's cgroup path (relative) in the hierarchy of controller ("" for v2)."""
     for line in _read(Path("/proc/self/cgroup")).splitlines():
         _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(",") or controllers == controller:
+        if controller in controllers.split(","):
             return path.lstrip("/")
     return ""
 

@@ -1,19 +1,8 @@
-"""What every bench entry point shares: daemons, machine facts, process probes, timing, tables.
-
-- ``BenchDaemon``: ``cacheserver serve`` on a unix socket through the project's
-  ``DaemonProcess``, from this checkout or another's ``root`` (an A/B), optionally behind a
-  command ``prefix`` (``cgroups.MemoryCap`` starts it inside a memory-limited cgroup);
-- ``machine_facts``, ``reproducing_command``: what a figure's numbers depend on;
-- ``RssSampler``, ``cpu_seconds``, ``drop_page_cache``, ``directory_bytes``: what a process
-  uses, read from ``/proc``;
-- ``timed_iteration``: one epoch of a batched dataset, timed to its last batch;
-- ``run_child``/``print_result``: a measurement in a process of its own, its one ``RESULT``
-  line back;
-- ``markdown_table``, ``ratio``: the tables every script prints.
-"""
+"""What every bench entry point shares: daemons, options, machine facts, probes, timing, tables."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import importlib.metadata
@@ -37,6 +26,7 @@ REPO_ROOT = BENCH_DIR.parent
 #: an A/B, the other checkout's (``child_env`` names it).
 ROOT_ENV = "SHARDCACHE_BENCH_ROOT"
 sys.path.insert(1, os.environ.get(ROOT_ENV, str(REPO_ROOT)))  # after the script's own folder
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process's TensorFlow and its children's
 
 from cacheserver.launch import DaemonProcess  # noqa: E402
 
@@ -49,15 +39,12 @@ RESULT_PREFIX = "RESULT "
 
 # ---------------------------------------------------------------------- daemons
 def child_env(root: Path = REPO_ROOT, safe_path: bool = False) -> dict[str, str]:
-    """Environment for bench subprocesses: quiet TensorFlow, ``root``'s packages imported.
+    """Environment for bench subprocesses that import ``root``'s packages.
 
-    ``safe_path`` (``PYTHONSAFEPATH``) keeps ``python -m`` from importing the working
-    directory's packages first, so that a daemon started for another checkout really runs that
-    checkout's code (bench scripts run as files need their own directory on the path: not
-    for them).
+    ``safe_path`` keeps ``python -m`` from importing the working directory's packages first,
+    so that a daemon of another checkout runs that checkout's code.
     """
     env = os.environ.copy()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env[ROOT_ENV] = str(root)
     if safe_path:
         env["PYTHONSAFEPATH"] = "1"
@@ -66,43 +53,40 @@ def child_env(root: Path = REPO_ROOT, safe_path: bool = False) -> dict[str, str]
 
 
 class BenchDaemon(DaemonProcess):
-    """``cacheserver serve --data-dir DATA_DIR --listen unix://SOCKET`` for a benchmark."""
+    """``cacheserver serve`` on a unix socket named ``name`` in ``directory`` (a short path:
+    a socket's path holds at most 107 bytes), its data dir in ``data_root`` (default: the same).
 
-    def __init__(self, data_dir: Path, socket_path: Path, log_path: Path,
-                 extra_args: Sequence[str] = (), root: Path = REPO_ROOT,
-                 prefix: Sequence[str] = ()) -> None:
+    ``root`` runs another checkout's daemon; ``prefix`` must ``exec`` the command, keeping the
+    pid (``cgroups.MemoryCap.prefix``).
+    """
+
+    def __init__(self, directory: Path, name: str, extra_args: Sequence[str] = (),
+                 root: Path = REPO_ROOT, prefix: Sequence[str] = (),
+                 data_root: Path | None = None) -> None:
+        data_dir = (data_root or directory) / f"data-{name}"
         data_dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(data_dir, ["unix://" + str(socket_path)], log_path,
-                         extra_args=extra_args, env=child_env(root, safe_path=True))
-        self.socket_path = socket_path
+        super().__init__(data_dir, [f"unix://{directory / name}.sock"],
+                         (data_root or directory) / f"{name}.log", extra_args=extra_args,
+                         env=child_env(root, safe_path=True))
+        self.socket_path = directory / f"{name}.sock"
         self.root = root
         self.prefix = tuple(prefix)
 
-    @classmethod
-    def in_dir(cls, directory: Path, name: str, extra_args: Sequence[str] = (),
-               root: Path = REPO_ROOT, prefix: Sequence[str] = ()) -> BenchDaemon:
-        """A daemon (not started) with its data dir, socket and log named ``name`` in directory.
-
-        The directory's path must be short: a unix socket's path holds at most 107 bytes.
-        """
-        return cls(directory / f"data-{name}", directory / f"{name}.sock",
-                   directory / f"{name}.log", extra_args, root, prefix)
-
-    @property
-    def address(self) -> str:
-        """The daemon's gRPC target."""
-        return self.target
-
     @property
     def pid(self) -> int:
-        """The daemon's process id (it must have been started)."""
         assert self.proc is not None, "the daemon was never started"
         return self.proc.pid
 
     @property
     def command(self) -> list[str]:
-        """``serve``'s command line behind the prefix (which must ``exec`` it, keeping the pid)."""
         return [*self.prefix, *super().command]
+
+    def delete_cache(self, name: str) -> None:
+        """Delete a measured cache, so that the disk holds one at a time."""
+        from client import CacheClient
+
+        with CacheClient(self.target) as cc:
+            cc.delete(name)
 
 
 # ---------------------------------------------------------------------- machine facts
@@ -165,10 +149,7 @@ def disk_facts(path: Path) -> dict[str, Any]:
 
 
 def machine_facts(tmp_dir: Path | None = None) -> dict[str, Any]:
-    """Facts about the machine and software that the numbers depend on.
-
-    ``tmp_dir`` (default: the system temp dir) is where the cache files go: its disk is named.
-    """
+    """The machine and software the numbers depend on; ``tmp_dir``'s disk holds the caches."""
     mem_total = _first_line("/proc/meminfo", "MemTotal:")
     return {
         "nproc": len(os.sched_getaffinity(0)),
@@ -181,18 +162,11 @@ def machine_facts(tmp_dir: Path | None = None) -> dict[str, Any]:
         "numpy": _dist_version("numpy"),
         "platform": platform.platform(),
         "git_revision": git_revision(),
-        "loadavg": loadavg(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages: how busy the (shared) machine was."""
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def reproducing_command() -> str:
-    """Return this run's command line, paths relative to the repository root if possible."""
+    """This run's command line, paths relative to the repository root where they can be."""
 
     def rel(path: str) -> str:
         try:
@@ -203,65 +177,51 @@ def reproducing_command() -> str:
     return shlex.join([rel(sys.executable), rel(sys.argv[0]), *sys.argv[1:]])
 
 
+def run_line() -> str:
+    """What a printed table opens with: its command, the cores it had, how busy they were."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"`{reproducing_command()}`: {len(os.sched_getaffinity(0))} core(s), load average "
+            f"{load} (1/5/15 min), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} UTC\n")
+
+
 # ---------------------------------------------------------------------- process probes
-def read_rss_kib(pid: int | str = "self") -> tuple[int, int]:
-    """Return ``(RssAnon, RssFile)`` in KiB for ``pid`` from ``/proc/<pid>/status``."""
-    anon = file = 0
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                anon = int(line.split()[1])
-            elif line.startswith("RssFile:"):
-                file = int(line.split()[1])
-    return anon, file
+def rss_anon_kib(pid: int | str = "self") -> int:
+    """``RssAnon`` of ``pid`` in KiB (file-backed pages do not count); 0 once it is gone."""
+    value = _first_line(f"/proc/{pid}/status", "RssAnon:")
+    return int(value.split()[0]) if value else 0
 
 
 class RssSampler:
-    """Background sampler of a process's ``RssAnon``/``RssFile`` that tracks peaks.
-
-    Besides the peak over its whole lifetime it keeps a *window* peak that
-    :meth:`reset_window` restarts, used for per-epoch peaks.
-    """
+    """A thread sampling a process's ``RssAnon`` every 20 ms: the peak over its life, and over
+    a window that :meth:`reset_window` restarts (an epoch's)."""
 
     def __init__(self, pid: int | str = "self", interval_s: float = 0.02) -> None:
-        """Sample ``/proc/<pid>/status`` every ``interval_s`` once started."""
         self._pid = pid
         self._interval_s = interval_s
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self.peak_anon_kib = 0
-        self.peak_file_kib = 0
         self.window_anon_kib = 0
 
     def start(self) -> RssSampler:
-        """Take a first sample and start the background thread."""
         self.sample()
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Take a last sample and stop the background thread."""
         self._stop.set()
         self._thread.join()
         self.sample()
 
     def sample(self) -> int:
-        """Take one sample now, update the peaks and return the current ``RssAnon`` (KiB)."""
-        try:
-            anon, file = read_rss_kib(self._pid)
-        except (FileNotFoundError, ProcessLookupError):  # the sampled process is gone
-            return 0
-        with self._lock:
-            self.peak_anon_kib = max(self.peak_anon_kib, anon)
-            self.peak_file_kib = max(self.peak_file_kib, file)
-            self.window_anon_kib = max(self.window_anon_kib, anon)
+        """Sample now: the current ``RssAnon`` in KiB."""
+        anon = rss_anon_kib(self._pid)
+        self.peak_anon_kib = max(self.peak_anon_kib, anon)
+        self.window_anon_kib = max(self.window_anon_kib, anon)
         return anon
 
     def reset_window(self) -> None:
-        """Restart the window peak at the current value."""
-        with self._lock:
-            self.window_anon_kib = 0
+        self.window_anon_kib = 0
         self.sample()
 
     def _run(self) -> None:
@@ -270,7 +230,7 @@ class RssSampler:
 
 
 def kib_to_mb(kib: int) -> float:
-    """Convert KiB (as ``/proc`` reports) to decimal MB."""
+    """KiB (as ``/proc`` reports) in decimal MB."""
     return kib * 1024 / MB
 
 
@@ -307,13 +267,11 @@ class EpochResult:
 
 
 def timed_iteration(ds: tf.data.Dataset) -> EpochResult:
-    """Iterate ``ds`` (a batched dataset) fully and time it.
+    """Iterate a batched ``ds`` once, timed from creating the iterator to its last batch.
 
-    The clock covers iterator creation and the loop, and stops *before* the iterator is
-    destroyed: tearing down a tf.data iterator (autotune, prefetch threads) can stall for
-    seconds, which is not part of producing the data. A batch of ``(features, labels)`` is
-    touched by reading its labels, which also yields an order-independent checksum; any
-    other batch is counted by its first tensor's rows.
+    The clock stops *before* the iterator is destroyed: tearing one down (autotune, prefetch
+    threads) can stall for seconds. ``(features, labels)`` batches are checked by the sum of
+    their labels; other batches are counted by their first tensor's rows.
     """
     start = time.perf_counter()
     iterator = iter(ds)
@@ -344,29 +302,56 @@ def print_result(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def read_result(line: str) -> dict[str, Any] | None:
+    """The record of a ``RESULT`` line, None for any other line."""
+    return json.loads(line[len(RESULT_PREFIX):]) if line.startswith(RESULT_PREFIX) else None
+
+
 def run_child(cmd: Sequence[str], root: Path = REPO_ROOT, timeout_s: float | None = None,
               ) -> dict[str, Any]:
-    """Run ``cmd`` with ``root``'s packages and return its ``RESULT`` record.
-
-    Raises RuntimeError with the end of its stderr when it prints none (or times out).
-    """
+    """Run ``cmd`` with ``root``'s packages; its last ``RESULT`` record, or RuntimeError."""
     try:
         proc = subprocess.run(list(cmd), cwd=root, env=child_env(root), capture_output=True,
                               text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"timed out after {timeout_s:g} s") from exc
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if not lines:
+    results = [r for r in map(read_result, proc.stdout.splitlines()) if r is not None]
+    if not results:
         killed = f" (killed by signal {-proc.returncode})" if proc.returncode < 0 else ""
         tail = " ".join(proc.stderr[-800:].split())
         raise RuntimeError(f"exit code {proc.returncode}{killed}, no result: {tail}")
-    result: dict[str, Any] = json.loads(lines[-1][len(RESULT_PREFIX):])
-    return result
+    return results[-1]
+
+
+# ---------------------------------------------------------------------- command lines, output
+def arguments(doc: str | None, baseline: bool = False, out: bool = False,
+           repeat: int | None = None) -> argparse.ArgumentParser:
+    """An entry point's parser, its docstring the description, with the options the entry
+    points share: ``--baseline-root``, ``--out`` and ``--repeat`` (its default)."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if baseline:
+        parser.add_argument("--baseline-root", type=Path, default=None, metavar="DIR",
+                            help="another checkout, measured beside this one in the same run")
+    if out:
+        parser.add_argument("--out", type=Path, help="write the raw numbers here (JSON)")
+    if repeat is not None:
+        parser.add_argument("--repeat", type=int, default=repeat,
+                            help=f"runs of each measurement (default {repeat})")
+    return parser
+
+
+def write_json(path: Path | None, payload: object) -> None:
+    """Write ``payload`` to ``path`` (if any) as JSON, and say so on stderr."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"raw results written to {path}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------- tables
 def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A markdown table: a header row, its rule and one line per row."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)

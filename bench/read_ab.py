@@ -1,38 +1,20 @@
-"""Warm epoch-2 reads, interleaved in one process: shardcache's reads beside tf.data's caches.
+"""Warm reads interleaved in one process: shardcache's direct and gRPC reads, by
+``parallel_shards`` (``--parallel``, 0: AUTOTUNE), beside ``cache(filename)``, ``snapshot``
+(uncompressed) and ``Dataset.load`` of the same source.
 
-Run from the repository root::
+    .venv/bin/python bench/read_ab.py --parallel 0,2,8 --repeat 5
+    taskset -c 0 .venv/bin/python bench/read_ab.py ...      # on one core
 
-    .venv/bin/python bench/read_ab.py [--workload flat-602k] [--elements 600] [--batch 64]
-        [--repeat 7] [--parallel 0,1,2,4] [--baseline-root DIR] [--out read_ab.json]
-    taskset -c 0 .venv/bin/python bench/read_ab.py ...      # the same on one core
-
-One daemon, one cache written once through ``cc.cache``, tf.data's ``cache(filename)``,
-``snapshot`` (uncompressed: its default compression refuses 602 KB elements) and
-``Dataset.save`` files of the same source, then every strategy read once to warm up and
-``--repeat`` times in turn (A, B, C, A, B, C, ...), each epoch timed to its last batch of
-``--batch``. Each strategy's best epoch is reported with its median, and the ratios of the
-best epochs to ``cache(filename)``, ``snapshot`` and ``Dataset.load``: on the shared 2-core
-machine these figures come from, epochs of every strategy (tf.data's own caches too) take
-either their own time or that plus a whole multiple of ~0.64 s, so a median says more about
-the machine than the code; the interleaving exposes every strategy to the same noise. The
-CPU seconds an epoch cost the reading process and the daemon (medians) move much less with
-other load than wall time does.
-
-Strategies: ``direct``/``grpc`` are ``cc.dataset(name, direct=...)`` reading by chunks in
-tf.data's threads, one per ``--parallel`` value (0: AUTOTUNE, else ``parallel_shards``, the
-chunks in flight).
-
-``--baseline-root DIR`` (another checkout, e.g. ``git worktree add /tmp/base main``) adds the
-same shardcache reads before and after a change, in the same run: a daemon of each checkout
-holds the cache as that checkout's client writes it, and a child process per checkout (its
-client imported) reads it at its turn in the round, so both revisions are measured the same
-way (rows ``... @base`` and ``... @head``).
+Every strategy is read once to warm up, then ``--repeat`` times in turn (A, B, C, A, B, C,
+...), so that every one meets the same noise; the table gives each one's best epoch, its
+median, the best epochs' ratios and the median CPU seconds of reader and daemon.
+``--baseline-root`` adds the shardcache reads of another checkout's client and daemon, read
+by a child process of each checkout at its turn (rows ``... @base`` and ``... @head``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -46,16 +28,18 @@ from typing import Any
 from harness import (
     BENCH_DIR,
     REPO_ROOT,
-    RESULT_PREFIX,
     ROOT_ENV,
     BenchDaemon,
+    arguments,
     child_env,
     cpu_seconds,
-    loadavg,
     markdown_table,
     print_result,
     ratio,
+    read_result,
+    run_line,
     timed_iteration,
+    write_json,
 )
 from workloads import WORKLOADS, make_source
 
@@ -120,8 +104,7 @@ class ChildArms:
     def _answer(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.startswith(RESULT_PREFIX):
-                answer: dict[str, Any] = json.loads(line[len(RESULT_PREFIX):])
+            if (answer := read_result(line)) is not None:
                 return answer
         raise RuntimeError(f"the {self.label} reader exited ({self.proc.wait()})")
 
@@ -162,35 +145,30 @@ def child(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, baseline=True, out=True, repeat=7)
     parser.add_argument("--workload", default="flat-602k", choices=sorted(WORKLOADS))
     parser.add_argument("--elements", type=int, default=600)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--parallel", default="0",
-                        help="comma-separated chunks in flight (0: AUTOTUNE)")
-    parser.add_argument("--baseline-root", type=Path, default=None,
-                        help="another checkout: its reads beside this one's (see above)")
-    parser.add_argument("--out", type=Path, help="also write the numbers as JSON")
+                         help="comma-separated chunks in flight (0: AUTOTUNE)")
     parser.add_argument("--child", metavar="TARGET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.child:
         return child(args)
     from client import CacheClient
 
     parallel = [int(p) for p in args.parallel.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="read-ab-"))
-    daemons = {"head": BenchDaemon.in_dir(tmp, "head")}
+    daemons = {"head": BenchDaemon(tmp, "head")}
     if args.baseline_root is not None:
-        daemons["base"] = BenchDaemon.in_dir(tmp, "base", root=args.baseline_root.resolve())
+        daemons["base"] = BenchDaemon(tmp, "base", root=args.baseline_root.resolve())
     children: list[ChildArms] = []
     rates: dict[str, list[float]] = {}
     cpu: dict[str, list[tuple[float, float]]] = {}
     try:
         for daemon in daemons.values():
             daemon.start()
-        with CacheClient(daemons["head"].address) as cc:
+        with CacheClient(daemons["head"].target) as cc:
             src = make_source(WORKLOADS[args.workload], args.elements)
             reads = tf_data_reads(src, tmp, args.batch)
             reads |= shardcache_reads(cc, src, args.batch, parallel)
@@ -200,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, ds in reads.items()}
             if args.baseline_root is not None:
                 for label, daemon in daemons.items():
-                    children.append(ChildArms(daemon.root, label, daemon.address, args))
+                    children.append(ChildArms(daemon.root, label, daemon.target, args))
                     arms |= {f"{name} @{label}": (children[-1].arm(name), daemon)
                              for name in children[-1].names}
             for arm, _ in arms.values():  # warm-up
@@ -220,10 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     best = {name: max(r) for name, r in rates.items()}
-    cores = len(os.sched_getaffinity(0))
-    print(f"{args.workload}, {args.elements} elements, batch {args.batch}, {cores} core(s), "
-          f"{args.repeat} interleaved epochs each, load average {loadavg()}; ratios of the "
-          "best epochs\n")
+    print(run_line())
     print(markdown_table(
         ["strategy", "best elements/s", "median", *(f"vs `{b}`" for b in BASELINES),
          "CPU s client + daemon (median)"],
@@ -232,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(c for c, _ in cpu[name]):.2f} + "
           f"{statistics.median(d for _, d in cpu[name]):.2f}"]
          for name, rate in best.items())))
-    if args.out:
-        args.out.write_text(json.dumps({"workload": args.workload, "elements": args.elements,
-                                        "batch": args.batch, "cores": cores, "rates": rates,
-                                        "cpu": cpu}, indent=1))
+    write_json(args.out, {"command": run_line(), "rates": rates, "cpu": cpu})
     return 0
 
 

@@ -1,10 +1,4 @@
-"""Derived numbers of ``run.py``'s records, and the report's markdown tables.
-
-``add_derived`` and ``add_ratios`` run when the records are made (``run.py``); the
-``render_*`` functions turn a results file's records into the tables of the generated block of
-``docs/benchmarks.md`` (``render.py`` puts them together with its plots); ``group_header``
-opens every table group, ``store.py``'s too.
-"""
+"""The derived numbers of ``run.py``'s records, and the report's markdown tables."""
 
 from __future__ import annotations
 
@@ -84,10 +78,8 @@ LABELS = {
     "memory": "`ds.cache()`",
     "file": "`ds.cache(filename)`",
     "save_load": "`Dataset.save`/`load`",
-    "save_load_gzip": "`Dataset.save`/`load`, GZIP",
     "shardcache": "shardcache, gRPC",
     "shardcache_direct": "shardcache, direct",
-    "shardcache_read": "shardcache, read only",
 }
 
 
@@ -310,3 +302,56 @@ def group_header(payload: dict[str, Any], extra: tuple[str, ...] = ()) -> list[s
             f"- Machine: {_machine_line(machine)}",
             f"- Source: revision {machine.get('git_revision') or 'unknown'}",
             *extra, ""]
+
+
+SERVER_NAMES = {"seaweedfs": "SeaweedFS", "moto": "moto (server mode)"}
+
+
+def _raw_of(entry: dict[str, Any], client: str) -> dict[str, Any] | None:
+    found = [r for r in entry.get("raw", []) if r["client"] == client and r["status"] == "ok"]
+    return found[0] if found else None
+
+
+def render_store(section: dict[str, Any]) -> list[str]:
+    """The object store tier's tables, from one run of ``store.py``."""
+    config = section["config"]
+    lines = ["### The object store tier", ""]
+    if section.get("error"):
+        return [*lines, f"Not measured: {section['error']}", ""]
+    lines += group_header(section, (
+        f"- Raw: {config['objects']} objects of {config['object_mib']} MiB of random bytes, one "
+        "at a time, file to store and back; publish and pull: a cache of "
+        f"{config['cache_mib']} MiB ({config['element_bytes'] // 1024} KiB elements of random "
+        "int32) written with `cc.cache`; servers on loopback, on the machine's own disk",))
+    raw_rows: list[list[str]] = []
+    tier_rows: list[list[str]] = []
+    for entry in section["servers"]:
+        server = SERVER_NAMES.get(entry["server"], entry["server"])
+        if entry.get("status") != "ok":
+            raw_rows.append([server, MISSING, entry.get("error", "not run")[:120], ""])
+        for raw in entry.get("raw", []):
+            raw_rows.append([server, raw["client"], _num(raw.get("put_mb_per_s")),
+                             _num(raw.get("get_mb_per_s"))] if raw["status"] == "ok" else
+                            [server, raw["client"], f"{raw['status']}: {raw['error'][:120]}", ""])
+        t, boto3 = entry.get("tier"), _raw_of(entry, "boto3") or {}
+        if t and t.get("status") != "ok":
+            tier_rows.append([server, f"{t.get('status')}: {t.get('error', '')[:200]}"])
+        elif t:
+            tier_rows.append([
+                server, f"{t['stored_bytes'] / MB:,.0f} ({t['shards']})", f"{t['publish_s']:.2f}",
+                _num(t["publish_mb_per_s"]),
+                ratio(t["publish_mb_per_s"], boto3.get("put_mb_per_s"), True),
+                f"{t['pull_s']:.2f}", _num(t["pull_mb_per_s"]),
+                ratio(t["pull_mb_per_s"], boto3.get("get_mb_per_s"), True),
+                f"{t['first_element_s']:.2f}"])
+    lines += ["What the store moves through each client library (MB/s of object bytes; boto3 "
+              "as the daemon uses it):", "",
+              markdown_table(["store", "client", "PUT MB/s", "GET MB/s"], raw_rows)]
+    if tier_rows:
+        lines += ["", "shardcache's publish (commit to STORED) and pull (a cold daemon's "
+                  "`cc.dataset` reading every element), MB/s of the bytes stored; ratios to "
+                  "the raw boto3 PUT and GET of the same store:", "",
+                  markdown_table(["store", "cache MB (shards)", "publish s", "publish MB/s",
+                                  "vs raw PUT", "pull s", "pull MB/s", "vs raw GET",
+                                  "first element s"], tier_rows)]
+    return [*lines, ""]

@@ -1,30 +1,14 @@
-"""Epoch 1 only: the bare pipeline vs the ways of caching it, as ratios to bare, in one run.
-
-Run from the repository root::
+"""Epoch 1 alone: the bare pipeline and the ways of caching it, as ratios to bare, in one run.
 
     .venv/bin/python bench/write_path.py --workload jpeg --n 600 --repeat 3
-    .venv/bin/python bench/write_path.py --workload image --n 1000 \\
-        --strategies none memory file shardcache --baseline-root ../wt-base
 
-Strategies (epoch 1 of each, batch 256 after the cache op, as ``run.py``):
-``none`` (the bare pipeline), ``memory`` (``ds.cache()``), ``file``
-(``ds.cache(filename)``), ``save`` (``Dataset.save``), ``shardcache``
-(``CacheClient.cache`` write-through, ``direct="auto"``: on the daemon's host the
-client writes the shard files itself, docs/writing.md), ``shardcache-grpc`` (the
-same with ``direct=False``: chunks streamed over gRPC).
-``--pipeline-threads N`` runs the source's map on a private pool of N threads
-(one intra-op thread each) instead of all cores: with N = 1 the pipeline leaves
-one core of a 2-core machine to everything else, which shows what write-through
-costs when its work can overlap with the pipeline's rather than compete with it.
-``--baseline-root DIR`` adds ``shardcache@base``: the same as ``shardcache``, with
-the client and the daemon imported from another checkout (an A/B in one run).
-
-Every point is a ``measure.py`` process (TensorFlow imported, two batches of zeros
-iterated untimed, ``sync``, epoch 1 only), round-robin over the strategies for each
-repeat, so that a noisy neighbour hits all of them alike; a row's ratio is the
-median over repeats of (its time / bare's time in the same repeat). Peak RssAnon is
-the process's over the epoch; client and daemon CPU seconds are summed over all
-their threads. Prints markdown on stdout, progress on stderr.
+Strategies: ``none`` (the bare pipeline), ``memory``, ``file``, ``save``, ``shardcache``
+(write-through, ``direct="auto"``: on the daemon's host the client writes the shard files)
+and ``shardcache-grpc`` (``direct=False``). Each point is a ``measure.py --epochs 1``
+process, round-robin over the strategies each repeat; a row's ratio is the median over
+repeats of its time over bare's in the same repeat. ``--pipeline-threads 1`` leaves one core
+of two to the write path. ``--baseline-root`` adds ``shardcache@base``, the other checkout's
+client and daemon.
 """
 
 from __future__ import annotations
@@ -37,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import MB, BenchDaemon, loadavg, markdown_table
+from harness import MB, BenchDaemon, arguments, markdown_table, run_line
 from measure import run_point
 from workloads import WORKLOADS
 
@@ -62,16 +46,11 @@ def measure(args: argparse.Namespace, strategy: str, scratch: Path,
                        extra_args=extra, timeout_s=args.timeout)
     if record.get("status") != "ok":
         raise RuntimeError(f"{strategy}: {record.get('error')}")
-    if daemon is not None:
-        from client import CacheClient
-
-        with CacheClient(daemon.address) as cc:  # one cache on the disk at a time
-            cc.delete(record["cache_name"])
     return record
 
 
 def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> str:
-    """The markdown: per strategy, epoch 1 against the bare pipeline's."""
+    """Per strategy, epoch 1 against the bare pipeline's."""
 
     def epoch(record: dict[str, Any]) -> dict[str, Any]:
         first: dict[str, Any] = record["epochs"][0]
@@ -111,16 +90,12 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, baseline=True, repeat=3)
     parser.add_argument("--workload", default="jpeg", choices=sorted(WORKLOADS))
     parser.add_argument("--n", type=int, default=600)
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    parser.add_argument("--baseline-root", type=Path, default=None,
-                        help="another checkout: adds shardcache@base, run from its code")
     parser.add_argument("--pipeline-threads", type=int, default=0, metavar="N",
-                        help="run the source's map on N threads (default 0: all cores); "
-                             "1 leaves a core to the write path (see above)")
+                         help="run the source's map on N threads (default 0: all cores)")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     strategies = list(dict.fromkeys(["none", *args.strategies]))
@@ -128,28 +103,25 @@ def main(argv: list[str] | None = None) -> int:
     daemons: dict[str, BenchDaemon] = {}
     try:
         if any(s.startswith("shardcache") for s in strategies):
-            daemons["head"] = BenchDaemon.in_dir(scratch, "head")
+            daemons["head"] = BenchDaemon(scratch, "head")
             if args.baseline_root is not None:
-                daemons["base"] = BenchDaemon.in_dir(scratch, "base",
-                                                     root=args.baseline_root.resolve())
+                daemons["base"] = BenchDaemon(scratch, "base", root=args.baseline_root.resolve())
                 strategies.append("shardcache@base")
             for daemon in daemons.values():
                 daemon.start()
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
-        print(f"load average at start: {loadavg()}", file=sys.stderr)
         for repeat in range(args.repeat):
             for strategy in strategies:
                 record = measure(args, strategy, scratch, daemons, repeat)
                 runs[strategy].append(record)
                 print(f"{repeat} {strategy}: {record['epochs'][0]['seconds']:.2f} s",
                       file=sys.stderr)
-        end_load = loadavg()
     finally:
         for daemon in daemons.values():
             daemon.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+    print(run_line())
     print(table(args, runs))
-    print(f"\nLoad average (1/5/15 min) at the end: {end_load}")
     return 0
 
 
