@@ -77,8 +77,8 @@ def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace
         from client import CacheClient
 
         client = CacheClient("unix://" + args.socket)
-        ds = client.cache(src, name=args.cache_name, direct=strategy == "shardcache_direct",
-                          **dict(args.client_option))
+        options = {"direct": strategy == "shardcache_direct", **dict(args.client_option)}
+        ds = client.cache(src, name=args.cache_name, **options)
     else:
         ds = src
     ds = ds.batch(batch)  # one dataset object twice: the cache lives in it
@@ -152,8 +152,9 @@ def run_point(workload: str, n: int, strategy: str, *, scratch: Path,
               batch_size: int = 256, extra_args: Sequence[str] = (),
               prefix: Sequence[str] = (), timeout_s: float | None = None) -> dict[str, Any]:
     """One measurement process (behind ``prefix``): its record, ``status`` ``error`` if it
-    failed. With a daemon, its RssAnon is sampled meanwhile, its disk's growth recorded, and
-    the cache deleted after (one on the disk at a time); the client is the daemon's checkout's.
+    failed. With a daemon, its RssAnon is sampled meanwhile, its disk's growth recorded, and a
+    measured cache deleted after (one on the disk at a time); the client is the daemon's
+    checkout's.
     """
     tmp_dir = Path(tempfile.mkdtemp(prefix=f"{workload}-{n}-{strategy}-", dir=scratch))
     cmd = [*prefix, sys.executable, str(BENCH_DIR / "measure.py"), "--workload", workload,
@@ -179,6 +180,7 @@ def run_point(workload: str, n: int, strategy: str, *, scratch: Path,
     if daemon is not None and sampler is not None:
         record["daemon_peak_rss_anon_mb"] = kib_to_mb(sampler.peak_anon_kib)
         record["daemon_disk_bytes"] = directory_bytes(daemon.data_dir) - disk_before
+    if daemon is not None and record.get("status") == "ok":
         try:
             daemon.delete_cache(base["cache_name"])
         except Exception as exc:  # a cache left behind costs disk space, not correctness
