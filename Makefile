@@ -26,7 +26,7 @@ lint: $(VENV)/.installed
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-# make bench: the full benchmark (~20 min on 2 cores; root for the memory cgroup), raw results
+# make bench: the full benchmark (~28 min on 2 cores; root for the memory cgroup), raw results
 # in bench/results/latest.json, report and plots rewritten in docs/benchmarks.md and docs/img/.
 # make bench-quick: the same on small sizes (~3 min): bench/results/quick.json, report on stdout.
 bench: $(VENV)/.installed

@@ -1,42 +1,29 @@
-"""A fleet on one machine: aggregate warm-read throughput against the sum of capped links.
+"""A fleet on one machine (root): aggregate warm reads against the sum of capped links.
 
-Run as root from the repository root::
+    .venv/bin/python bench/fleet.py --repeat 3
 
-    .venv/bin/python bench/fleet.py [--members 1,2,4,8] [--mbit 40] [--mb 192] [--shards 1024]
-        [--repeat 3] [--per-member 2] [--out bench/results/fleet.json]
-
-Each member is a daemon in a network namespace of its own, joined to the reader's by a
-veth pair capped at ``--mbit`` both ways (tc tbf; tests/fleet.py), all over one moto
-store. One cache of ``--mb`` MB of incompressible 16 KiB elements, cut into ``--shards`` shards
-of equal size (1024 come out as 768 whole-element shards: 96 per member at 8 members) is
-written once on a daemon outside the fleet and published. For
-each fleet size a fresh fleet reads one epoch (each member pulls the shards it owns from
-the store; not timed), then ``--repeat`` epochs are timed (to the last batch) through
-``CacheClient(targets=...).dataset(name, parallel_shards=P x members, direct=False)``
-(``--per-member`` P, default 2).
-
-Reported per size: the best and median aggregate MB/s (stored bytes over the epoch's
-time), their ratio to the sum of the links (members x the cap), and the busiest member's
-bytes against the mean (each member's ``shardcache_read_bytes_total``).
+Each member is a daemon in a network namespace of its own, its link capped at ``--mbit``
+both ways (``tests/fleet.py``), all over one moto store. A cache of ``--mb`` MB of 16 KiB
+elements in ``--shards`` shards is written and published once; each fleet size reads one
+untimed epoch (members pull what they own), then ``--repeat`` timed ones over gRPC with
+``parallel_shards`` ``--per-member`` times the members. Per size: best and median MB/s, their
+ratio to the links' sum, and the busiest member's bytes against the mean.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from harness import BENCH_DIR, BenchDaemon, arguments, timed_iteration, write_json
 
 from client import CacheClient
-from tests.daemon import Daemon
 from tests.fleet import NetnsFleet, can_make_netns, metric
 from tests.s3 import MotoServer
 from tests.sharded import write_sharded
@@ -58,48 +45,41 @@ def read_bytes(fleet: NetnsFleet) -> list[float]:
 
 
 def epoch(cc: CacheClient, name: str, parallel: int, n: int) -> float:
-    """Seconds from the dataset's creation to its last batch.
-
-    The clock stops before the iterator is destroyed, as bench/strategies.py's does:
-    TensorFlow's iterator teardown waits for tf.data's autotune thread to wake, up to an
-    epoch's length here, whatever the pipeline (docs/benchmarks.md).
-    """
+    """Seconds from the dataset's creation to its last batch (``timed_iteration``)."""
     start = time.perf_counter()
-    seen = 0
     # direct=False: the members share this machine's filesystem, so reads would skip the links
-    iterator = iter(cc.dataset(name, parallel_shards=parallel, direct=False).batch(64))
-    for batch in iterator:
-        seen += int(batch.shape[0])
-    seconds = time.perf_counter() - start
-    del iterator
-    assert seen == n, (seen, n)
-    return seconds
+    ds = cc.dataset(name, parallel_shards=parallel, direct=False).batch(64)
+    made = time.perf_counter() - start
+    result = timed_iteration(ds)
+    assert result.elements == n, (result.elements, n)
+    return made + result.seconds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, out=True, repeat=3)
     parser.add_argument("--members", default="1,2,4,8", help="fleet sizes, comma-separated")
     parser.add_argument("--mbit", type=float, default=40.0,
-                        help="each member's link, Mbit/s (0: uncapped)")
+                         help="each member's link, Mbit/s (0: uncapped)")
     parser.add_argument("--mb", type=int, default=192, help="the cache's size in MB")
     parser.add_argument("--shards", type=int, default=SHARDS, help="the cache's shards")
-    parser.add_argument("--repeat", type=int, default=3, help="timed epochs per fleet size")
     parser.add_argument("--per-member", type=int, default=2,
-                        help="chunks in flight per member (parallel_shards = this x members)")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/fleet.json"))
+                         help="chunks in flight per member (parallel_shards = this x members)")
+    parser.set_defaults(out=BENCH_DIR / "results" / "fleet.json")
     args = parser.parse_args()
     if not can_make_netns():
         sys.exit("bench/fleet.py makes network namespaces: run it as root, with `ip` installed")
     sizes = [int(s) for s in args.members.split(",")]
     link_mb_s = args.mbit / 8 * 1e6 / (1 << 20)
     results = []
+    scratch = Path(tempfile.mkdtemp(prefix="fleet-"))
     with MotoServer(host="0.0.0.0") as moto:
         url, endpoint, env = moto.store()
-        builder = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint),
-                         env={**os.environ, **env}).start()
+        os.environ.update(env)  # the builder's credentials (child_env copies os.environ)
+        builder = BenchDaemon(scratch, "builder", ("--store", url, "--store-endpoint", endpoint))
         try:
+            builder.start()
             ds, n = source(args.mb)
-            with CacheClient(builder.unix_target) as cc:
+            with CacheClient(builder.target) as cc:
                 cache = write_sharded(cc, ds, "fleet-bench",
                                       shard_bytes=args.mb * (1 << 20) // args.shards,
                                       chunk_bytes=128 << 10, batch_elements=8)
@@ -109,7 +89,8 @@ def main() -> None:
             print(f"cache: {n} elements, {len(cache.shards)} shards, {stored_mb:.1f} MB stored; "
                   f"links {args.mbit:g} Mbit/s ({link_mb_s:.2f} MB/s) each", flush=True)
         finally:
-            builder.close()
+            builder.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
         for members in sizes:
             fleet = NetnsFleet(moto.port, env, url, metrics=True)
             try:
@@ -138,11 +119,8 @@ def main() -> None:
                   f"{row['median_mb_s']:.1f} MB/s = {row['best_vs_links']:.2f}x / "
                   f"{row['median_vs_links']:.2f}x the links' {row['links_mb_s']:.1f} MB/s; "
                   f"busiest member {row['busiest_vs_mean']:.2f}x the mean", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"mbit": args.mbit, "mb": args.mb, "shards": args.shards,
-                                    "per_member": args.per_member,
-                                    "results": results}, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, {"mbit": args.mbit, "mb": args.mb, "shards": args.shards,
+                          "per_member": args.per_member, "results": results})
 
 
 if __name__ == "__main__":

@@ -1,197 +1,142 @@
-"""One measurement: a single (workload, size, strategy) run in its own process.
+"""One point, a (workload, size, strategy), in a process of its own; the strategies.
 
-``run.py`` starts this script once per measurement so that memory is measured in isolation::
+``run.py`` and ``write_path.py`` start it through :func:`run_point`; it prints one ``RESULT``
+line. Each strategy turns the source into two epochs, batching after the cache op:
 
-    python bench/measure.py --workload image --n 1000 --strategy memory --tmp-dir DIR
+- ``none``: the bare pipeline, twice;
+- ``memory``, ``file``: ``ds.cache()``, ``ds.cache(filename)``: fill, then read;
+- ``save_load``: ``Dataset.save`` (timed as epoch 1), then iterate ``Dataset.load``;
+- ``shardcache``, ``shardcache_direct``: ``cc.cache`` write-through, then read over gRPC or
+  the shard files (``direct``); ``--client-option`` passes keywords to ``cc.cache()``.
 
-It prints exactly one line starting with ``RESULT `` followed by a JSON object on stdout;
-everything else (TensorFlow's log output included) is noise the parent ignores.
-
-Memory is the peak of ``RssAnon`` from ``/proc/<pid>/status``, sampled by a background thread
-every 20 ms. Anonymous RSS excludes file-backed pages, so memory-mapped files (LMDB, the page
-cache behind file reads) do not count; ``RssFile`` is recorded alongside for reference.
+Memory is the peak ``RssAnon``: memory-mapped files (LMDB, the page cache) do not count.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
+import shutil
 import sys
-import threading
+import tempfile
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness import (
+    BENCH_DIR,
+    REPO_ROOT,
+    EpochResult,
+    RssSampler,
+    arguments,
+    cpu_seconds,
+    directory_bytes,
+    drop_page_cache,
+    kib_to_mb,
+    print_result,
+    run_child,
+    timed_iteration,
+)
+
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Sequence
 
-    from strategies import EpochResult
+    import tensorflow as tf
+    from harness import BenchDaemon
 
-RESULT_PREFIX = "RESULT "
-MB = 1_000_000
-WARMUP_BATCHES = 2
-
-
-def read_rss_kib(pid: int | str = "self") -> tuple[int, int]:
-    """Return ``(RssAnon, RssFile)`` in KiB for ``pid`` from ``/proc/<pid>/status``."""
-    anon = file = 0
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                anon = int(line.split()[1])
-            elif line.startswith("RssFile:"):
-                file = int(line.split()[1])
-    return anon, file
+STRATEGIES = ("none", "memory", "file", "save_load", "shardcache", "shardcache_direct")
+WARMUP_BATCHES = 2  # of zero elements before epoch 1: every process starts TF's pools alike
+Epoch = Callable[[], EpochResult]
 
 
-class RssSampler:
-    """Background sampler of a process's ``RssAnon``/``RssFile`` that tracks peaks.
+def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace
+         ) -> tuple[Epoch, Epoch, Any]:
+    """The two epochs of ``strategy`` over ``src``, and the client to close after them."""
+    import tensorflow as tf
 
-    Besides the peak over its whole lifetime it keeps a *window* peak that
-    :meth:`reset_window` restarts, used for per-epoch peaks.
-    """
+    tmp, batch = Path(args.tmp_dir), args.batch_size
+    if strategy == "save_load":
 
-    def __init__(self, pid: int | str = "self", interval_s: float = 0.02) -> None:
-        """Sample ``/proc/<pid>/status`` every ``interval_s`` once started."""
-        self._pid = pid
-        self._interval_s = interval_s
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-        self.peak_anon_kib = 0
-        self.peak_file_kib = 0
-        self.window_anon_kib = 0
+        def save() -> EpochResult:
+            start = time.perf_counter()
+            src.save(str(tmp / "saved"))
+            return EpochResult(time.perf_counter() - start, args.n, None)
 
-    def start(self) -> RssSampler:
-        """Take a first sample and start the background thread."""
-        self.sample()
-        self._thread.start()
-        return self
+        return save, lambda: timed_iteration(tf.data.Dataset.load(str(tmp / "saved"))
+                                              .batch(batch)), None
+    client = None
+    if strategy == "memory":
+        ds = src.cache()
+    elif strategy == "file":
+        ds = src.cache(str(tmp / "cache"))
+    elif strategy.startswith("shardcache"):
+        from client import CacheClient
 
-    def stop(self) -> None:
-        """Take a last sample and stop the background thread."""
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
-    def sample(self) -> int:
-        """Take one sample now, update the peaks and return the current ``RssAnon`` (KiB)."""
-        try:
-            anon, file = read_rss_kib(self._pid)
-        except (FileNotFoundError, ProcessLookupError):  # the sampled process is gone
-            return 0
-        with self._lock:
-            self.peak_anon_kib = max(self.peak_anon_kib, anon)
-            self.peak_file_kib = max(self.peak_file_kib, file)
-            self.window_anon_kib = max(self.window_anon_kib, anon)
-        return anon
-
-    def reset_window(self) -> None:
-        """Restart the window peak at the current value."""
-        with self._lock:
-            self.window_anon_kib = 0
-        self.sample()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.sample()
+        client = CacheClient("unix://" + args.socket)
+        options = {"direct": strategy == "shardcache_direct", **dict(args.client_option)}
+        ds = client.cache(src, name=args.cache_name, **options)
+    else:
+        ds = src
+    ds = ds.batch(batch)  # one dataset object twice: the cache lives in it
+    return (lambda: timed_iteration(ds)), (lambda: timed_iteration(ds)), client
 
 
-def kib_to_mb(kib: int) -> float:
-    """Convert KiB (as ``/proc`` reports) to decimal MB."""
-    return kib * 1024 / MB
-
-
-def directory_bytes(path: Path) -> int:
-    """Disk space allocated to the regular files below ``path`` (sparse files count as used)."""
-    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
-
-
-def drop_page_cache() -> None:
-    """Evict clean file pages from memory, so that the next reads come from the disk."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as knob:
-            knob.write("3\n")
-    except OSError as exc:
-        raise RuntimeError(f"--cold needs to write /proc/sys/vm/drop_caches (root): {exc}") from exc
-
-
-def _run_epoch(
-    epoch: Callable[[], EpochResult], sampler: RssSampler, expected_label_sum: int, n: int,
-    cold: bool = False,
-) -> dict[str, Any]:
-    """Run one epoch and describe it: time, checks, peak RssAnon, CPU time, page faults."""
-    os.sync()  # flush the previous epoch's writes so that this epoch does not pay for them
+def run_epoch(epoch: Epoch, sampler: RssSampler, expected: int, args: argparse.Namespace,
+              cold: bool) -> dict[str, Any]:
+    """One epoch, after a ``sync``: its time, checks, peak RssAnon, CPU time (daemon's too)."""
+    os.sync()  # the previous epoch's writes are not this one's to pay
     if cold:
         drop_page_cache()
     sampler.reset_window()
     before = resource.getrusage(resource.RUSAGE_SELF)
-    epoch_result = epoch()
+    daemon_before = cpu_seconds(args.daemon_pid) if args.daemon_pid else 0.0
+    result = epoch()
     after = resource.getrusage(resource.RUSAGE_SELF)
     sampler.sample()
-    record = asdict(epoch_result)
-    record["label_sum_ok"] = (
-        None if epoch_result.label_sum is None else epoch_result.label_sum == expected_label_sum
-    )
-    record["elements_ok"] = epoch_result.elements == n
+    record = asdict(result)
+    record["label_sum_ok"] = None if result.label_sum is None else result.label_sum == expected
+    record["elements_ok"] = result.elements == args.n
     record["peak_rss_anon_mb"] = kib_to_mb(sampler.window_anon_kib)
     record["cpu_seconds"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    record["minor_faults"] = after.ru_minflt - before.ru_minflt
+    if args.daemon_pid:
+        record["daemon_cpu_seconds"] = cpu_seconds(args.daemon_pid) - daemon_before
     return record
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Warm up, run both epochs of one strategy and return the result record."""
+    """Warm up, run the strategy's epochs; the result record."""
     sampler = RssSampler().start()
-    result: dict[str, Any] = {
-        "workload": args.workload,
-        "n": args.n,
-        "strategy": args.strategy,
-        "batch_size": args.batch_size,
-        "status": "ok",
-        "error": None,
-        "epochs": [],
-    }
+    result: dict[str, Any] = {"workload": args.workload, "n": args.n, "strategy": args.strategy,
+                              "batch_size": args.batch_size, "status": "ok", "error": None,
+                              "epochs": []}
     try:
         import tensorflow as tf
-        from strategies import PLANNERS, StrategyContext, StrategyUnavailableError, timed_iteration
         from workloads import WORKLOADS, expected_label_sum, make_source, make_warmup
 
         result["tf_version"] = tf.__version__
         result["baseline_rss_anon_mb"] = kib_to_mb(sampler.sample())
         workload = WORKLOADS[args.workload]
-        warmup_elements = min(args.warmup_batches * args.batch_size, args.n)
-        if warmup_elements > 0:
-            warmup = make_warmup(workload, warmup_elements).batch(args.batch_size)
-            result["warmup_seconds"] = timed_iteration(warmup).seconds
+        warmup = make_warmup(workload, min(WARMUP_BATCHES * args.batch_size, args.n))
+        result["warmup_seconds"] = timed_iteration(warmup.batch(args.batch_size)).seconds
         result["warm_rss_anon_mb"] = kib_to_mb(sampler.sample())
-        ctx = StrategyContext(
-            workload=workload,
-            n=args.n,
-            batch_size=args.batch_size,
-            tmp_dir=Path(args.tmp_dir),
-            socket_path=args.socket,
-            cache_name=args.cache_name or f"{args.workload}-{args.n}",
-            client_options=dict(args.client_option),
-        )
+        src = make_source(workload, args.n)
+        if args.pipeline_threads:  # the source's map on a pool of its own, one op thread each
+            options = tf.data.Options()
+            options.threading.private_threadpool_size = args.pipeline_threads
+            options.threading.max_intra_op_parallelism = 1
+            src = src.with_options(options)
         expected = expected_label_sum(workload, args.n)
-        try:
-            plan = PLANNERS[args.strategy](make_source(workload, args.n), ctx)
-            for index, epoch in enumerate(plan.epochs):
-                result["epochs"].append(_run_epoch(epoch, sampler, expected, args.n,
-                                                   cold=args.cold and index > 0))
-            for obj in plan.keep_alive:
-                close = getattr(obj, "close", None)
-                if callable(close):
-                    close()
-        except StrategyUnavailableError as exc:
-            result["status"] = "unavailable"
-            result["error"] = str(exc)
-        result["disk_bytes"] = directory_bytes(ctx.tmp_dir)
+        *epochs, client = plan(args.strategy, src, args)
+        for index, epoch in enumerate(epochs[:args.epochs]):
+            result["epochs"].append(run_epoch(epoch, sampler, expected, args,
+                                              args.cold and index > 0))
+        if client is not None:
+            client.close()
+        result["disk_bytes"] = directory_bytes(Path(args.tmp_dir))
     except Exception as exc:
         result["status"] = "error"
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -199,62 +144,89 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         sampler.stop()
     result["peak_rss_anon_mb"] = kib_to_mb(sampler.peak_anon_kib)
-    result["peak_rss_file_mb"] = kib_to_mb(sampler.peak_file_kib)
     return result
 
 
+def run_point(workload: str, n: int, strategy: str, *, scratch: Path,
+              daemon: BenchDaemon | None = None, cache_name: str | None = None,
+              batch_size: int = 256, extra_args: Sequence[str] = (),
+              prefix: Sequence[str] = (), timeout_s: float | None = None) -> dict[str, Any]:
+    """One measurement process (behind ``prefix``): its record, ``status`` ``error`` if it
+    failed. With a daemon, its RssAnon is sampled meanwhile, its disk's growth recorded, and a
+    measured cache deleted after (one on the disk at a time); the client is the daemon's
+    checkout's.
+    """
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f"{workload}-{n}-{strategy}-", dir=scratch))
+    cmd = [*prefix, sys.executable, str(BENCH_DIR / "measure.py"), "--workload", workload,
+           "--n", str(n), "--strategy", strategy, "--tmp-dir", str(tmp_dir),
+           "--batch-size", str(batch_size), *extra_args]
+    base: dict[str, Any] = {"workload": workload, "n": n, "strategy": strategy, "epochs": []}
+    if daemon is not None:
+        base["cache_name"] = cache_name = cache_name or f"{workload}-{n}-{strategy}"
+        cmd += ["--socket", str(daemon.socket_path), "--cache-name", cache_name,
+                "--daemon-pid", str(daemon.pid)]
+    sampler = RssSampler(daemon.pid).start() if daemon else None
+    disk_before = directory_bytes(daemon.data_dir) if daemon else 0
+    start = time.monotonic()
+    try:
+        record = base | run_child(cmd, daemon.root if daemon else REPO_ROOT, timeout_s)
+    except RuntimeError as exc:
+        return base | {"status": "error", "error": str(exc)}
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    record["process_seconds"] = time.monotonic() - start
+    if daemon is not None and sampler is not None:
+        record["daemon_peak_rss_anon_mb"] = kib_to_mb(sampler.peak_anon_kib)
+        record["daemon_disk_bytes"] = directory_bytes(daemon.data_dir) - disk_before
+    if daemon is not None and record.get("status") == "ok":
+        try:
+            daemon.delete_cache(base["cache_name"])
+        except Exception as exc:  # a cache left behind costs disk space, not correctness
+            print(f"(could not delete cache {base['cache_name']}: {exc})", file=sys.stderr)
+    return record
+
+
 def parse_client_option(item: str) -> tuple[str, Any]:
-    """Parse ``KEY=VALUE`` into a keyword argument: true/false, an int, a float, else a string."""
+    """``KEY=VALUE`` as a keyword argument: true/false, an int, a float, else a string."""
     key, sep, text = item.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(
             f"bad client option {item!r}: expected KEY=VALUE, e.g. parallel_shards=4")
-    value: Any = text
     if text.lower() in ("true", "false"):
-        value = text.lower() == "true"
-    else:
-        for kind in (int, float):
-            try:
-                value = kind(text)
-                break
-            except ValueError:
-                continue
-    return key, value
+        return key, text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(text)
+        except ValueError:
+            continue
+    return key, text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse the command line of one measurement."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--workload", required=True)
     parser.add_argument("--n", type=int, required=True, help="number of elements")
-    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
     parser.add_argument("--tmp-dir", required=True, help="scratch directory for cache files")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--socket", default=None, help="cacheserver unix socket path")
-    parser.add_argument("--cache-name", default=None, help="shardcache cache name")
+    parser.add_argument("--epochs", type=int, choices=(1, 2), default=2,
+                         help="1: the filling epoch only (write_path.py)")
+    parser.add_argument("--socket", help="the daemon's unix socket")
+    parser.add_argument("--daemon-pid", type=int, default=0,
+                         help="the daemon's pid: its CPU seconds per epoch are recorded")
+    parser.add_argument("--cache-name")
     parser.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
-                        type=parse_client_option,
-                        help="keyword argument for cc.cache()/cc.dataset() (shardcache "
-                        "strategies), e.g. parallel_shards=4; VALUE true/false/int/float/str")
+                         type=parse_client_option, help="a keyword of cc.cache()")
+    parser.add_argument("--pipeline-threads", type=int, default=0, metavar="N",
+                         help="run the source's map on a private pool of N threads (0: all)")
     parser.add_argument("--cold", action="store_true",
-                        help="drop the page cache before epoch 2 (needs root)")
-    parser.add_argument(
-        "--warmup-batches",
-        type=int,
-        default=WARMUP_BATCHES,
-        help="batches of zero elements (at most --n elements) iterated untimed before epoch 1",
-    )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: measure, then print the ``RESULT`` line."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    result = measure(parse_args(argv))
-    sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
-    sys.stdout.flush()
-    return 0
+                         help="drop the page cache before epoch 2 (root)")
+    args = parser.parse_args(argv)
+    args.cache_name = args.cache_name or f"{args.workload}-{args.n}"
+    return args
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    print_result(measure(parse_args()))

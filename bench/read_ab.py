@@ -1,137 +1,213 @@
-"""Warm epoch-2 reads, interleaved in one process: shardcache's read paths beside tf.data's caches.
+"""Warm reads interleaved in one process: shardcache's direct and gRPC reads, by
+``parallel_shards`` (``--parallel``, 0: AUTOTUNE), beside ``cache(filename)``, ``snapshot``
+(uncompressed) and ``Dataset.load`` of the same source.
 
-Run from the repository root::
+    .venv/bin/python bench/read_ab.py --parallel 0,2,8 --repeat 5
+    taskset -c 0 .venv/bin/python bench/read_ab.py ...      # on one core
 
-    .venv/bin/python bench/read_ab.py [--workload flat-602k] [--elements 600] [--batch 64]
-        [--repeat 7] [--parallel 0,1,2,4] [--out read_ab.json]
-    taskset -c 0 .venv/bin/python bench/read_ab.py ...      # the same on one core
-
-One daemon, one cache written once through ``cc.cache``, tf.data's ``cache(filename)``,
-``snapshot`` (uncompressed: its default compression refuses 602 KB elements) and
-``Dataset.save`` files of the same source, then every strategy read once to warm up and
-``--repeat`` times in turn (A, B, C, A, B, C, ...), each epoch timed to its last batch of
-``--batch``. Each strategy's best epoch is reported with its median, and the ratios of the
-best epochs to ``cache(filename)``, ``snapshot`` and ``Dataset.load``: on the shared 2-core
-machine these figures come from, epochs of every strategy (tf.data's own caches too) take
-either their own time or that plus a whole multiple of ~0.64 s, so a median says more about
-the machine than the code; the interleaving exposes every strategy to the same noise.
-
-Strategies: ``direct``/``grpc`` are ``cc.dataset(name, direct=...)`` reading by chunks in
-tf.data's threads (client/read/chunks.py), one per ``--parallel`` value (0: AUTOTUNE, else
-``parallel_shards``, the chunks in flight); ``direct-stream``/``grpc-stream`` are the same
-reads through the stream reader (``SHARDCACHE_READ_CHUNKS=0``).
+Every strategy is read once to warm up, then ``--repeat`` times in turn (A, B, C, A, B, C,
+...), so that every one meets the same noise; the table gives each one's best epoch, its
+median, the best epochs' ratios and the median CPU seconds of reader and daemon.
+``--baseline-root`` adds the shardcache reads of another checkout's client and daemon, read
+by a child process of each checkout at its turn (rows ``... @base`` and ``... @head``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tensorflow as tf
-from daemons import BenchDaemon
+from harness import (
+    BENCH_DIR,
+    REPO_ROOT,
+    ROOT_ENV,
+    BenchDaemon,
+    arguments,
+    child_env,
+    cpu_seconds,
+    markdown_table,
+    print_result,
+    ratio,
+    read_result,
+    run_line,
+    timed_iteration,
+    write_json,
+)
 from workloads import WORKLOADS, make_source
 
-from client import CacheClient
-from client.tf.reads import CHUNKS_ENV
-
 BASELINES = ("cache(filename)", "snapshot", "Dataset.load")
+#: An arm reads one epoch: (elements/s, CPU seconds of the reading process).
+Arm = Callable[[], tuple[float, float]]
 
 
-def epoch_rate(ds: tf.data.Dataset, n: int) -> float:
-    start = time.perf_counter()
-    count = 0
-    for batch in ds:
-        count += int(tf.shape(tf.nest.flatten(batch)[0])[0])
-    elapsed = time.perf_counter() - start
-    if count != n:
-        raise RuntimeError(f"an epoch yielded {count} elements, not {n}")
-    return n / elapsed
+def local_arm(ds: Any, n: int) -> Arm:
+    """An arm that reads ``ds`` in this process."""
+
+    def read() -> tuple[float, float]:
+        before = cpu_seconds()
+        result = timed_iteration(ds)
+        if result.elements != n:
+            raise RuntimeError(f"an epoch yielded {result.elements} elements, not {n}")
+        return n / result.seconds, cpu_seconds() - before
+
+    return read
 
 
-def strategies(cc: CacheClient, src: tf.data.Dataset, tmp: Path, batch: int,
-               parallel: list[int]) -> dict[str, tf.data.Dataset]:
-    out: dict[str, tf.data.Dataset] = {}
-    cached = src.cache(str(tmp / "file"))
-    for _ in cached:
-        pass
-    out["cache(filename)"] = cached.batch(batch)
-    snap = src.snapshot(str(tmp / "snapshot"), compression=None)
-    for _ in snap:
-        pass
-    out["snapshot"] = src.snapshot(str(tmp / "snapshot"), compression=None).batch(batch)
-    src.save(str(tmp / "saved"))
-    out["Dataset.load"] = tf.data.Dataset.load(str(tmp / "saved")).batch(batch)
+def shardcache_reads(cc: Any, src: Any, batch: int, parallel: list[int]) -> dict[str, Any]:
+    """The cache written through ``cc`` (once), and its reads: direct and gRPC per parallel."""
     for _ in cc.cache(src, name="ab"):
         pass
+    reads = {}
     for p in parallel:
         tag = "auto" if p == 0 else str(p)
         for mode, direct in (("direct", True), ("grpc", False)):
-            out[f"{mode} p={tag}"] = cc.dataset("ab", direct=direct,
-                                                parallel_shards=p).batch(batch)
-    os.environ[CHUNKS_ENV] = "0"
-    try:
-        out["direct-stream"] = cc.dataset("ab", direct=True).batch(batch)
-        out["grpc-stream"] = cc.dataset("ab", direct=False).batch(batch)
-    finally:
-        del os.environ[CHUNKS_ENV]
-    return out
+            reads[f"{mode} p={tag}"] = cc.dataset("ab", direct=direct,
+                                                  parallel_shards=p).batch(batch)
+    return reads
+
+
+def tf_data_reads(src: Any, tmp: Path, batch: int) -> dict[str, Any]:
+    """tf.data's caches of ``src``, written once: the baselines."""
+    import tensorflow as tf
+
+    cached = src.cache(str(tmp / "file"))
+    for _ in cached:
+        pass
+    for _ in src.snapshot(str(tmp / "snapshot"), compression=None):
+        pass
+    src.save(str(tmp / "saved"))
+    return {"cache(filename)": cached.batch(batch),
+            "snapshot": src.snapshot(str(tmp / "snapshot"), compression=None).batch(batch),
+            "Dataset.load": tf.data.Dataset.load(str(tmp / "saved")).batch(batch)}
+
+
+class ChildArms:
+    """A process reading with another checkout's client: one epoch per name it is sent."""
+
+    def __init__(self, root: Path, label: str, target: str, args: argparse.Namespace) -> None:
+        cmd = [sys.executable, str(BENCH_DIR / "read_ab.py"), "--child", target,
+               "--workload", args.workload, "--elements", str(args.elements),
+               "--batch", str(args.batch), "--parallel", args.parallel]
+        self.label = label
+        self.proc = subprocess.Popen(cmd, cwd=root, env=child_env(root), text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.names: list[str] = self._answer()["names"]
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if (answer := read_result(line)) is not None:
+                return answer
+        raise RuntimeError(f"the {self.label} reader exited ({self.proc.wait()})")
+
+    def arm(self, name: str) -> Arm:
+        def read() -> tuple[float, float]:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(name + "\n")
+            self.proc.stdin.flush()
+            answer = self._answer()
+            return answer["rate"], answer["cpu"]
+
+        return read
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def child(args: argparse.Namespace) -> int:
+    """In a child: write (or find) the cache, warm every read, then one epoch per line."""
+    import client
+    from client import CacheClient
+
+    root = Path(os.environ.get(ROOT_ENV, REPO_ROOT)).resolve()
+    assert Path(client.__file__).resolve().is_relative_to(root), client.__file__
+    with CacheClient(args.child) as cc:
+        src = make_source(WORKLOADS[args.workload], args.elements)
+        reads = shardcache_reads(cc, src, args.batch, [int(p) for p in args.parallel.split(",")])
+        arms = {name: local_arm(ds, args.elements) for name, ds in reads.items()}
+        for arm in arms.values():  # warm-up
+            arm()
+        print_result({"names": list(arms)})
+        for line in sys.stdin:
+            rate, cpu = arms[line.strip()]()
+            print_result({"rate": rate, "cpu": cpu})
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, baseline=True, out=True, repeat=7)
     parser.add_argument("--workload", default="flat-602k", choices=sorted(WORKLOADS))
     parser.add_argument("--elements", type=int, default=600)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--parallel", default="0",
-                        help="comma-separated chunks in flight (0: AUTOTUNE)")
-    parser.add_argument("--out", type=Path, help="also write the numbers as JSON")
+                         help="comma-separated chunks in flight (0: AUTOTUNE)")
+    parser.add_argument("--child", metavar="TARGET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
+    from client import CacheClient
+
     parallel = [int(p) for p in args.parallel.split(",")]
-    tmp = Path(tempfile.mkdtemp(prefix="shardcache-read-ab-"))
-    daemon = BenchDaemon(tmp / "data", tmp / "d.sock", tmp / "d.log")
-    daemon.start()
+    tmp = Path(tempfile.mkdtemp(prefix="read-ab-"))
+    daemons = {"head": BenchDaemon(tmp, "head")}
+    if args.baseline_root is not None:
+        daemons["base"] = BenchDaemon(tmp, "base", root=args.baseline_root.resolve())
+    children: list[ChildArms] = []
+    rates: dict[str, list[float]] = {}
+    cpu: dict[str, list[tuple[float, float]]] = {}
     try:
-        with CacheClient(daemon.address) as cc:
+        for daemon in daemons.values():
+            daemon.start()
+        with CacheClient(daemons["head"].target) as cc:
             src = make_source(WORKLOADS[args.workload], args.elements)
-            plans = strategies(cc, src, tmp, args.batch, parallel)
-            rates: dict[str, list[float]] = {name: [] for name in plans}
-            for ds in plans.values():  # warm-up
-                epoch_rate(ds, args.elements)
+            reads = tf_data_reads(src, tmp, args.batch)
+            reads |= shardcache_reads(cc, src, args.batch, parallel)
+            arms: dict[str, tuple[Arm, BenchDaemon | None]] = {
+                name: (local_arm(ds, args.elements),
+                       daemons["head"] if name not in BASELINES else None)
+                for name, ds in reads.items()}
+            if args.baseline_root is not None:
+                for label, daemon in daemons.items():
+                    children.append(ChildArms(daemon.root, label, daemon.target, args))
+                    arms |= {f"{name} @{label}": (children[-1].arm(name), daemon)
+                             for name in children[-1].names}
+            for arm, _ in arms.values():  # warm-up
+                arm()
             for i in range(args.repeat):
-                for name, ds in plans.items():
-                    rates[name].append(epoch_rate(ds, args.elements))
+                for name, (arm, daemon) in arms.items():
+                    daemon_before = cpu_seconds(daemon.pid) if daemon else 0.0
+                    rate, client_cpu = arm()
+                    daemon_cpu = cpu_seconds(daemon.pid) - daemon_before if daemon else 0.0
+                    rates.setdefault(name, []).append(rate)
+                    cpu.setdefault(name, []).append((client_cpu, daemon_cpu))
                 print(f"pass {i + 1}/{args.repeat} done", file=sys.stderr)
     finally:
-        daemon.stop()
+        for reader in children:
+            reader.close()
+        for daemon in daemons.values():
+            daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    medians = {name: statistics.median(r) for name, r in rates.items()}
     best = {name: max(r) for name, r in rates.items()}
-    cores = len(os.sched_getaffinity(0))
-    print(f"{args.workload}, {args.elements} elements, batch {args.batch}, {cores} core(s), "
-          f"{args.repeat} interleaved epochs each; ratios of the best epochs\n")
-    print("| strategy | best elements/s | median | " + " | ".join(
-        f"vs `{b}`" for b in BASELINES) + " |")
-    print("|---|---|---|" + "---|" * len(BASELINES))
-    for name, rate in best.items():
-        ratios = " | ".join(f"{rate / best[b]:.2f}x" for b in BASELINES)
-        print(f"| {name} | {rate:,.0f} | {medians[name]:,.0f} | {ratios} |")
-    if args.out:
-        result: dict[str, Any] = {"workload": args.workload, "elements": args.elements,
-                                  "batch": args.batch, "cores": cores, "rates": rates}
-        args.out.write_text(json.dumps(result, indent=1))
+    print(run_line())
+    print(markdown_table(
+        ["strategy", "best elements/s", "median", *(f"vs `{b}`" for b in BASELINES),
+         "CPU s client + daemon (median)"],
+        ([name, f"{rate:,.0f}", f"{statistics.median(rates[name]):,.0f}",
+          *(ratio(rate, best[b]) for b in BASELINES),
+          f"{statistics.median(c for c, _ in cpu[name]):.2f} + "
+          f"{statistics.median(d for _, d in cpu[name]):.2f}"]
+         for name, rate in best.items())))
+    write_json(args.out, {"command": run_line(), "rates": rates, "cpu": cpu})
     return 0
 
 

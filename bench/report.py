@@ -1,22 +1,14 @@
-"""Derived numbers of measurement records, and the report's markdown tables.
-
-``add_derived`` and ``add_ratios`` run when the records are made (``run.py``); the
-``render_*`` functions turn a results file's records into the tables of the generated block of
-``docs/benchmarks.md`` (``render.py`` puts them together with the plots of ``plots.py``).
-"""
+"""The derived numbers of ``run.py``'s records, and the report's markdown tables."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from harness import GB, MB, markdown_table, ratio
 from workloads import WORKLOADS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-GB = 1_000_000_000
-MB = 1_000_000
-
 
 
 def add_derived(record: dict[str, Any]) -> None:
@@ -79,7 +71,6 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
         record["epoch1_vs_bare"] = mine / bare if mine is not None and bare else None
 
 
-
 MISSING = "-"
 #: How the report names each strategy (the keys are the ``--strategies`` names).
 LABELS = {
@@ -87,10 +78,8 @@ LABELS = {
     "memory": "`ds.cache()`",
     "file": "`ds.cache(filename)`",
     "save_load": "`Dataset.save`/`load`",
-    "save_load_gzip": "`Dataset.save`/`load`, GZIP",
     "shardcache": "shardcache, gRPC",
     "shardcache_direct": "shardcache, direct",
-    "shardcache_read": "shardcache, read only",
 }
 
 
@@ -121,9 +110,7 @@ def _seconds(value: float | None, spread: list[float] | None = None) -> str:
 
 
 def _ratio(value: float | None, bold: bool = False) -> str:
-    if value is None:
-        return MISSING
-    return f"**{value:.2f}x**" if bold else f"{value:.2f}x"
+    return ratio(value, 1.0, bold, MISSING)
 
 
 def problems(record: dict[str, Any]) -> list[str]:
@@ -169,7 +156,7 @@ def render_epoch2_table(records: list[dict[str, Any]]) -> str:
     columns = ("workload", "size (elements, GB)", "strategy", "epoch 2 s", "elements/s",
                "MB/s", "vs `ds.cache()`", "vs `cache(filename)`", "vs `Dataset.load`",
                "peak RssAnon MB")
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     for record in records:
         _, e2 = _epochs(record)
@@ -195,7 +182,7 @@ def render_epoch1_table(records: list[dict[str, Any]]) -> str:
     present = [s for s in EPOCH1_STRATEGIES if any(r["strategy"] == s for r in records)]
     columns = ["workload", "size (elements, GB)", "bare pipeline s",
                *(label(s) for s in present)]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     keys = list(dict.fromkeys((r["workload"], r["n"]) for r in records))
     for workload, n in keys:
@@ -226,7 +213,7 @@ def render_memory_table(section: dict[str, Any]) -> str:
         columns.append(f"{label(strategy)}: client peak RssAnon MB")
         if strategy.startswith("shardcache"):
             columns += [f"{label(strategy)}: daemon MB", f"{label(strategy)}: epoch 2 MB/s"]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     for gib in section.get("sizes_gib", []):
         row = [r for r in records if r.get("dataset_gib") == gib]
@@ -293,3 +280,78 @@ def render_notes(records: list[dict[str, Any]], daemons: list[dict[str, Any]]) -
             f"{daemon['start_rss_anon_mb']:,.0f} MB after start, peak "
             f"{_range(peaks) if peaks else MISSING} MB during the shardcache rows.")
     return "\n".join(lines)
+
+
+def _machine_line(machine: dict[str, Any]) -> str:
+    disk = machine.get("disk") or {}
+    kind = {True: "flagged rotational by the kernel", False: "non-rotational"}.get(
+        disk.get("rotational"), "")
+    where = (f"; cache files on {disk.get('filesystem')} on {disk.get('device')} "
+             f"({disk.get('size_gb')} GB{', ' + kind if kind else ''})" if disk else "")
+    return (f"{machine['nproc']} cores ({machine['cpu_model']}), {machine['mem_total_gib']} GiB "
+            f"RAM{where}; {machine['platform']}; Python {machine['python']}, TensorFlow "
+            f"{machine['tensorflow']}")
+
+
+def group_header(payload: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
+    """The lines each table group opens with: command, machine, revision."""
+    machine = payload["machine"]
+    quick = (" (**the quick configuration**: small sizes, for checking a change, not for "
+             "quoting)" if payload.get("quick") else "")
+    return [f"- Command: `{payload['command']}`{quick}",
+            f"- Machine: {_machine_line(machine)}",
+            f"- Source: revision {machine.get('git_revision') or 'unknown'}",
+            *extra, ""]
+
+
+SERVER_NAMES = {"seaweedfs": "SeaweedFS", "moto": "moto (server mode)"}
+
+
+def _raw_of(entry: dict[str, Any], client: str) -> dict[str, Any] | None:
+    found = [r for r in entry.get("raw", []) if r["client"] == client and r["status"] == "ok"]
+    return found[0] if found else None
+
+
+def render_store(section: dict[str, Any]) -> list[str]:
+    """The object store tier's tables, from one run of ``store.py``."""
+    config = section["config"]
+    lines = ["### The object store tier", ""]
+    if section.get("error"):
+        return [*lines, f"Not measured: {section['error']}", ""]
+    lines += group_header(section, (
+        f"- Raw: {config['objects']} objects of {config['object_mib']} MiB of random bytes, one "
+        "at a time, file to store and back; publish and pull: a cache of "
+        f"{config['cache_mib']} MiB ({config['element_bytes'] // 1024} KiB elements of random "
+        "int32) written with `cc.cache`; servers on loopback, on the machine's own disk",))
+    raw_rows: list[list[str]] = []
+    tier_rows: list[list[str]] = []
+    for entry in section["servers"]:
+        server = SERVER_NAMES.get(entry["server"], entry["server"])
+        if entry.get("status") != "ok":
+            raw_rows.append([server, MISSING, entry.get("error", "not run")[:120], ""])
+        for raw in entry.get("raw", []):
+            raw_rows.append([server, raw["client"], _num(raw.get("put_mb_per_s")),
+                             _num(raw.get("get_mb_per_s"))] if raw["status"] == "ok" else
+                            [server, raw["client"], f"{raw['status']}: {raw['error'][:120]}", ""])
+        t, boto3 = entry.get("tier"), _raw_of(entry, "boto3") or {}
+        if t and t.get("status") != "ok":
+            tier_rows.append([server, f"{t.get('status')}: {t.get('error', '')[:200]}"])
+        elif t:
+            tier_rows.append([
+                server, f"{t['stored_bytes'] / MB:,.0f} ({t['shards']})", f"{t['publish_s']:.2f}",
+                _num(t["publish_mb_per_s"]),
+                ratio(t["publish_mb_per_s"], boto3.get("put_mb_per_s"), True),
+                f"{t['pull_s']:.2f}", _num(t["pull_mb_per_s"]),
+                ratio(t["pull_mb_per_s"], boto3.get("get_mb_per_s"), True),
+                f"{t['first_element_s']:.2f}"])
+    lines += ["What the store moves through each client library (MB/s of object bytes; boto3 "
+              "as the daemon uses it):", "",
+              markdown_table(["store", "client", "PUT MB/s", "GET MB/s"], raw_rows)]
+    if tier_rows:
+        lines += ["", "shardcache's publish (commit to STORED) and pull (a cold daemon's "
+                  "`cc.dataset` reading every element), MB/s of the bytes stored; ratios to "
+                  "the raw boto3 PUT and GET of the same store:", "",
+                  markdown_table(["store", "cache MB (shards)", "publish s", "publish MB/s",
+                                  "vs raw PUT", "pull s", "pull MB/s", "vs raw GET",
+                                  "first element s"], tier_rows)]
+    return [*lines, ""]

@@ -1,28 +1,13 @@
-"""Benchmark shardcache against tf.data's own caching options; write the results and report.
+"""shardcache against tf.data's own caches: every point in a process of its own, then the report.
 
-Run from the repository root (``make bench`` and ``make bench-quick`` do)::
+Sections: ``throughput`` (every workload, size and strategy, two epochs, a daemon per workload),
+``memory`` (602 KB elements of growing total size in a memory-limited cgroup, client and daemon
+inside it) and ``store`` (``store.py``). Raw results go to ``--out``; ``render.py`` makes the
+report from them: with ``--doc`` it rewrites that file's generated block and draws the plots
+into its ``img/``, else prints it and draws them beside ``--out``. Progress goes to stderr.
 
-    .venv/bin/python bench/run.py --doc docs/benchmarks.md        # the full run: the report
-    .venv/bin/python bench/run.py --quick                         # prints the report instead
-    .venv/bin/python bench/run.py --sections throughput --workloads small --sizes small=200000
-
-Three sections, every point in its own process:
-
-- ``throughput``: every workload, size and strategy on the whole machine: epoch 1 (filling
-  the cache) and epoch 2 (reading it). One ``cacheserver`` daemon per workload on a unix
-  socket, started for its first shardcache measurement and stopped when it is done.
-- ``memory``: ``ds.cache()`` and shardcache on cheap 602 KB elements of growing total size
-  in a memory-limited cgroup (``memcap.py``), client and daemon inside it, past the limit:
-  the client's peak anonymous RSS per size, and where ``ds.cache()`` is OOM-killed.
-- ``store``: the object-store tier (``store.py``, one process): a SeaweedFS server's raw PUT
-  and GET through boto3 and obstore (moto's beside it), and shardcache's publish and pull
-  against it, as ratios to the raw rates, with the time to a cold daemon's first element.
-
-All raw results go to ``--out`` (JSON, default ``bench/results/latest.json``, with
-``--quick`` ``bench/results/quick.json``). ``render.py`` turns them into the report: with
-``--doc PATH`` its generated block in PATH is rewritten and the plots go to ``--img-dir``
-(default ``docs/img``); without it the markdown goes to stdout and the plots beside ``--out``.
-Progress goes to stderr.
+    .venv/bin/python bench/run.py --doc docs/benchmarks.md        # make bench
+    .venv/bin/python bench/run.py --quick                         # make bench-quick
 """
 
 from __future__ import annotations
@@ -36,106 +21,122 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemons import REPO_ROOT, BenchDaemon, child_env
-from machine import machine_facts, reproducing_command
-from measure import RESULT_PREFIX, WARMUP_BATCHES, RssSampler, directory_bytes, kib_to_mb
-from memcap import MemoryCap, MemoryCapError
-from render import render_results
-from report import GB, add_derived, add_ratios, representative
-from slow_disk import SlowDisk, SlowDiskError
-from strategies import EXTRA_STRATEGIES, STRATEGIES
+from cgroups import MemoryCap, MemoryCapError, SlowDisk, SlowDiskError
+from harness import (
+    BENCH_DIR,
+    GIB,
+    REPO_ROOT,
+    BenchDaemon,
+    RssSampler,
+    arguments,
+    child_env,
+    kib_to_mb,
+    machine_facts,
+    reproducing_command,
+    write_json,
+)
+from measure import STRATEGIES, parse_client_option, run_point
+from render import default_img_dir, render_results
+from report import add_derived, add_ratios, representative
 from workloads import WORKLOADS
 
-BENCH_DIR = Path(__file__).resolve().parent
-MEASURE_SCRIPT = BENCH_DIR / "measure.py"
 RESULTS_DIR = BENCH_DIR / "results"
-GIB = 1 << 30
-
-#: What ``run.py`` measures unless --workloads says otherwise (full run / --quick).
 THROUGHPUT_WORKLOADS = ("image", "small", "jpeg")
 QUICK_WORKLOADS = ("image", "small")
-QUICK_SIZES = {"image": (256,), "small": (40_000,)}
+BATCH_SIZE = 256
 MEMORY_WORKLOAD = "flat-602k"
 MEMORY_STRATEGIES = ("memory", "shardcache", "shardcache_direct")
 MEMORY_LIMIT_GIB, QUICK_MEMORY_LIMIT_GIB = 2.0, 1.0
-#: A batch of 256 elements of 602 KB is 154 MB, and tf.data holds several: batches of 32
-#: keep the pipeline's own memory small beside the cache's, as image training batches are.
+#: 256 elements of 602 KB are 154 MB a batch, and tf.data holds several: batches of 32 keep
+#: the pipeline's own memory small beside the cache's, as image training batches are.
 MEMORY_BATCH_SIZE = 32
 MEMORY_SIZES_GIB = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 QUICK_MEMORY_SIZES_GIB = (0.25, 0.75, 1.5)
 
 
-@dataclass
 class Benchmark:
-    """Runs measurements one after another and collects their records."""
+    """Points measured one after another; a group's daemon starts for its first shardcache point
+    (one that cannot start makes its points ``unavailable``) and stops with the group."""
 
-    args: argparse.Namespace
-    scratch_root: Path
-    socket_root: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
-    daemons: list[dict[str, Any]] = field(default_factory=list)
-    done: int = 0
-    total: int = 0
+    def __init__(self, args: argparse.Namespace, scratch: Path, sockets: Path,
+                 total: int) -> None:
+        self.args, self.scratch, self.sockets, self.total = args, scratch, sockets, total
+        self.records: list[dict[str, Any]] = []
+        self.daemons: list[dict[str, Any]] = []
+        self.done = 0
 
-    def new_daemon(self, name: str, prefix: tuple[str, ...] = ()) -> BenchDaemon:
-        """A daemon (not started) with its own data dir, socket and log under the scratch dir."""
-        return BenchDaemon(data_dir=self.scratch_root / f"cacheserver-{name}",
-                           socket_path=self.socket_root / f"{name}.sock",
-                           log_path=self.scratch_root / f"cacheserver-{name}.log", prefix=prefix)
-
-    def run_workload(self, name: str, sizes: tuple[int, ...]) -> None:
-        """Measure every size and strategy of one workload (the throughput section).
-
-        The cacheserver daemon is started once, right before the workload's first shardcache
-        measurement, and stopped (SIGTERM, wait) when the workload is done or on any error.
-        """
+    @contextlib.contextmanager
+    def group(self, workload: str, prefix: list[str] | None = None) -> Any:
+        """Points that share a daemon: ``measure(n, strategy)`` for each."""
         daemon: BenchDaemon | None = None
-        daemon_info: dict[str, Any] | None = None
+        info: dict[str, Any] = {"workload": workload, "status": "unavailable", "error": None}
+
+        def measure(n: int, strategy: str, cache_name: str | None = None,
+                    batch_size: int = BATCH_SIZE) -> dict[str, Any]:
+            nonlocal daemon
+            shardcache = strategy.startswith("shardcache")
+            if shardcache and daemon is None:
+                daemon = BenchDaemon(self.sockets, workload, prefix=prefix or (),
+                                     data_root=self.scratch)
+                self.daemons.append(info)
+                try:
+                    daemon.start()
+                    info.update(status="ok",
+                                start_rss_anon_mb=kib_to_mb(RssSampler(daemon.pid).sample()))
+                except Exception as exc:  # the other strategies still run
+                    info["error"] = f"cacheserver: {exc}"
+            if shardcache and not daemon.alive():
+                run = {"workload": workload, "n": n, "strategy": strategy, "epochs": [],
+                       "status": "unavailable",
+                       "error": info["error"] or "cacheserver is not running"}
+            else:
+                extra = [*(["--cold"] if self.args.cold else []),
+                         *(f"--client-option={k}={v}" for k, v in self.args.client_option)]
+                run = run_point(workload, n, strategy, scratch=self.scratch,
+                                daemon=daemon if shardcache else None, cache_name=cache_name,
+                                batch_size=batch_size, extra_args=extra, prefix=prefix or (),
+                                timeout_s=self.args.timeout)
+            add_derived(run)
+            return run
+
         try:
-            for n in sizes:
-                for strategy in self.args.strategies:
-                    if strategy.startswith("shardcache") and daemon_info is None:
-                        daemon = self.new_daemon(name)
-                        daemon_info = start_daemon(daemon, self.args.daemon_timeout, name)
-                        self.daemons.append(daemon_info)
-                    runs: list[dict[str, Any]] = []
-                    for repeat in range(self.args.repeat):
-                        self.progress(f"{name} n={n:,} {strategy} "
-                                      f"(run {repeat + 1}/{self.args.repeat})")
-                        run = self.measure_or_explain(name, n, strategy, daemon, daemon_info,
-                                                      repeat)
-                        runs.append(run)
-                        print(progress_summary(run), file=sys.stderr, flush=True)
-                        if run.get("status") != "ok":
-                            break
-                    self.records.append(representative(runs))
+            yield measure
         finally:
-            if daemon is not None and daemon_info is not None:
-                daemon_info["exit_code"] = daemon.stop()
+            if daemon is not None:
+                info["exit_code"] = daemon.stop()
                 shutil.rmtree(daemon.data_dir, ignore_errors=True)
 
-    def run_memory(self, cap: MemoryCap) -> None:
-        """The memory section: every size and strategy inside ``cap``, daemon included.
+    def progress(self, text: str) -> None:
+        self.done += 1
+        print(f"[{self.done}/{self.total}] {text} ...", end=" ", file=sys.stderr, flush=True)
 
-        Once ``ds.cache()`` is OOM-killed at a size, the larger sizes are not tried with it.
-        """
-        args = self.args
-        workload = WORKLOADS[args.memory_workload]
-        daemon: BenchDaemon | None = None
-        daemon_info: dict[str, Any] | None = None
+    def throughput(self, workload: str, sizes: tuple[int, ...]) -> None:
+        """Every size and strategy of a workload, ``--repeat`` runs each (the median's kept)."""
+        with self.group(workload) as measure:
+            for n in sizes:
+                for strategy in self.args.strategies:
+                    runs: list[dict[str, Any]] = []
+                    for repeat in range(self.args.repeat):
+                        self.progress(f"{workload} n={n:,} {strategy} "
+                                      f"(run {repeat + 1}/{self.args.repeat})")
+                        runs.append(measure(n, strategy, f"{workload}-{n}-{strategy}-r{repeat}"))
+                        print(progress_summary(runs[-1]), file=sys.stderr, flush=True)
+                        if runs[-1].get("status") != "ok":
+                            break
+                    self.records.append(representative(runs))
+
+    def memory(self, cap: MemoryCap) -> None:
+        """Every size and strategy inside ``cap``; a strategy OOM-killed at a size is not tried
+        at larger ones."""
+        workload = WORKLOADS[MEMORY_WORKLOAD]
         killed_at: dict[str, int] = {}
-        try:
-            for gib in args.memory_sizes_gib:
+        with self.group(workload.name, cap.prefix()) as measure:
+            for gib in self.args.memory_sizes_gib:
                 n = max(1, int(gib * GIB) // workload.element_bytes)
-                for strategy in args.memory_strategies:
-                    if strategy.startswith("shardcache") and daemon_info is None:
-                        daemon = self.new_daemon("memory", prefix=tuple(cap.prefix()))
-                        daemon_info = start_daemon(daemon, args.daemon_timeout, workload.name)
-                        self.daemons.append(daemon_info)
+                for strategy in MEMORY_STRATEGIES:
                     self.progress(f"[memory, {cap.limit_bytes / GIB:g} GiB] {workload.name} "
                                   f"{gib:g} GiB n={n:,} {strategy}")
                     if strategy in killed_at:
@@ -144,234 +145,76 @@ class Benchmark:
                                "error": f"OOM-killed at {killed_at[strategy]:,} elements"}
                     else:
                         oom_before = cap.oom_kills()
-                        run = self.measure_or_explain(workload.name, n, strategy, daemon,
-                                                      daemon_info, 0, prefix=cap.prefix(),
-                                                      batch_size=args.memory_batch_size)
+                        run = measure(n, strategy, batch_size=MEMORY_BATCH_SIZE)
                         if cap.oom_kills() > oom_before and run.get("status") != "ok":
                             run["status"] = "oom_killed"
                             killed_at[strategy] = n
-                        if daemon is not None and strategy.startswith("shardcache"):
-                            delete_cache(daemon, run.get("cache_name"))
                     run["dataset_gib"] = gib
                     print(progress_summary(run), file=sys.stderr, flush=True)
                     self.records.append(run)
-        finally:
-            if daemon is not None and daemon_info is not None:
-                daemon_info["exit_code"] = daemon.stop()
-                shutil.rmtree(daemon.data_dir, ignore_errors=True)
-
-    def progress(self, text: str) -> None:
-        self.done += 1
-        print(f"[{self.done}/{self.total}] {text} ...", end=" ", file=sys.stderr, flush=True)
-
-    def measure_or_explain(self, workload: str, n: int, strategy: str,
-                           daemon: BenchDaemon | None, daemon_info: dict[str, Any] | None,
-                           repeat: int, prefix: list[str] | tuple[str, ...] = (),
-                           batch_size: int | None = None) -> dict[str, Any]:
-        """Measure one point, or say why a shardcache point cannot run (no daemon)."""
-        if not strategy.startswith("shardcache"):
-            run = self.measure(workload, n, strategy, None, repeat, prefix=prefix,
-                               batch_size=batch_size)
-        elif daemon is not None and daemon.alive():
-            run = self.measure(workload, n, strategy, daemon, repeat, prefix=prefix,
-                               batch_size=batch_size)
-        else:
-            reason = (daemon_info or {}).get("error") or "cacheserver is not running"
-            run = {"workload": workload, "n": n, "strategy": strategy, "status": "unavailable",
-                   "error": reason, "epochs": []}
-        add_derived(run)
-        return run
-
-    def measure(
-        self, workload: str, n: int, strategy: str, daemon: BenchDaemon | None, repeat: int,
-        cache_name: str | None = None, extra_args: tuple[str, ...] = (),
-        prefix: list[str] | tuple[str, ...] = (), batch_size: int | None = None,
-    ) -> dict[str, Any]:
-        """Run one measurement subprocess (behind ``prefix``) and return its result record.
-
-        With a daemon, its RssAnon is sampled and its data-dir growth recorded meanwhile.
-        ``cache_name`` overrides the shardcache cache name; ``extra_args`` go to measure.py.
-        """
-        tmp_dir = Path(
-            tempfile.mkdtemp(prefix=f"{workload}-{n}-{strategy}-", dir=self.scratch_root)
-        )
-        cmd = [*prefix, sys.executable, str(MEASURE_SCRIPT), "--workload", workload,
-               "--n", str(n), "--strategy", strategy, "--tmp-dir", str(tmp_dir),
-               "--batch-size", str(batch_size or self.args.batch_size),
-               "--warmup-batches", str(self.args.warmup_batches)]
-        if self.args.cold:
-            cmd.append("--cold")
-        cmd += extra_args
-        base: dict[str, Any] = {"workload": workload, "n": n, "strategy": strategy,
-                                "repeat": repeat, "epochs": []}
-        if daemon is not None:
-            cache_name = cache_name or f"{workload}-{n}-{strategy}-r{repeat}"
-            cmd += ["--socket", str(daemon.socket_path), "--cache-name", cache_name]
-            base["cache_name"] = cache_name
-        daemon_sampler = RssSampler(daemon.pid).start() if daemon else None
-        daemon_disk_before = directory_bytes(daemon.data_dir) if daemon else 0
-        start = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), capture_output=True,
-                                  text=True, timeout=self.args.timeout, check=False)
-        except subprocess.TimeoutExpired:
-            return base | {"status": "error", "error": f"timed out after {self.args.timeout} s"}
-        finally:
-            if daemon_sampler is not None:
-                daemon_sampler.stop()
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-        if not lines:
-            tail = " ".join(proc.stderr[-800:].split())
-            killed = f" (killed by signal {-proc.returncode})" if proc.returncode < 0 else ""
-            return base | {"status": "error", "returncode": proc.returncode,
-                           "error": f"exit code {proc.returncode}{killed}, no result: {tail}"}
-        record: dict[str, Any] = base | json.loads(lines[-1][len(RESULT_PREFIX):])
-        record["process_seconds"] = time.monotonic() - start
-        if daemon is not None and daemon_sampler is not None:
-            record["daemon_peak_rss_anon_mb"] = kib_to_mb(daemon_sampler.peak_anon_kib)
-            record["daemon_disk_bytes"] = directory_bytes(daemon.data_dir) - daemon_disk_before
-        return record
-
-
-def delete_cache(daemon: BenchDaemon, name: str | None) -> None:
-    """Delete a measured cache from the daemon, so that the disk holds one at a time."""
-    if name is None or not daemon.alive():
-        return
-    from client import CacheClient
-
-    try:
-        with CacheClient(daemon.address) as cc:
-            cc.delete(name)
-    except Exception as exc:  # a cache left behind costs disk space, not correctness
-        print(f"(could not delete cache {name}: {exc})", file=sys.stderr)
-
-
-def start_daemon(daemon: BenchDaemon, timeout_s: float, workload: str) -> dict[str, Any]:
-    """Start ``daemon`` and describe the outcome (never raises for a daemon failure)."""
-    try:
-        daemon.start(timeout_s)
-    except Exception as exc:  # a missing or broken daemon must not stop the other strategies
-        return {"workload": workload, "status": "unavailable", "error": f"cacheserver: {exc}"}
-    return {"workload": workload, "status": "ok", "error": None,
-            "start_rss_anon_mb": kib_to_mb(RssSampler(daemon.pid).sample())}
 
 
 def progress_summary(record: dict[str, Any]) -> str:
-    """One-line progress text for stderr."""
     if record.get("status") != "ok":
         return f"{record.get('status')}: {record.get('error')}"
     times = ", ".join(f"epoch{i} {e['seconds']:.2f}s" for i, e in enumerate(record["epochs"], 1))
     return f"ok ({times}, peak RssAnon {record['peak_rss_anon_mb']:,.0f} MB)"
 
 
-def parse_sizes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    """Parse ``WORKLOAD=N[,N...]`` items."""
-    sizes: dict[str, tuple[int, ...]] = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        if not sep or name not in WORKLOADS:
-            raise argparse.ArgumentTypeError(
-                f"bad --sizes item {item!r}: expected WORKLOAD=N[,N...] with WORKLOAD in "
-                f"{sorted(WORKLOADS)}")
-        sizes[name] = tuple(int(v.replace("_", "")) for v in values.split(",") if v)
-    return sizes
+def parse_sizes(item: str) -> tuple[str, tuple[int, ...]]:
+    """``WORKLOAD=N[,N...]``."""
+    name, sep, values = item.partition("=")
+    if not sep or name not in WORKLOADS:
+        raise argparse.ArgumentTypeError(
+            f"bad --sizes item {item!r}: expected WORKLOAD=N[,N...], WORKLOAD one of "
+            f"{sorted(WORKLOADS)}")
+    return name, tuple(int(v.replace("_", "")) for v in values.split(",") if v)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse the benchmark command line."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out=True, repeat=1)
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes (image, small; a 1 GiB memory cap), a few minutes")
+                         help="small sizes (image, small; a 1 GiB memory cap), a few minutes")
     parser.add_argument("--sections", nargs="+", choices=("throughput", "memory", "store"),
-                        default=["throughput", "memory", "store"])
-    parser.add_argument(
-        "--sizes", nargs="+", default=[], metavar="WORKLOAD=N[,N...]",
-        help="element counts per workload, e.g. image=1000,4000 small=200000 "
-        "(overrides the default or --quick sizes of the named workloads)")
-    parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=None,
-                        help=f"throughput section; default: {' '.join(THROUGHPUT_WORKLOADS)} "
-                        f"(--quick: {' '.join(QUICK_WORKLOADS)}); pixels and tokens "
-                        "(compressible) are for --cold runs")
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES + EXTRA_STRATEGIES,
-                        default=list(STRATEGIES), help="throughput section")
-    parser.add_argument("--memory-limit-gib", type=float, default=None,
-                        help=f"memory section: the cgroup's limit (default {MEMORY_LIMIT_GIB:g}, "
-                        f"--quick {QUICK_MEMORY_LIMIT_GIB:g})")
-    parser.add_argument("--memory-sizes-gib", type=float, nargs="+", default=None,
-                        help="memory section: dataset sizes in GiB (default "
-                        f"{' '.join(map(str, MEMORY_SIZES_GIB))}; --quick "
-                        f"{' '.join(map(str, QUICK_MEMORY_SIZES_GIB))})")
-    parser.add_argument("--memory-strategies", nargs="+", default=list(MEMORY_STRATEGIES),
-                        choices=STRATEGIES)
-    parser.add_argument("--memory-workload", default=MEMORY_WORKLOAD, choices=sorted(WORKLOADS))
-    parser.add_argument("--memory-batch-size", type=int, default=MEMORY_BATCH_SIZE,
-                        help="memory section: batch size after the cache op")
-    parser.add_argument(
-        "--cold", action="store_true",
-        help="drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches, needs root) right "
-        "before epoch 2, so that it reads from the disk")
-    parser.add_argument(
-        "--disk-read-mbps", type=float, default=None, metavar="MB_PER_S",
-        help="limit reads from the disk under --tmp-dir to this many MB/s for the whole run "
-        "(a block-I/O cgroup, needs root; bench/slow_disk.py): with --cold, epoch 2 reads "
-        "from a disk of that speed instead of this VM's host-cached one")
-    parser.add_argument("--batch-size", type=int, default=256, help="batch size for every strategy")
-    parser.add_argument(
-        "--warmup-batches", type=int, default=WARMUP_BATCHES,
-        help="batches of zero elements each measurement process iterates before epoch 1")
-    parser.add_argument(
-        "--repeat", type=int, default=1,
-        help="throughput section: measurement processes per row; the report shows the run with "
-        "the median epoch-2 time and the min-max range of the epoch times")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="raw results (JSON); default bench/results/latest.json, with "
-                        "--quick bench/results/quick.json")
-    parser.add_argument("--doc", type=Path, default=None,
-                        help="rewrite the generated block of this markdown file (e.g. "
-                        "docs/benchmarks.md) instead of printing the report")
-    parser.add_argument("--img-dir", type=Path, default=None,
-                        help="where the plots go (default: docs/img with --doc, else beside "
-                        "--out)")
-    parser.add_argument("--tmp-dir", type=Path, default=None,
-                        help="where cache files go (default: system temp)")
+                         default=["throughput", "memory", "store"])
+    parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS),
+                         help=f"default {' '.join(THROUGHPUT_WORKLOADS)} (--quick: "
+                         f"{' '.join(QUICK_WORKLOADS)}); pixels and tokens compress")
+    parser.add_argument("--sizes", nargs="+", default=[], type=parse_sizes,
+                         metavar="WORKLOAD=N[,N...]", help="element counts, e.g. image=1000,4000")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    parser.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                         type=parse_client_option,
+                         help="a keyword of cc.cache() in the shardcache strategies (repeatable)")
+    parser.add_argument("--cold", action="store_true",
+                         help="drop the page cache before epoch 2 (root)")
+    parser.add_argument("--disk-read-mbps", type=float, metavar="MB_PER_S",
+                         help="limit reads from --tmp-dir's disk to this rate for the whole run "
+                         "(root, a block-I/O cgroup)")
+    parser.add_argument("--doc", type=Path, help="rewrite this file's generated block")
+    parser.add_argument("--tmp-dir", type=Path, help="where the caches go (default: system temp)")
     parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="seconds per measurement process")
-    parser.add_argument("--daemon-timeout", type=float, default=60.0,
-                        help="seconds to wait for cacheserver")
+                         help="seconds per measurement process")
     args = parser.parse_args(argv)
-    try:
-        overrides = parse_sizes(args.sizes)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(str(exc))
-    if args.workloads is None:
-        args.workloads = list(QUICK_WORKLOADS if args.quick else THROUGHPUT_WORKLOADS)
-    default_sizes = {name: QUICK_SIZES.get(name, WORKLOADS[name].quick_sizes) if args.quick
-                     else WORKLOADS[name].sizes for name in args.workloads}
-    args.size_plan = {name: overrides.get(name, default_sizes[name]) for name in args.workloads}
-    if "throughput" not in args.sections:
-        args.size_plan = {}
-    if args.memory_limit_gib is None:
-        args.memory_limit_gib = QUICK_MEMORY_LIMIT_GIB if args.quick else MEMORY_LIMIT_GIB
-    if args.memory_sizes_gib is None:
-        args.memory_sizes_gib = list(QUICK_MEMORY_SIZES_GIB if args.quick else MEMORY_SIZES_GIB)
+    workloads = args.workloads or (QUICK_WORKLOADS if args.quick else THROUGHPUT_WORKLOADS)
+    sizes = dict(args.sizes)
+    args.size_plan = {} if "throughput" not in args.sections else {
+        name: sizes.get(name) or (WORKLOADS[name].quick_sizes if args.quick
+                                  else WORKLOADS[name].sizes) for name in workloads}
+    args.memory_limit_gib = QUICK_MEMORY_LIMIT_GIB if args.quick else MEMORY_LIMIT_GIB
+    args.memory_sizes_gib = QUICK_MEMORY_SIZES_GIB if args.quick else MEMORY_SIZES_GIB
     if args.out is None:
         args.out = RESULTS_DIR / ("quick.json" if args.quick else "latest.json")
-    if args.img_dir is None:
-        args.img_dir = (args.doc.parent / "img" if args.doc is not None
-                        else args.out.with_name(args.out.stem + "-img"))
     return args
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    """Turn SIGTERM into SystemExit, so that ``finally`` blocks stop the daemon and clean up."""
-    raise SystemExit(128 + signum)
+    raise SystemExit(128 + signum)  # so that the finally blocks stop the daemons
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every measurement, write the JSON, then the report."""
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the cleanup below still runs
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args.slow_disk = None
     if args.disk_read_mbps is not None:
         try:
@@ -381,97 +224,78 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     with args.slow_disk or contextlib.nullcontext():
-        payload = _run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"raw results written to {args.out}", file=sys.stderr)
-    markdown = render_results(payload, args.img_dir, args.doc)
+        payload = measure_all(args)
+    write_json(args.out, payload)
+    img_dir = default_img_dir(args.doc, args.out)
+    markdown = render_results(payload, img_dir, args.doc)
     if args.doc is None:
         print(markdown)
     else:
-        print(f"report written to {args.doc}, plots to {args.img_dir}", file=sys.stderr)
+        print(f"report written to {args.doc}, plots to {img_dir}", file=sys.stderr)
     return 0
 
 
-def _run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure both sections; return everything as one JSON-able object."""
+def measure_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Every section; everything as one JSON-able object."""
     facts = machine_facts(args.tmp_dir)
-    for key in ("loadavg", "date_utc"):  # not what the numbers depend on
-        facts.pop(key, None)
-    scratch_root = Path(tempfile.mkdtemp(prefix="shardcache-bench-", dir=args.tmp_dir))
-    socket_root = Path(tempfile.mkdtemp(prefix="scb-"))  # short path: unix sockets are limited
-    need = max([WORKLOADS[name].dataset_bytes(max(ns) + sum(ns))
-                for name, ns in args.size_plan.items()] + [0])
-    free = shutil.disk_usage(scratch_root).free
-    if free < need:
-        print(f"warning: {free / GB:.1f} GB free in {scratch_root}, about {need / GB:.1f} GB "
-              "needed", file=sys.stderr)
-    bench = Benchmark(args, scratch_root=scratch_root, socket_root=socket_root)
-    memory_on = "memory" in args.sections
-    bench.total = (sum(len(ns) for ns in args.size_plan.values()) * len(args.strategies)
-                   * args.repeat)
+    scratch = Path(tempfile.mkdtemp(prefix="shardcache-bench-", dir=args.tmp_dir))
+    sockets = Path(tempfile.mkdtemp(prefix="scb-"))  # short: a socket's path is limited
+    bench = Benchmark(args, scratch, sockets, total=sum(map(len, args.size_plan.values()))
+                      * len(args.strategies) * args.repeat)
     memory: dict[str, Any] | None = None
     store: dict[str, Any] | None = None
     started = time.monotonic()
     try:
         for name, sizes in args.size_plan.items():
-            bench.run_workload(name, sizes)
-        if memory_on:
-            memory = _memory_section(args, scratch_root, socket_root)
+            bench.throughput(name, sizes)
+        if "memory" in args.sections:
+            memory = memory_section(args, scratch, sockets)
         if "store" in args.sections:
-            store = _store_section(args, scratch_root)
+            store = store_section(args, scratch)
     finally:
-        shutil.rmtree(scratch_root, ignore_errors=True)
-        shutil.rmtree(socket_root, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(sockets, ignore_errors=True)
     add_ratios(bench.records)
     wall = time.monotonic() - started
     print(f"\nTotal benchmark wall time: {wall:.0f} s", file=sys.stderr)
     return {
-        "command": reproducing_command(),
-        "quick": args.quick,
-        "machine": facts,
+        "command": reproducing_command(), "quick": args.quick, "machine": facts,
         "config": {"sizes": args.size_plan, "strategies": args.strategies,
-                   "batch_size": args.batch_size, "warmup_batches": args.warmup_batches,
-                   "repeat": args.repeat, "cold": args.cold,
+                   "batch_size": BATCH_SIZE, "repeat": args.repeat, "cold": args.cold,
+                   "client_options": dict(args.client_option),
                    "slow_disk": args.slow_disk.describe() if args.slow_disk else None},
-        "records": bench.records,
-        "daemons": bench.daemons,
-        "memory": memory,
-        "store": store,
+        "records": bench.records, "daemons": bench.daemons, "memory": memory, "store": store,
         "wall_seconds": round(wall),
     }
 
 
-def _memory_section(args: argparse.Namespace, scratch_root: Path,
-                    socket_root: Path) -> dict[str, Any]:
-    """Run the memory section in its own cgroup; its records, or why it could not run."""
-    section: dict[str, Any] = {"workload": args.memory_workload,
+def memory_section(args: argparse.Namespace, scratch: Path, sockets: Path) -> dict[str, Any]:
+    """The memory section in its cgroup: its records, or why it could not run."""
+    section: dict[str, Any] = {"workload": MEMORY_WORKLOAD,
                                "limit_bytes": int(args.memory_limit_gib * GIB),
-                               "sizes_gib": args.memory_sizes_gib,
-                               "strategies": args.memory_strategies, "records": [],
-                               "batch_size": args.memory_batch_size,
-                               "daemons": []}
+                               "sizes_gib": list(args.memory_sizes_gib),
+                               "strategies": list(MEMORY_STRATEGIES), "records": [],
+                               "batch_size": MEMORY_BATCH_SIZE}
     try:
         cap = MemoryCap(section["limit_bytes"])
     except MemoryCapError as exc:
         print(f"memory section skipped: {exc}", file=sys.stderr)
         return section | {"error": str(exc)}
     with cap:
-        bench = Benchmark(args, scratch_root=scratch_root, socket_root=socket_root,
-                          total=len(args.memory_sizes_gib) * len(args.memory_strategies))
-        bench.run_memory(cap)
+        bench = Benchmark(args, scratch, sockets,
+                          total=len(args.memory_sizes_gib) * len(MEMORY_STRATEGIES))
+        bench.memory(cap)
     return section | {"cgroup": cap.describe(), "records": bench.records,
                       "daemons": bench.daemons}
 
 
-def _store_section(args: argparse.Namespace, scratch_root: Path) -> dict[str, Any]:
-    """Run ``store.py`` (full or quick sizes) in its own process; its results, or why not."""
-    out = scratch_root / "store.json"
-    cmd = [sys.executable, str(BENCH_DIR / "store.py"), "--out", str(out), "--no-report",
-           "--tmp-dir", str(scratch_root), "--timeout", str(min(args.timeout, 600.0))]
-    if not args.quick:
-        cmd.append("--full")
+def store_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """``store.py`` (``--full`` unless ``--quick``) in its own process: its results, or why not."""
     print("[store] the object-store tier (bench/store.py) ...", file=sys.stderr, flush=True)
+    out = scratch / "store.json"
+    cmd = [sys.executable, str(BENCH_DIR / "store.py"), "--out", str(out), "--no-report",
+           "--tmp-dir", str(scratch), "--timeout", str(min(args.timeout, 600.0)),
+           *([] if args.quick else ["--full"])]
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), stdout=subprocess.DEVNULL,
                               timeout=args.timeout, check=False)

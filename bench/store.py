@@ -1,38 +1,16 @@
-"""The object-store tier: what the store moves raw, and how much of it publish and pull get.
+"""The object store tier: what a store moves raw, and how much of it publish and pull get.
 
-Run from the repository root (``make bench`` runs it through ``run.py``)::
+    .venv/bin/python bench/store.py            # quick sizes (~1.5 minutes); --full: make bench's
 
-    .venv/bin/python bench/store.py                 # quick sizes (~1.5 minutes): report on stdout
-    .venv/bin/python bench/store.py --full          # make bench's sizes
-    .venv/bin/python bench/store.py --servers seaweedfs --out /tmp/store.json
-
-Against a SeaweedFS server the script starts (master, volume, filer, S3 gateway on loopback,
-``tests/s3.py``), and moto's server for comparison, in the same run:
-
-- **raw**: PUT and GET of shard-sized objects of random bytes (as large as the cache below,
-  which ``cc.cache`` writes as one shard), one object at a time, from and to files, through
-  each client library: boto3 as the daemon uses it (``upload_file`` with
-  its TransferConfig; one ``get_object`` streamed in 8 MiB reads) and obstore (``put`` of the
-  file; one ``get`` streamed). What the store and each library can move, with nothing of
-  shardcache's around it.
-- **publish**: a daemon with ``--store`` and a cache written with ``cc.cache`` over a tf.data
-  pipeline of known size (random int32 elements of 256 KiB, incompressible): seconds from
-  the commit (the first epoch's end) to the store state STORED (objects and manifest in the
-  store), and its MB/s over the bytes uploaded.
-- **pull**: a second daemon with a data dir of its own and the same ``--store`` (a cold
-  node): seconds for ``cc.dataset(name)`` to read every element, MB/s over the same bytes,
-  and the time to the first element.
-
-Ratios divide publish by the raw boto3 PUT and pull by the raw boto3 GET of the same store:
-what the tier adds (SHA-256, fsync, the manifest, LMDB) over the client it uses. MB are
-10^6 bytes. With ``--out`` the raw results go to a JSON file; ``run.py`` renders them into
-the report with :func:`render_store`. Progress goes to stderr.
+Against a SeaweedFS server it starts on loopback (``tests/s3.py``) and moto's beside it: raw
+PUT and GET through boto3 (as the daemon uses it) and obstore; a cache's publish (commit to
+STORED) and its pull into a second, cold daemon, as ratios to the raw boto3 PUT and GET
+(docs/benchmarks.md, "The object store tier").
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -42,11 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-sys.path[:0] = [str(BENCH_DIR), str(REPO_ROOT)]
+from harness import MB, BenchDaemon, arguments, machine_facts, reproducing_command, write_json
+from report import render_store
 
-MB = 1_000_000
 MIB = 1 << 20
 #: Sizes: the raw part's objects are as large as the cache publish and pull move, which
 #: cc.cache writes as one shard (its shards hold up to 1 GiB): the same multipart upload
@@ -54,8 +30,6 @@ MIB = 1 << 20
 QUICK = {"objects": 2, "object_mib": 128, "cache_mib": 128}
 FULL = {"objects": 4, "object_mib": 256, "cache_mib": 256}
 ELEMENT_INTS = 64 * 1024  # int32 per element: 256 KiB
-SERVERS = ("seaweedfs", "moto")
-SERVER_NAMES = {"seaweedfs": "SeaweedFS", "moto": "moto (server mode)"}
 READ_BYTES = 8 << 20  # the daemon's download read size (cacheserver/tier/bucket.py)
 
 
@@ -158,7 +132,6 @@ def _raw_record(client: str, put: Callable[[], None], get: Callable[[], None],
 def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict[str, Any]:
     """Publish a cache from one daemon and pull it into a second, cold one."""
     import tensorflow as tf
-    from daemons import BenchDaemon
 
     from client import CacheClient
 
@@ -168,9 +141,7 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict
     ds = tf.data.Dataset.range(n).map(lambda i: tf.random.stateless_uniform(
         [ELEMENT_INTS], seed=tf.stack([i, 7]), minval=None, maxval=None, dtype=tf.int32))
     name = f"store-bench-{n}"
-    daemons = [BenchDaemon(data_dir=scratch / f"data-{role}", socket_path=scratch / f"{role}.sock",
-                           log_path=scratch / f"daemon-{role}.log",
-                           extra_args=("--store", url, "--store-endpoint", server.endpoint))
+    daemons = [BenchDaemon(scratch, role, ("--store", url, "--store-endpoint", server.endpoint))
                for role in ("a", "b")]
     record: dict[str, Any] = {"elements": n, "element_bytes": ELEMENT_INTS * 4,
                               "payload_bytes": n * ELEMENT_INTS * 4}
@@ -236,13 +207,9 @@ def start_server(kind: str, workdir: Path) -> Any:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure every server; return the section as one JSON-able object."""
-    from machine import machine_facts, reproducing_command
-
     sizes = FULL if args.full else QUICK
     scratch_root = Path(tempfile.mkdtemp(prefix="shardcache-store-bench-", dir=args.tmp_dir))
     facts = machine_facts(scratch_root)
-    for key in ("loadavg", "date_utc"):
-        facts.pop(key, None)
     results: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
@@ -250,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         files_dir.mkdir()
         out_dir.mkdir()
         files = make_objects(files_dir, sizes["objects"], sizes["object_mib"] * MIB)
-        for kind in args.servers:
+        for kind in ("seaweedfs", "moto"):
             entry: dict[str, Any] = {"server": kind, "raw": []}
             results.append(entry)
             progress(f"[store] starting {kind} ...")
@@ -267,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     progress(f"[store] {kind} raw {raw['client']}: " + (
                         f"PUT {raw['put_mb_per_s']:,.0f} MB/s, GET {raw['get_mb_per_s']:,.0f} "
                         "MB/s" if raw["status"] == "ok" else raw["error"]))
-                if kind in args.tier_servers:
+                if kind == "seaweedfs":
                     progress(f"[store] {kind}: publish and pull of {sizes['cache_mib']} MiB ...")
                     entry["tier"] = tier(server, scratch_root / f"{kind}-tier",
                                          sizes["cache_mib"] * MIB, args.timeout)
@@ -290,100 +257,25 @@ def summary(record: dict[str, Any]) -> str:
             f"element {record['first_element_s']:.2f} s")
 
 
-# ---------------------------------------------------------------------- the report
-def _raw_of(entry: dict[str, Any], client: str) -> dict[str, Any] | None:
-    found = [r for r in entry.get("raw", []) if r["client"] == client and r["status"] == "ok"]
-    return found[0] if found else None
-
-
-def _num(value: float | None, digits: int = 0) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
-
-
-def render_store(section: dict[str, Any], header: Callable[[dict[str, Any], tuple[str, ...]],
-                                                              list[str]]) -> list[str]:
-    """The report's markdown for one run of this script (``header``: render.py's group lines)."""
-    config = section["config"]
-    lines = ["### The object store tier", ""]
-    if section.get("error"):
-        return [*lines, f"Not measured: {section['error']}", ""]
-    lines += header(section, (
-        f"- Raw: {config['objects']} objects of {config['object_mib']} MiB of random bytes, one "
-        "at a time, file to store and back; publish and pull: a cache of "
-        f"{config['cache_mib']} MiB ({config['element_bytes'] // 1024} KiB elements of random "
-        "int32) written with `cc.cache`; servers on loopback, on the machine's own disk",))
-    lines += ["What the store moves through each client library (MB/s of object bytes; boto3 "
-              "as the daemon uses it):", "",
-              "| store | client | PUT MB/s | GET MB/s |", "|---|---|---|---|"]
-    for entry in section["servers"]:
-        server = SERVER_NAMES.get(entry["server"], entry["server"])
-        if entry.get("status") != "ok":
-            lines.append(f"| {server} | - | {entry.get('error', 'not run')[:120]} | |")
-            continue
-        for raw in entry["raw"]:
-            if raw["status"] == "ok":
-                lines.append(f"| {server} | {raw['client']} | {_num(raw['put_mb_per_s'])} | "
-                             f"{_num(raw['get_mb_per_s'])} |")
-            else:
-                lines.append(f"| {server} | {raw['client']} | {raw['status']}: "
-                             f"{raw['error'][:120]} | |")
-    tiers = [e for e in section["servers"] if e.get("tier")]
-    if tiers:
-        lines += ["", "shardcache's publish (commit to STORED) and pull (a cold daemon's "
-                  "`cc.dataset` reading every element), MB/s of the bytes stored; ratios to "
-                  "the raw boto3 PUT and GET of the same store:", "",
-                  "| store | cache MB (shards) | publish s | publish MB/s | vs raw PUT | "
-                  "pull s | pull MB/s | vs raw GET | first element s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for entry in tiers:
-            server = SERVER_NAMES.get(entry["server"], entry["server"])
-            t, raw = entry["tier"], _raw_of(entry, "boto3")
-            if t.get("status") != "ok":
-                lines.append(f"| {server} | {t.get('status')}: {t.get('error', '')[:200]} "
-                             "| | | | | | | |")
-                continue
-            put_ratio = t["publish_mb_per_s"] / raw["put_mb_per_s"] if raw else None
-            get_ratio = t["pull_mb_per_s"] / raw["get_mb_per_s"] if raw else None
-            lines.append(
-                f"| {server} | {t['stored_bytes'] / MB:,.0f} ({t['shards']}) | "
-                f"{t['publish_s']:.2f} | {_num(t['publish_mb_per_s'])} | "
-                f"**{_num(put_ratio, 2)}x** | {t['pull_s']:.2f} | {_num(t['pull_mb_per_s'])} | "
-                f"**{_num(get_ratio, 2)}x** | {t['first_element_s']:.2f} |")
-    return [*lines, ""]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, out=True)
     parser.add_argument("--full", action="store_true",
-                        help=f"make bench's sizes: {FULL['objects']} x {FULL['object_mib']} MiB "
-                        f"raw, a {FULL['cache_mib']} MiB cache (default: {QUICK['objects']} x "
-                        f"{QUICK['object_mib']} MiB, {QUICK['cache_mib']} MiB)")
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS),
-                        help="stores to measure raw (default: both)")
-    parser.add_argument("--tier-servers", nargs="+", choices=SERVERS, default=["seaweedfs"],
-                        help="stores to publish to and pull from (default: seaweedfs)")
-    parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
-    parser.add_argument("--no-report", action="store_true",
-                        help="do not print the markdown report")
-    parser.add_argument("--tmp-dir", type=Path, default=None,
-                        help="where objects, servers and daemons keep their files")
+                         help=f"{FULL['objects']} x {FULL['object_mib']} MiB raw, a "
+                         f"{FULL['cache_mib']} MiB cache (default: {QUICK['objects']} x "
+                         f"{QUICK['object_mib']} MiB, {QUICK['cache_mib']} MiB)")
+    parser.add_argument("--no-report", action="store_true", help="print no markdown")
+    parser.add_argument("--tmp-dir", type=Path, help="where objects, servers and daemons go")
     parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds to wait for a publish to reach STORED")
+                         help="seconds to wait for a publish to reach STORED")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     section = run(args)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(section, indent=2) + "\n")
-        progress(f"[store] results written to {args.out}")
+    write_json(args.out, section)
     if not args.no_report:
-        from render import _group_header
-
-        print("\n".join(render_store(section, _group_header)))
+        print("\n".join(render_store(section)))
     ok = [e for e in section["servers"] if e.get("status") == "ok"]
     return 0 if ok and all(e.get("tier", {}).get("status", "ok") == "ok" for e in ok) else 1
 

@@ -1,16 +1,6 @@
-"""Synthetic, deterministic benchmark workloads.
+"""The synthetic workloads: deterministic ``(features, index % modulus)`` pipelines of an index.
 
-Each workload is a ``tf.data.Dataset.range(n).map(fn)`` pipeline whose ``fn`` derives every
-element from its index with stateless random ops, so the same ``n`` always yields the same
-elements (bit for bit on the same machine and TensorFlow build) without any input files.
-
-Elements are ``(features, label)`` tuples: features (float32 unless the workload says otherwise)
-plus an int64 scalar label. The
-label is ``index % label_modulus``, which lets every epoch be checked cheaply against
-:func:`expected_label_sum`.
-
-TensorFlow is imported lazily so the benchmark parent process can use the workload specs
-without paying for (or being measured with) a TensorFlow import.
+TensorFlow is imported only where a pipeline is built, so that the runner never pays for it.
 """
 
 from __future__ import annotations
@@ -36,94 +26,39 @@ _DTYPE_BYTES = {"float32": 4, "int32": 4, "uint8": 1}
 
 @dataclass(frozen=True)
 class Workload:
-    """Static description of one synthetic workload."""
 
     name: str
     feature_shape: tuple[int, ...]
     label_modulus: int
     sizes: tuple[int, ...]
     quick_sizes: tuple[int, ...]
-    description: str
     feature_dtype: str = "float32"
 
     @property
     def element_bytes(self) -> int:
         """Payload bytes of one element: the features plus the int64 label."""
-        count = 1
-        for dim in self.feature_shape:
-            count *= dim
-        return _DTYPE_BYTES[self.feature_dtype] * count + LABEL_BYTES
+        return _DTYPE_BYTES[self.feature_dtype] * math.prod(self.feature_shape) + LABEL_BYTES
 
     def dataset_bytes(self, n: int) -> int:
-        """Payload bytes of a dataset of ``n`` elements."""
         return n * self.element_bytes
 
 
-WORKLOADS: dict[str, Workload] = {
-    "image": Workload(
-        name="image",
-        feature_shape=(224, 224, 3),
-        label_modulus=1000,
-        sizes=(1000, 4000),
-        quick_sizes=(128, 512),
-        description=(
-            "224x224x3 float32 image (~602 KB) + int64 label; per element: 32x32 stateless noise, "
-            "bicubic upsample to 256x256, additive noise, 5x5 Gaussian blur, bilinear resize to "
-            "224x224, contrast, per-channel normalisation"
-        ),
-    ),
-    "jpeg": Workload(
-        name="jpeg",
-        feature_shape=(224, 224, 3),
-        label_modulus=1000,
-        sizes=(600,),
-        quick_sizes=(96,),
-        description=(
-            "224x224x3 float32 (~602 KB) + int64 label from a realistically expensive pipeline: "
-            "read and decode a 1600x1200 JPEG (one of 32 generated once under .cache/), "
-            "stateless random crop of 30-100% of its area, bilinear resize to 224x224, "
-            "random flip, scale to [0, 1]"
-        ),
-    ),
-    "pixels": Workload(
-        name="pixels",
-        feature_shape=(224, 224, 3),
-        label_modulus=1000,
-        sizes=(2000,),
-        quick_sizes=(256,),
-        feature_dtype="uint8",
-        description=(
-            "224x224x3 uint8 (~150 KB) + int64 label: the jpeg workload's decode, random crop, "
-            "resize and flip, kept as pixels (compressible, as decoded photos are)"
-        ),
-    ),
-    "tokens": Workload(
-        name="tokens",
-        feature_shape=(512,),
-        label_modulus=10,
-        sizes=(200_000,),
-        quick_sizes=(20_000,),
-        feature_dtype="int32",
-        description=(
-            "512 int32 token ids (~2 KB) + int64 label: Zipf-like ids over a 32,000-word "
-            "vocabulary from stateless draws (compressible, as tokenized text is)"
-        ),
-    ),
-    "small": Workload(
-        name="small",
-        feature_shape=(256,),
-        label_modulus=10,
-        sizes=(200_000, 800_000),
-        quick_sizes=(10_000, 40_000),
-        description=(
-            "256-d float32 feature vector (~1 KB) + int64 label; per element: stateless normal "
-            "draw, tanh + log1p transform"
-        ),
-    ),
-}
+#: image: 602 KB float32 images, a few ms of CPU each (noise, bicubic upsample, blur, resize);
+#: jpeg: a decoded 1600x1200 JPEG's random crop, resized (realistically expensive); pixels:
+#: the same kept as uint8 (compressible); tokens: Zipf-like int32 ids (compressible); small:
+#: 1 KB float32 vectors, where per-element overhead dominates.
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("image", (224, 224, 3), 1000, sizes=(1000, 4000), quick_sizes=(256,)),
+    Workload("jpeg", (224, 224, 3), 1000, sizes=(600,), quick_sizes=(96,)),
+    Workload("pixels", (224, 224, 3), 1000, sizes=(2000,), quick_sizes=(256,),
+             feature_dtype="uint8"),
+    Workload("tokens", (512,), 10, sizes=(200_000,), quick_sizes=(20_000,),
+             feature_dtype="int32"),
+    Workload("small", (256,), 10, sizes=(200_000, 800_000), quick_sizes=(40_000,)),
+)}
 
-#: Cheap, incompressible sources of several element sizes (bench/scaling.py): feature shape per
-#: workload name. ``flat-602k`` has the image workload's shape.
+#: Cheap, incompressible sources of several element sizes (~1 GB/s: rows of a random pool, the
+#: first value the index): feature shape per workload name; ``flat-602k`` is ``image``'s shape.
 FLAT_SHAPES: dict[str, tuple[int, ...]] = {
     "flat-1k": (256,),
     "flat-16k": (4096,),
@@ -135,21 +70,8 @@ FLAT_BATCH_BYTES = 4 << 20  # the flat source makes elements in batches of about
 FLAT_POOL_BYTES = 16 << 20  # random float32 rows the flat elements are copied from
 for _name, _shape in FLAT_SHAPES.items():
     _bytes = 4 * math.prod(_shape) + LABEL_BYTES
-    WORKLOADS[_name] = Workload(
-        name=_name,
-        feature_shape=_shape,
-        label_modulus=1000,
-        sizes=(max(1, (1 << 30) // _bytes),),  # about 1 GiB
-        quick_sizes=(max(1, (1 << 26) // _bytes),),  # about 64 MiB
-        description=(
-            f"{'x'.join(map(str, _shape))} float32 + int64 label from a cheap source (~1 GB/s): "
-            "a row of a fixed 16 MiB pool of uniform random floats (zstd-incompressible), its "
-            "first value replaced by the index so that no two elements are equal"
-        ),
-    )
-
-#: What bench/run.py measures unless --workloads says otherwise.
-DEFAULT_WORKLOADS: tuple[str, ...] = ("image", "small", "jpeg")
+    WORKLOADS[_name] = Workload(_name, _shape, 1000, sizes=(max(1, (1 << 30) // _bytes),),
+                                quick_sizes=(max(1, (1 << 26) // _bytes),))  # 1 GiB, 64 MiB
 
 
 def expected_label_sum(workload: Workload, n: int) -> int:
@@ -160,11 +82,7 @@ def expected_label_sum(workload: Workload, n: int) -> int:
 
 
 def make_source(workload: Workload, n: int) -> tf.data.Dataset:
-    """Build the uncached source pipeline of ``n`` elements for ``workload``.
-
-    The map runs with ``num_parallel_calls=AUTOTUNE`` and deterministic ordering, as a typical
-    input pipeline would.
-    """
+    """The uncached pipeline of ``n`` elements: a parallel (AUTOTUNE), deterministic map."""
     import tensorflow as tf
 
     if workload.name in FLAT_SHAPES:
@@ -177,11 +95,7 @@ def make_source(workload: Workload, n: int) -> tf.data.Dataset:
 
 
 def make_warmup(workload: Workload, n: int) -> tf.data.Dataset:
-    """Build ``n`` zero-valued elements with the workload's structure, for process warm-up.
-
-    Iterating a few batches of these before epoch 1 lets every measurement process grow its
-    heap and start TensorFlow's thread pools the same way, independently of the strategy.
-    """
+    """``n`` zero elements of the workload's shape: every process warms up the same way."""
     import tensorflow as tf
 
     def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -191,7 +105,7 @@ def make_warmup(workload: Workload, n: int) -> tf.data.Dataset:
 
 
 def _image_element_fn(workload: Workload) -> ElementFn:
-    """Return the per-index image "preprocessing" function (a few ms of CPU per element)."""
+    """Noise, bicubic upsample, blur, resize, normalise: a few ms of CPU per element."""
     import tensorflow as tf
 
     height, width, channels = workload.feature_shape
@@ -218,7 +132,7 @@ def _image_element_fn(workload: Workload) -> ElementFn:
 
 
 def _small_element_fn(workload: Workload) -> ElementFn:
-    """Return the per-index feature-vector function (cheap; per-element overhead dominates)."""
+    """A cheap 1 KB vector: per-element overhead dominates."""
     import tensorflow as tf
 
     modulus = tf.constant(workload.label_modulus, tf.int64)
@@ -238,7 +152,7 @@ JPEG_DIR = Path(__file__).resolve().parent.parent / ".cache" / "bench-jpeg-v2"
 
 
 def ensure_jpegs(directory: Path = JPEG_DIR) -> list[str]:
-    """Write the JPEG source files once (smooth scenes plus grain, quality 90); return paths."""
+    """The JPEG files, written once (smooth scenes plus grain, quality 90)."""
     import tensorflow as tf
 
     paths = [str(directory / f"{i:03d}.jpg") for i in range(JPEG_FILES)]
@@ -262,10 +176,7 @@ def ensure_jpegs(directory: Path = JPEG_DIR) -> list[str]:
 
 
 def _jpeg_element_fn(workload: Workload) -> ElementFn:
-    """Return the per-index decode + random crop + resize function (~10+ ms of CPU).
-
-    Float workloads scale to [0, 1]; a uint8 workload keeps the resized pixels.
-    """
+    """Decode, random crop, resize (~10+ ms of CPU); floats in [0, 1], or uint8 pixels."""
     import tensorflow as tf
 
     height, width, _ = workload.feature_shape
@@ -292,7 +203,7 @@ def _jpeg_element_fn(workload: Workload) -> ElementFn:
 
 
 def _tokens_element_fn(workload: Workload) -> ElementFn:
-    """Return the per-index token-sequence function: Zipf-like ids, small ones most common."""
+    """Zipf-like int32 token ids, small ones most common."""
     import tensorflow as tf
 
     vocabulary = 32_000.0
@@ -308,13 +219,8 @@ def _tokens_element_fn(workload: Workload) -> ElementFn:
 
 
 def flat_source(workload: Workload, start: int, stop: int) -> tf.data.Dataset:
-    """Elements ``start`` to ``stop`` of a flat workload: memory-speed, deterministic.
-
-    Elements are made in batches of ~4 MiB (one TF call per batch, then ``unbatch``), so that
-    even 1 KB elements cost well under a microsecond of Python each. Row ``i % P`` of a fixed
-    pool of P uniform random rows (numpy seed 0) is the body of element ``i``; its first value
-    is ``float(i)``. A record therefore compresses no better than random floats do.
-    """
+    """Elements ``start`` to ``stop`` of a flat workload, made ~4 MiB per TF call: element
+    ``i`` is row ``i % P`` of a pool of random rows with ``float(i)`` first (incompressible)."""
     import numpy as np
     import tensorflow as tf
 
