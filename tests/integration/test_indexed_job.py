@@ -11,13 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from daemon import Daemon, env_without_tf_noise, free_port
 from s3 import MotoServer, Store
+from waits import wait_until
 
 pytest.importorskip("boto3")
 tf = pytest.importorskip("tensorflow")
@@ -36,13 +36,6 @@ import mat_pipelines  # noqa: E402
 BIN = Path(sys.executable).parent
 ENTRY = "mat_pipelines:held"
 SHARDS, INDEXES = 6, 3
-
-
-def wait_until(predicate, deadline_s: float, what: str) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not within {deadline_s:g}s"
-        time.sleep(0.05)
 
 
 @pytest.fixture

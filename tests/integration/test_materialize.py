@@ -12,7 +12,6 @@ import subprocess
 import sys
 import termios
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 from daemon import Daemon, env_without_tf_noise, free_port
+from waits import wait_until
 
 tf = pytest.importorskip("tensorflow")
 
@@ -39,15 +39,6 @@ PIPELINES = ROOT / "tests" / "pipelines"
 sys.path.insert(0, str(PIPELINES))
 
 import mat_pipelines  # noqa: E402
-
-
-def wait_until(predicate, deadline_s: float = 120.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {deadline_s:g}s")
-        time.sleep(0.05)
-
 
 #: What these tests' daemons allow: the test pipelines (and a module that is not there, to
 #: show an import error), and shipped graphs (tests/integration/test_materialize_security.py
@@ -138,7 +129,7 @@ def test_progress_is_watched_a_ready_cache_keeps_serving_and_cancel_stops_the_wo
     ready = f"{name}-ready"
     mc.materialize("mat_pipelines:records", name=ready, num_shards=1, workers=1)
     op = mc.materialize("mat_pipelines:gated", name=name, num_shards=4, workers=2, wait=False)
-    wait_until(lambda: op.progress().shards_done == 2, what="shards 0 and 1 committed")
+    wait_until(lambda: op.progress().shards_done == 2, 120, "shards 0 and 1 committed")
     progress = op.progress()
     assert (progress.state, progress.done, progress.shards_total) == ("RUNNING", False, 4)
     assert progress.elements >= 41 and progress.stored_bytes > 0 and progress.workers == 2
@@ -289,7 +280,7 @@ def test_a_daemon_killed_mid_materialization_resumes_and_builds_the_same_cache(
             wait_until(lambda: op.progress().shards_done == 2
                        and (cache_dir / "shard-00002").is_dir()
                        and (cache_dir / "shard-00003").is_dir(),
-                       what="two shards committed, two being written")
+                       120, "two shards committed, two being written")
             workers = workers_of(daemon.proc.pid)
         daemon.kill()  # SIGKILL: nothing gets to clean up
         _, alive = psutil.wait_procs(workers, timeout=60)
@@ -324,7 +315,7 @@ def test_a_sigterm_stops_the_workers_keeps_committed_shards_and_the_restart_resu
         with CacheClient(daemon.unix_target) as cc:
             op = cc.materialize("mat_pipelines:gated", name="stopped", num_shards=4, workers=2,
                                 wait=False)
-            wait_until(lambda: op.progress().shards_done == 2, what="two shards committed")
+            wait_until(lambda: op.progress().shards_done == 2, 120, "two shards committed")
             workers = workers_of(daemon.proc.pid)
         assert daemon.terminate() == 0
         _, alive = psutil.wait_procs(workers, timeout=60)
