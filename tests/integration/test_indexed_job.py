@@ -22,16 +22,14 @@ from waits import wait_until
 pytest.importorskip("boto3")
 tf = pytest.importorskip("tensorflow")
 
+from materializing import PIPELINES, mat_pipelines  # noqa: E402
+
 from cacheserver.catalog import stored  # noqa: E402
 from cacheserver.materialize.operation import source_fingerprint  # noqa: E402
 from cacheserver.tier.bucket import Bucket  # noqa: E402
 from client import CacheClient  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = ROOT / "tests" / "pipelines"
-sys.path.insert(0, str(PIPELINES))
-
-import mat_pipelines  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ENTRY = "mat_pipelines:held"

@@ -1,4 +1,6 @@
-"""Server-side materialization: a real daemon runs entry points in spawned workers."""
+"""Server-side materialization: a real daemon runs entry points in spawned workers; happy
+paths, bad input, the CLI and block sizes (crashes, SIGTERM, full disks and --max-bytes:
+test_materialize_recovery.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import fcntl
 import json
 import os
 import pty
-import shutil
 import struct
 import subprocess
 import sys
@@ -15,45 +16,32 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
-from daemon import Daemon, env_without_tf_noise, free_port
+from daemon import Daemon, env_without_tf_noise
 from waits import wait_until
 
 tf = pytest.importorskip("tensorflow")
+
+from materializing import (  # noqa: E402
+    assert_same_elements,
+    elements,
+    expected_records,
+    materializing_daemon,
+    workers_of,
+)
 
 from client import (  # noqa: E402
     CacheClient,
     CacheExistsError,
     CacheNotFoundError,
     CacheNotReadyError,
-    DiskFullError,
     InvalidArgumentError,
     OperationCancelledError,
     PipelineError,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = ROOT / "tests" / "pipelines"
-sys.path.insert(0, str(PIPELINES))
-
-import mat_pipelines  # noqa: E402
-
-#: What these tests' daemons allow: the test pipelines (and a module that is not there, to
-#: show an import error), and shipped graphs (tests/integration/test_materialize_security.py
-#: covers the refusals).
-ALLOW = ("--pythonpath", str(PIPELINES), "--materialize-allow", "mat_pipelines,no_such_module",
-         "--allow-shipped-pipelines")
-
-
-def materializing_daemon(gate: Path, data_dir: Path | None = None) -> Daemon:
-    """A daemon whose workers find tests/pipelines and whose gated() waits for gate."""
-    os.environ[mat_pipelines.GATE_ENV] = str(gate)  # the daemon inherits it
-    try:
-        return Daemon(data_dir=data_dir, extra_args=ALLOW).start()
-    finally:
-        del os.environ[mat_pipelines.GATE_ENV]
 
 
 @pytest.fixture(scope="module")
@@ -68,30 +56,6 @@ def mc(mdaemon: Daemon) -> Iterator[CacheClient]:
     with CacheClient(mdaemon.unix_target) as client:
         yield client
 
-
-def elements(ds: tf.data.Dataset) -> list[dict]:
-    return list(ds.as_numpy_iterator())
-
-
-def assert_same_elements(got: list[dict], want: list[dict]) -> None:
-    assert len(got) == len(want)
-    for i, (a, b) in enumerate(zip(got, want)):
-        assert a.keys() == b.keys(), i
-        for key in a:
-            np.testing.assert_array_equal(a[key], b[key], err_msg=f"element {i}, {key!r}")
-
-
-def expected_records(num_shards: int) -> list[dict]:
-    out: list[dict] = []
-    for shard in range(num_shards):
-        out += elements(mat_pipelines.records(shard, num_shards))
-    return out
-
-
-def workers_of(pid: int) -> list[psutil.Process]:
-    """The daemon's materialization workers (not multiprocessing's resource tracker)."""
-    return [p for p in psutil.Process(pid).children()
-            if "spawn_main" in " ".join(p.cmdline())]
 
 
 # --------------------------------------------------------------------------- happy paths
@@ -264,138 +228,6 @@ def test_on_a_terminal_the_cli_draws_a_progress_bar_and_no_wait_returns_the_oper
     progress = mc.materialize("mat_pipelines:records", name=other, num_shards=2,
                               wait=False, resume=True).wait(timeout=300)
     assert (progress.state, progress.elements) == ("SUCCEEDED", 41)
-
-
-# --------------------------------------------------------------------------- crash recovery
-
-def test_a_daemon_killed_mid_materialization_resumes_and_builds_the_same_cache(
-        tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    daemon = materializing_daemon(gate)
-    try:
-        with CacheClient(daemon.unix_target) as cc:
-            op = cc.materialize("mat_pipelines:gated", name="crashed", num_shards=4, workers=2,
-                                wait=False)
-            cache_dir = daemon.data_dir / "caches" / "crashed"
-            wait_until(lambda: op.progress().shards_done == 2
-                       and (cache_dir / "shard-00002").is_dir()
-                       and (cache_dir / "shard-00003").is_dir(),
-                       120, "two shards committed, two being written")
-            workers = workers_of(daemon.proc.pid)
-        daemon.kill()  # SIGKILL: nothing gets to clean up
-        _, alive = psutil.wait_procs(workers, timeout=60)
-        assert not alive, "workers must die with the daemon"
-        assert (cache_dir / "shard-00001.json").exists()
-        assert not (cache_dir / "shard-00002.json").exists()
-        assert (cache_dir / "shard-00002" / "data.mdb").exists()
-
-        gate.touch()
-        daemon.start()  # resumes on its own
-        with CacheClient(daemon.unix_target) as cc:
-            assert cc.info("crashed").state in ("WRITING", "READY")
-            op = cc.materialize("mat_pipelines:gated", name="crashed", num_shards=4,
-                                workers=2, wait=False, resume=True)
-            progress = op.wait(timeout=300)
-            assert (progress.state, progress.shards_resumed) == ("SUCCEEDED", 2)
-            assert "resuming materialization of cache 'crashed': 2 of 4" in daemon.log()
-            resumed = elements(cc.dataset("crashed"))
-            cc.materialize("mat_pipelines:gated", name="uninterrupted", num_shards=4,
-                           workers=2)
-            assert_same_elements(resumed, elements(cc.dataset("uninterrupted")))
-            assert_same_elements(resumed, expected_records(4))
-    finally:
-        daemon.close()
-
-
-def test_a_sigterm_stops_the_workers_keeps_committed_shards_and_the_restart_resumes(
-        tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    daemon = materializing_daemon(gate)
-    try:
-        with CacheClient(daemon.unix_target) as cc:
-            op = cc.materialize("mat_pipelines:gated", name="stopped", num_shards=4, workers=2,
-                                wait=False)
-            wait_until(lambda: op.progress().shards_done == 2, 120, "two shards committed")
-            workers = workers_of(daemon.proc.pid)
-        assert daemon.terminate() == 0
-        _, alive = psutil.wait_procs(workers, timeout=60)
-        assert not alive
-        assert "the daemon shut down during materialize/stopped" in daemon.log()
-        gate.touch()
-        daemon.start()
-        with CacheClient(daemon.unix_target) as cc:
-            progress = cc.materialize("mat_pipelines:gated", name="stopped", num_shards=4,
-                                      workers=2, wait=False, resume=True).wait(timeout=300)
-            assert (progress.state, progress.shards_resumed) == ("SUCCEEDED", 2)
-            assert_same_elements(elements(cc.dataset("stopped")), expected_records(4))
-    finally:
-        daemon.close()
-
-
-# --------------------------------------------------------------------------- full disk
-
-
-def test_a_full_disk_fails_the_operation_releases_its_space_and_keeps_other_caches(
-        small_disk: Path, tmp_path: Path) -> None:
-    daemon = materializing_daemon(tmp_path / "gate", data_dir=small_disk / "data")
-    try:
-        with CacheClient(daemon.unix_target) as cc:
-            cc.materialize("mat_pipelines:records", name="small", num_shards=1, workers=1)
-            free_before = shutil.disk_usage(small_disk).free
-            with pytest.raises(DiskFullError, match=r"shard \d: disk full under .*free space"):
-                cc.materialize("mat_pipelines:big", name="big", num_shards=4, workers=2)
-            assert [c.name for c in cc.list()] == ["small"]
-            assert shutil.disk_usage(small_disk).free >= free_before - (1 << 20), \
-                "the failed shards' space must be released"
-            assert_same_elements(elements(cc.dataset("small")), expected_records(1))
-        assert "DISK_FULL" in daemon.log() or "disk full" in daemon.log()
-    finally:
-        daemon.close()
-
-
-def test_materialization_counts_against_max_bytes_evicts_to_fit_and_shows_in_metrics(
-        tmp_path: Path) -> None:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from client import CapacityExceededError
-
-    port = free_port()
-    os.environ[mat_pipelines.GATE_ENV] = str(tmp_path / "gate")
-    try:
-        daemon = Daemon(extra_args=(*ALLOW, "--max-bytes", "20MiB",
-                                    "--metrics-listen", f"127.0.0.1:{port}")).start()
-    finally:
-        del os.environ[mat_pipelines.GATE_ENV]
-
-    def metric(name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                    if s.name == name and s.labels == labels)
-
-    try:
-        with CacheClient(daemon.unix_target) as cc:
-            cc.materialize("mat_pipelines:records", name="small", num_shards=1, workers=1)
-            cc.materialize("mat_pipelines:big", name="big", num_shards=2, workers=2)  # 16 MiB
-            # 16 MiB more does not fit beside "big": the least recently used go, "small" first
-            cc.materialize("mat_pipelines:big", name="big2", num_shards=2, workers=2)
-            assert [c.name for c in cc.list()] == ["big2"]
-            cc.pin("big2")
-            with pytest.raises(CapacityExceededError, match=r"--max-bytes is 20,971,520 bytes"):
-                cc.materialize("mat_pipelines:big", name="big3", num_shards=2, workers=2)
-            assert [c.name for c in cc.list()] == ["big2"]
-            assert cc.info("big2").num_elements == 128
-            assert metric("shardcache_materializations_total", state="SUCCEEDED") == 3
-            assert metric("shardcache_materializations_total", state="FAILED") == 1
-            assert metric("shardcache_evictions_total", reason="capacity") == 2
-            assert metric("shardcache_materialized_shards_total") >= 5
-            assert metric("shardcache_materialized_elements_total") >= 20 + 3 * 64
-            assert metric("shardcache_materialized_bytes_total") >= 3 * (8 << 20)
-            assert metric("shardcache_disk_bytes") <= 20 << 20
-    finally:
-        daemon.close()
 
 
 def test_materialized_shards_of_small_elements_end_in_short_blocks_and_read_back_exactly(
