@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from daemon import Daemon
+from sharded import write_sharded
 
 from client import (
     CacheClient,
@@ -25,8 +27,6 @@ from client import (
     DataLossError,
     FingerprintMismatchError,
 )
-from tests.daemon import Daemon
-from tests.sharded import write_sharded
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow
