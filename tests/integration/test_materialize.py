@@ -117,6 +117,11 @@ def test_progress_is_watched_a_ready_cache_keeps_serving_and_cancel_stops_the_wo
 
 # --------------------------------------------------------------------------- bad input
 
+#: Broken pipelines whose shards differ: one fails, or disagrees, while another runs.
+SHARD_FAILURES = ("mat_pipelines:mixed_specs", "mat_pipelines:raises",
+                  "mat_pipelines:fails_while_reading")
+
+
 @pytest.mark.parametrize(("entry", "error", "message"), [
     ("no_such_module:fn", InvalidArgumentError,
      r"cannot import entry point 'no_such_module:fn'.*--pythonpath"),
@@ -134,8 +139,11 @@ def test_progress_is_watched_a_ready_cache_keeps_serving_and_cancel_stops_the_wo
 ])
 def test_a_bad_pipeline_fails_the_operation_with_a_clear_message_and_leaves_no_cache(
         mc: CacheClient, name: str, entry: str, error: type, message: str) -> None:
+    # a pipeline broken alike in every shard fails in the first worker; a second worker
+    # (another TensorFlow import) only matters where one shard fails while another runs
+    workers = 2 if entry in SHARD_FAILURES else 1
     with pytest.raises(error, match=f"(?s){message}"):
-        mc.materialize(entry, name=name, num_shards=2, workers=2)
+        mc.materialize(entry, name=name, num_shards=2, workers=workers)
     with pytest.raises(CacheNotFoundError):
         mc.info(name)
 
