@@ -58,3 +58,7 @@ def workers_of(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(pid).children()
             if "spawn_main" in " ".join(p.cmdline())]
 
+
+def assert_records(ds: tf.data.Dataset, num_shards: int) -> None:
+    """ds holds exactly records() of num_shards shards, in shard order."""
+    assert_same_elements(elements(ds), expected_records(num_shards))

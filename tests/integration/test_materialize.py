@@ -24,9 +24,7 @@ from waits import wait_until
 tf = pytest.importorskip("tensorflow")
 
 from materializing import (  # noqa: E402
-    assert_same_elements,
-    elements,
-    expected_records,
+    assert_records,
     materializing_daemon,
     workers_of,
 )
@@ -64,7 +62,7 @@ def test_an_entry_point_is_materialized_in_shard_order_and_reads_back_element_fo
         mc: CacheClient, mdaemon: Daemon, name: str) -> None:
     info = mc.materialize("mat_pipelines:records", name=name, num_shards=3, workers=2)
     assert (info.state, info.num_shards, info.num_elements) == ("READY", 3, 20 + 21 + 22)
-    assert_same_elements(elements(mc.dataset(name)), expected_records(3))
+    assert_records(mc.dataset(name), 3)
     assert "libtensorflow" not in Path(f"/proc/{mdaemon.proc.pid}/maps").read_text(), \
         "the daemon itself must not load TensorFlow; only its workers do"
 
@@ -101,7 +99,7 @@ def test_progress_is_watched_a_ready_cache_keeps_serving_and_cancel_stops_the_wo
     assert {c.name: c.state for c in mc.list()}[name] == "WRITING"
     with pytest.raises(CacheNotReadyError, match="WRITING"):
         mc.dataset(name)
-    assert_same_elements(elements(mc.dataset(ready)), expected_records(1))
+    assert_records(mc.dataset(ready), 1)
     workers = workers_of(mdaemon.proc.pid)
     assert len(workers) >= 2
     cancelled = op.cancel()
@@ -172,7 +170,7 @@ def test_a_ready_name_needs_overwrite_which_rebuilds_it(mc: CacheClient, name: s
     info = mc.materialize("mat_pipelines:records", name=name, num_shards=2, workers=1,
                           overwrite=True)
     assert (info.num_shards, info.num_elements) == (2, 41)
-    assert_same_elements(elements(mc.dataset(name)), expected_records(2))
+    assert_records(mc.dataset(name), 2)
 
 
 # --------------------------------------------------------------------------- the CLI
