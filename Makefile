@@ -1,6 +1,7 @@
 # Two entry points, each doing its own setup on a fresh machine:
 #   make demo   -> a local daemon + a Keras model trained through the cache
 #   make test   -> lint + the whole test suite (what .ci/run runs)
+#                  tests/README: how to run part of it, and where its time goes
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

@@ -8,11 +8,14 @@ from typing import Any
 
 
 def wait_until(predicate: Callable[[], object], deadline_s: float = 30.0,
-               what: str = "condition") -> None:
+               what: str | Callable[[], str] = "condition") -> None:
+    """Poll predicate every 50 ms; TimeoutError past deadline_s, saying what (or what()
+    returns then: the state that was waited on) was not met."""
     deadline = time.monotonic() + deadline_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {deadline_s:g} s")
+            said = what() if callable(what) else what
+            raise TimeoutError(f"{said} not met within {deadline_s:g} s")
         time.sleep(0.05)
 
 

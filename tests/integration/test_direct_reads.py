@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ tf = pytest.importorskip("tensorflow")
 
 from daemon import Daemon  # noqa: E402
 from sharded import write_sharded  # noqa: E402
+from waits import wait_until  # noqa: E402
 from wire import reason, records, write_cache  # noqa: E402
 
 from client import (  # noqa: E402
@@ -42,14 +42,6 @@ def ids(ds: tf.data.Dataset) -> list[int]:
         assert (element["x"] == element["i"]).all()
         out.append(int(element["i"]))
     return out
-
-
-def wait_until(predicate, what: str, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {deadline_s:g}s")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +169,7 @@ def test_a_daemon_killed_mid_epoch_lets_the_direct_pass_finish_from_local_files(
             got = [int(next(it)["i"]) for _ in range(5)]
             d.kill()
             with caplog.at_level(logging.WARNING, logger="client"):
-                wait_until(lambda: "cannot renew it" in caplog.text, "the renew failure")
+                wait_until(lambda: "cannot renew it" in caplog.text, 30, "the renew failure")
                 got += [int(e["i"]) for e in it]
         assert got == list(range(N))
         assert "this pass finishes from the shard files it holds open" in caplog.text
@@ -216,7 +208,7 @@ def test_a_killed_readers_lease_expires_and_its_cache_becomes_evictable() -> Non
             assert "1 being read" in err.value.details(), "the leased cache was evictable"
             holder.kill()  # SIGKILL: no release, no more renewals
             holder.communicate(timeout=30)
-            wait_until(lambda: cc.info("a").direct_leases == 0, "the lease's expiry")
+            wait_until(lambda: cc.info("a").direct_leases == 0, 30, "the lease's expiry")
             write_cache(ch, "d", records(8, 128 << 10, 9))
             assert sorted(c.name for c in cc.list()) == ["b", "c", "d"]
             assert "read lease on cache 'a' expired" in d.log()
@@ -316,5 +308,5 @@ def test_a_finished_pass_leaves_no_shard_file_open_in_the_client(daemon, name) -
             tf.constant(0)
             return open_shard_files() == [] and mapped() == []
 
-        wait_until(released, "a finished pass's shard files closed and unmapped (else a "
-                   "deleted cache's space would stay allocated)", 10)
+        wait_until(released, 10, "a finished pass's shard files closed and unmapped (else a "
+                   "deleted cache's space would stay allocated)")

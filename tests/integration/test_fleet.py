@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-
-from client import CacheClient
-from client._fleet import DOWN_SECONDS, ranked
-from tests.daemon import Daemon
-from tests.fleet import (
+from daemon import Daemon
+from fleet import (
     LoopbackFleet,
     NetnsFleet,
     can_edit_hosts,
@@ -28,9 +26,12 @@ from tests.fleet import (
     metric,
     shards_on,
 )
-from tests.s3 import MotoServer
-from tests.sharded import write_sharded
-from tests.waits import wait_until
+from s3 import MotoServer, Store
+from sharded import write_sharded
+from waits import wait_until
+
+from client import CacheClient
+from client._fleet import DOWN_SECONDS, ranked
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow
@@ -52,13 +53,9 @@ def ids(ds) -> list[int]:
     return [int(i) for _, i in ds]
 
 
-@pytest.fixture
-def published(store, name) -> Iterator[tuple[str, int]]:
-    yield from publish(store, name)
-
-
-def publish(store, name: str, shard_bytes: int = 64 << 10) -> Iterator[tuple[str, int]]:
-    """A cache of about 40 shards, written on a daemon of its own and published to the store."""
+def publish(store: Store, name: str, shard_bytes: int = 64 << 10) -> tuple[str, int]:
+    """A cache of about 40 shards, written on a daemon of its own and published to the store;
+    its name and shard count."""
     url, endpoint, env = store
     builder = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint),
                      env={**os.environ, **env}).start()
@@ -69,14 +66,27 @@ def publish(store, name: str, shard_bytes: int = 64 << 10) -> Iterator[tuple[str
                                   batch_elements=min(64, shard_bytes >> 10))
             wait_until(lambda: cc.info(name).store_state == "STORED", 60,
                        lambda: f"cache {name} not stored: {cc.info(name)}")
-        yield name, len(cache.shards)
+        return name, len(cache.shards)
     finally:
         builder.close()
 
 
+@pytest.fixture(scope="module")
+def fleet_store(moto_server: MotoServer) -> Store:
+    """One bucket for this module's loopback fleets, which only read from it."""
+    return moto_server.start().store()
+
+
+@pytest.fixture(scope="module")
+def published(fleet_store: Store) -> tuple[str, int]:
+    """The cache the fleets read, published once: each test's members start empty and pull
+    what they serve from the store, so their shards and metrics are the test's own."""
+    return publish(fleet_store, f"fleet-{uuid.uuid4().hex[:8]}")
+
+
 @pytest.fixture
-def fleet(store) -> Iterator[LoopbackFleet]:
-    f = LoopbackFleet(store)
+def fleet(fleet_store: Store) -> Iterator[LoopbackFleet]:
+    f = LoopbackFleet(fleet_store)
     try:
         for _ in range(4):
             f.add()
@@ -110,13 +120,13 @@ def test_every_shard_is_served_by_its_owner_only(published, fleet) -> None:
 
 
 def test_chunks_of_many_small_shards_stay_within_each_members_stream_limit(
-        store, name, fleet) -> None:
+        fleet_store, name, fleet) -> None:
     """A chunk spanning hundreds of shards sends their calls ahead, but never more than a
     member admits from one client (--max-streams-per-client, 48 by default)."""
-    for small, shards in publish(store, name, shard_bytes=8 << 10):
-        assert shards > 200
-        with CacheClient(targets=fleet.targets[:1]) as cc:  # one member owns every shard
-            assert ids(cc.dataset(small, parallel_shards=16, direct=False)) == list(range(N))
+    small, shards = publish(fleet_store, name, shard_bytes=8 << 10)
+    assert shards > 200
+    with CacheClient(targets=fleet.targets[:1]) as cc:  # one member owns every shard
+        assert ids(cc.dataset(small, parallel_shards=16, direct=False)) == list(range(N))
 
 
 def test_a_member_killed_mid_epoch_loses_and_repeats_nothing(published, fleet) -> None:
@@ -230,25 +240,25 @@ def test_a_member_whose_link_goes_down_mid_epoch_loses_and_repeats_nothing(
     try:
         for _ in range(4):
             fleet.add()
-        for published_name, shards in publish(store, name):
-            cut = owners(fleet, published_name, shards)[fleet.targets[2]]
-            assert cut
-            for shuffle in (False, True):
-                fleet.link(2, up=True)
-                seen = []
-                with CacheClient(targets=fleet.targets) as cc:
-                    ds = cc.dataset(published_name, shuffle=shuffle, seed=9,
-                                    **OVER_GRPC, parallel_shards=1)
-                    for i, element in enumerate(ds):
-                        seen.append(int(element[1]))
-                        if i == N // 10:
-                            fleet.link(2, up=False)
-                assert sorted(seen) == list(range(N))
-                assert (seen == list(range(N))) is not shuffle
-            # the cut member's shards were read from their next owners
-            for s in cut:
-                nxt = ranked(fleet.targets, published_name, s)[1]
-                member = next(d for d in fleet.members if d.tcp_target == nxt)
-                assert s in shards_on(member, published_name)
+        published_name, shards = publish(store, name)
+        cut = owners(fleet, published_name, shards)[fleet.targets[2]]
+        assert cut
+        for shuffle in (False, True):
+            fleet.link(2, up=True)
+            seen = []
+            with CacheClient(targets=fleet.targets) as cc:
+                ds = cc.dataset(published_name, shuffle=shuffle, seed=9,
+                                **OVER_GRPC, parallel_shards=1)
+                for i, element in enumerate(ds):
+                    seen.append(int(element[1]))
+                    if i == N // 10:
+                        fleet.link(2, up=False)
+            assert sorted(seen) == list(range(N))
+            assert (seen == list(range(N))) is not shuffle
+        # the cut member's shards were read from their next owners
+        for s in cut:
+            nxt = ranked(fleet.targets, published_name, s)[1]
+            member = next(d for d in fleet.members if d.tcp_target == nxt)
+            assert s in shards_on(member, published_name)
     finally:
         fleet.close()

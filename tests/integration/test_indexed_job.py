@@ -11,16 +11,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from daemon import Daemon, env_without_tf_noise, free_port
 from s3 import MotoServer, Store
+from waits import wait_until
 
 pytest.importorskip("boto3")
 tf = pytest.importorskip("tensorflow")
+
+from materializing import PIPELINES, mat_pipelines  # noqa: E402
 
 from cacheserver.catalog import stored  # noqa: E402
 from cacheserver.materialize.operation import source_fingerprint  # noqa: E402
@@ -28,21 +30,10 @@ from cacheserver.tier.bucket import Bucket  # noqa: E402
 from client import CacheClient  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = ROOT / "tests" / "pipelines"
-sys.path.insert(0, str(PIPELINES))
-
-import mat_pipelines  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ENTRY = "mat_pipelines:held"
 SHARDS, INDEXES = 6, 3
-
-
-def wait_until(predicate, deadline_s: float, what: str) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not within {deadline_s:g}s"
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ process group); finding 10: a shipped pipeline reads any file the daemon can.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from wire import stub
 
 tf = pytest.importorskip("tensorflow")
 
+from materializing import PIPELINES, mat_pipelines, workers_of  # noqa: E402
+
 from client import (  # noqa: E402
     CacheClient,
     CacheNotFoundError,
@@ -29,18 +30,6 @@ from client import (  # noqa: E402
     PipelineError,
 )
 from client.wire.v1 import cache_service_pb2 as pb  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = ROOT / "tests" / "pipelines"
-sys.path.insert(0, str(PIPELINES))
-
-import mat_pipelines  # noqa: E402
-
-
-def workers_of(pid: int) -> list[psutil.Process]:
-    """The daemon's materialization workers (not multiprocessing's resource tracker)."""
-    return [p for p in psutil.Process(pid).children()
-            if "spawn_main" in " ".join(p.cmdline())]
 
 
 def assert_healthy(daemon: Daemon, cc: CacheClient) -> None:

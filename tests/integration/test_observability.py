@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import queue
 import threading
-import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
 from daemon import Daemon, free_port
+from exposition import scrape
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 from wire import read_all, records, stub, write_cache
 
 from client.wire.v1 import cache_service_pb2 as pb
@@ -25,13 +24,6 @@ def observed() -> Iterator[Daemon]:
     d.metrics_url = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
     yield d.start()
     d.close()
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_metrics_move_with_reads_writes_errors_and_disk_use(observed: Daemon) -> None:

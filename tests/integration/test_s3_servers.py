@@ -14,9 +14,8 @@ import sys
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
+from s3 import STORE_PREFIX, S3Server
 from waits import wait_until
-
-from tests.s3 import STORE_PREFIX, S3Server
 
 SERVERS = ["moto_server", pytest.param("seaweedfs", marks=pytest.mark.slow)]
 

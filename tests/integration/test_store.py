@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+from daemon import Daemon
+from sharded import write_sharded
+from waits import wait_until
 
 from client import (
     CacheClient,
@@ -25,8 +27,6 @@ from client import (
     DataLossError,
     FingerprintMismatchError,
 )
-from tests.daemon import Daemon
-from tests.sharded import write_sharded
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow
@@ -88,13 +88,12 @@ def store_down(server) -> Iterator[None]:
 
 
 def wait_for(cc: CacheClient, name: str, state: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
+    def now() -> str:
         info = cc.info(name)
-        if info.store_state == state:
-            return info
-        assert time.monotonic() < deadline, f"{name} is {info.store_state} ({info.store_detail})"
-        time.sleep(0.1)
+        return f"{name} {state} (it is {info.store_state}: {info.store_detail})"
+
+    wait_until(lambda: cc.info(name).store_state == state, timeout, now)
+    return cc.info(name)
 
 
 @pytest.fixture
@@ -239,10 +238,8 @@ def test_kill_9_mid_upload_never_shows_a_partial_cache_and_the_restart_finishes(
     big = 40_000  # 80 MB: one multipart shard and several smaller ones
     with CacheClient(a.unix_target) as cc:
         write_sharded(cc, source(big), name, shard_bytes=24 << 20, chunk_bytes=1 << 20)
-        deadline = time.monotonic() + 60
-        while cc.info(name).store_done_bytes < (8 << 20):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: cc.info(name).store_done_bytes >= (8 << 20), 60,
+                   "8 MiB of the cache uploaded")
     a.kill()
     assert not [k for k in keys(store, f"{name}/") if k.endswith("manifest.json")]
     other = store_daemon(store)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -16,6 +17,26 @@ import tensorflow as tf
 GATE_ENV = "SC_TEST_GATE"
 GATED_AFTER = 5
 NOT_CALLABLE = 42
+
+
+def _held_at(ds: tf.data.Dataset, on_hold: Callable[[], None], release: str) -> tf.data.Dataset:
+    """ds, but after GATED_AFTER elements it calls on_hold() and waits (up to 300 s) for the
+    file release to exist."""
+
+    def wait(position: np.int64) -> np.int64:
+        if position == GATED_AFTER:
+            on_hold()
+            deadline = time.monotonic() + 300
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return position
+
+    def hold(position: tf.Tensor, element: dict) -> dict:
+        done = tf.numpy_function(wait, [position], tf.int64)
+        with tf.control_dependencies([done]):
+            return {k: tf.identity(v) for k, v in element.items()}
+
+    return ds.enumerate().map(hold)
 
 
 def records(shard: int, num_shards: int) -> tf.data.Dataset:
@@ -33,20 +54,7 @@ def gated(shard: int, num_shards: int) -> tf.data.Dataset:
     gate = os.environ.get(GATE_ENV)
     if shard < 2 or not gate:
         return ds
-
-    def wait(position: np.int64) -> np.int64:
-        if position == GATED_AFTER:
-            deadline = time.monotonic() + 300
-            while not os.path.exists(gate) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        return position
-
-    def hold(position: tf.Tensor, element: dict) -> dict:
-        done = tf.numpy_function(wait, [position], tf.int64)
-        with tf.control_dependencies([done]):
-            return {k: tf.identity(v) for k, v in element.items()}
-
-    return ds.enumerate().map(hold)
+    return _held_at(ds, lambda: None, gate)
 
 
 def raises(shard: int, num_shards: int) -> tf.data.Dataset:
@@ -124,18 +132,7 @@ def held(shard: int, num_shards: int) -> tf.data.Dataset:
     if not hold_dir or shard not in shards:
         return ds
 
-    def wait(position: np.int64) -> np.int64:
-        if position == GATED_AFTER:
-            open(os.path.join(hold_dir, f"holding-{shard}"), "w").close()
-            deadline = time.monotonic() + 300
-            while not os.path.exists(os.path.join(hold_dir, "release")) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
-        return position
+    def holding() -> None:
+        open(os.path.join(hold_dir, f"holding-{shard}"), "w").close()
 
-    def hold(position: tf.Tensor, element: dict) -> dict:
-        done = tf.numpy_function(wait, [position], tf.int64)
-        with tf.control_dependencies([done]):
-            return {k: tf.identity(v) for k, v in element.items()}
-
-    return ds.enumerate().map(hold)
+    return _held_at(ds, holding, os.path.join(hold_dir, "release"))
