@@ -15,12 +15,13 @@ exponential backoff (1 s to 60 s), logged and counted; the local cache serves
 meanwhile.
 
 **Pull.** A read or a WriteBegin naming a cache this daemon lacks looks for its
-manifest in the store. Found, the cache is registered READY at once and its
-shards are fetched in the background, ``PULL_SHARDS`` at a time; a reader that
-needs a shard not yet here fetches it or waits for it, each shard fetched once
-and checked (cacheserver/catalog/pulls.py). Until every shard is here the cache
-directory holds ``pulling.json`` instead of a manifest, so a daemon killed
-mid-pull discards it at startup and pulls again on the next miss.
+manifest in the store, one GET however many ask at once, the answer (found or not)
+kept a few seconds (cacheserver/catalog/lookups.py). Found, the cache is registered
+READY at once and its shards are fetched in the background, ``PULL_SHARDS`` at a
+time; a reader that needs a shard not yet here fetches it or waits for it, each
+shard fetched once and checked (cacheserver/catalog/pulls.py). Until every shard is
+here the cache directory holds ``pulling.json`` instead of a manifest, so a daemon
+killed mid-pull discards it at startup and pulls again on the next miss.
 With ``--store-pull on-read`` (a fleet member, docs/fleet.md) nothing is fetched
 in the background: only the shards read from this daemon, which are the ones
 it owns.
@@ -42,6 +43,7 @@ from pathlib import Path
 from cacheserver import metrics
 from cacheserver.catalog import stored as layout
 from cacheserver.catalog.capacity import Capacity
+from cacheserver.catalog.lookups import Lookups
 from cacheserver.catalog.manifest import CacheRecord, du, write_atomic
 from cacheserver.catalog.pulls import Pull
 from cacheserver.catalog.stored import StoredCache
@@ -112,6 +114,7 @@ class StoreTier:
         self._due: dict[str, float] = {}       # publish queue: name -> when to try
         self._attempts: dict[str, int] = {}
         self._pulls: dict[str, Pull] = {}
+        self._lookups = Lookups(self._fetch)
         self._stopped = False
         self._pullers = ThreadPoolExecutor(PULL_SHARDS, thread_name_prefix="shardcache-pull")
         self._uploads = ThreadPoolExecutor(UPLOAD_SHARDS, thread_name_prefix="shardcache-put")
@@ -166,6 +169,7 @@ class StoreTier:
             self._due.pop(name, None)
             self._attempts.pop(name, None)
             pull = self._pulls.pop(name, None)
+        self._lookups.forget(name)
         if pull is not None:
             with pull.cond:
                 pull.cancelled = True
@@ -257,6 +261,7 @@ class StoreTier:
         if self.bucket.create(layout.manifest_key(name), StoredCache(record, objects).to_doc()):
             state.stored = True
             state.save(directory / STATE_FILE)
+            self._lookups.forget(name)
             self._set(name, state=STORED, detail="")
             size = sum(o.size for o in objects)
             log.info("published cache %r to %s: %d shards, %d bytes in %.1f s", name,
@@ -283,7 +288,7 @@ class StoreTier:
 
     def _settled_by_other(self, name: str, record: CacheRecord, state: _Published) -> bool:
         """Is a manifest of name in the store already? Settle this publish against it."""
-        stored = self.find(name)
+        stored = self._fetch(name)  # not a kept answer: the store as it is now
         if stored is None:
             return False
         ours = [o.key for o in state.objects.values()]
@@ -307,7 +312,12 @@ class StoreTier:
     # ------------------------------------------------------------------ finding, pulling
 
     def find(self, name: str) -> StoredCache | None:
-        """The store's manifest of name, or None. DataLoss if it cannot be parsed."""
+        """The store's manifest of name, or None; DataLoss if it cannot be parsed. One GET
+        for callers asking at once, its answer kept LOOKUP_TTL_S (lookups.py)."""
+        return self._lookups.find(name)
+
+    def _fetch(self, name: str) -> StoredCache | None:
+        """GET the manifest of name: the StoredCache, or None; DataLoss if damaged."""
         doc = self.bucket.get_json(layout.manifest_key(name))
         if doc is None:
             return None
@@ -323,7 +333,7 @@ class StoreTier:
         out = []
         for name in sorted(self.bucket.names("")):
             try:
-                stored = self.find(name)
+                stored = self._fetch(name)
             except DataLoss as exc:
                 log.warning("%s", exc)
                 continue
@@ -336,6 +346,7 @@ class StoreTier:
         then every object under it. False if the store did not hold it."""
         existed = self.bucket.get_json(layout.manifest_key(name)) is not None
         self.bucket.delete([layout.manifest_key(name)])
+        self._lookups.forget(name)
         self.bucket.delete([key for key, _ in self.bucket.keys(f"{name}/")])
         with self._lock:
             if getattr(self._status.get(name), "state", "") == STORED:

@@ -10,17 +10,18 @@ SeaweedFS (master, volume, filer, S3 gateway) for one end-to-end test.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
+import stores
 from daemon import Daemon
 from sharded import write_sharded
-from waits import wait_until
+from stores import N, elements, publish, s3, source, store_daemon, wait_for
+from waits import gone, wait_until
 
+from cacheserver.catalog.lookups import LOOKUP_TTL_S
 from client import (
     CacheClient,
     CapacityExceededError,
@@ -30,29 +31,7 @@ from client import (
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow
-
-N, DIM = 3000, 512  # 6 MB of float32 noise: about 8 shards of 768 KiB
-
-
-def source(n: int = N, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    data = rng.standard_normal((n, DIM)).astype(np.float32)
-    return tf.data.Dataset.from_tensor_slices((data, np.arange(n)))
-
-
-def elements(ds) -> list[tuple[bytes, int]]:
-    return [(x.numpy().tobytes(), int(i)) for x, i in ds]
-
-
-def s3(store):
-    import boto3
-
-    url, endpoint, env = store
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    client = boto3.client("s3", endpoint_url=endpoint, region_name=env["AWS_DEFAULT_REGION"],
-                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    return client, bucket, f"{prefix}/" if prefix else ""
+daemons = stores.daemons  # the fixture
 
 
 def keys(store, prefix: str) -> list[str]:
@@ -70,13 +49,6 @@ def flip_byte(store, key: str, offset: int) -> None:
     client.put_object(Bucket=bucket, Key=base + key, Body=bytes(data))
 
 
-def store_daemon(store, *args: str, data_dir: Path | None = None) -> Daemon:
-    url, endpoint, env = store
-    d = Daemon(data_dir, ("--store", url, "--store-endpoint", endpoint, *args),
-               env={**os.environ, **env})
-    return d.start()
-
-
 @contextlib.contextmanager
 def store_down(server) -> Iterator[None]:
     """The S3 server stopped for the block, then started again (empty, its buckets made)."""
@@ -85,33 +57,6 @@ def store_down(server) -> Iterator[None]:
         yield
     finally:
         server.start()
-
-
-def wait_for(cc: CacheClient, name: str, state: str, timeout: float = 60.0):
-    def now() -> str:
-        info = cc.info(name)
-        return f"{name} {state} (it is {info.store_state}: {info.store_detail})"
-
-    wait_until(lambda: cc.info(name).store_state == state, timeout, now)
-    return cc.info(name)
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for d in started:
-        d.close()
-
-
-def publish(store, daemons: list[Daemon], name: str, shard_bytes: int = 768 << 10,
-            n: int = N) -> Daemon:
-    a = store_daemon(store)
-    daemons.append(a)
-    with CacheClient(a.unix_target) as cc:
-        write_sharded(cc, source(n), name, shard_bytes=shard_bytes, chunk_bytes=64 << 10)
-        wait_for(cc, name, "STORED")
-    return a
 
 
 def test_a_cache_built_once_is_read_on_a_daemon_that_never_saw_the_pipeline(
@@ -250,7 +195,8 @@ def test_kill_9_mid_upload_never_shows_a_partial_cache_and_the_restart_finishes(
     with CacheClient(a.unix_target) as cc:
         wait_for(cc, name, "STORED", timeout=120)
     assert "to publish" in a.log()
-    with CacheClient(other.unix_target) as cc:
+    with CacheClient(other.unix_target) as cc:  # it keeps "not in the store" LOOKUP_TTL_S
+        wait_until(lambda: not gone(cc, name), LOOKUP_TTL_S + 30, "the published cache")
         assert elements(cc.dataset(name)) == elements(source(big))
 
 
