@@ -122,6 +122,7 @@ class BatchFormat:
             out.append(np.zeros(n, np.uint8))
         return tuple(out)
 
+    @tf.autograph.experimental.do_not_convert  # plain Python over the structure
     def _assemble(self, *fmt: Any) -> Any:
         it = iter(fmt)
         leaves = []
@@ -315,9 +316,9 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
                     .scan((held, False), lambda state, batch: ((batch, True), state))
                     .filter(lambda batch, had: had).map(lambda batch, _: batch))
 
-        def only(ds: tf.data.Dataset, picked: int) -> tf.data.Dataset:
+        def only(ds: tf.data.Dataset, picked: tf.Tensor) -> tf.data.Dataset:
             ds = with_spec(ds, fmt.signature)  # concatenate wants the same names
-            return ds.take(tf.where(tf.equal(mode, picked), np.int64(-1), np.int64(0)))
+            return ds.take(tf.where(picked, np.int64(-1), np.int64(0)))
 
         written = batched.map(tap)
         if drop_remainder:
@@ -325,13 +326,14 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
         reads = iterations.reader.batches(epoch, start)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
-        started = iterations.source_started
-        return (only(unsaved(written, started), WRITE)
-                .concatenate(only(unsaved(dropped, started), SOURCE))
-                .concatenate(only(reads, READ)))
+        source = (only(written, tf.equal(mode, WRITE))
+                  .concatenate(only(dropped, tf.equal(mode, SOURCE))))
+        reading = tf.equal(mode, READ)  # one guard for both source runs (a from_generator)
+        return (only(unsaved(source, iterations.source_started), tf.logical_not(reading))
+                .concatenate(only(reads, reading)))
 
     iterations.controlled_by(epochs.control)
-    return iterations.dataset(branch, with_spec(batched.take(0), fmt.signature), per_iteration)
+    return iterations.dataset(branch, per_iteration)
 
 
 def _finalized(ds: tf.data.Dataset) -> tf.data.Dataset:

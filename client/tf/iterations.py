@@ -78,20 +78,24 @@ class Iterations:
         if generator is not None:  # cancels an unfinished write
             quietly(generator.close)  # type: ignore[attr-defined]
 
-    def dataset(self, branch: Callable[..., tf.data.Dataset], empty: tf.data.Dataset,
+    def dataset(self, branch: Callable[..., tf.data.Dataset],
                 per_iteration: Transform = lambda ds: ds) -> tf.data.Dataset:
         """control.flat_map(per_iteration(branch) + finish): branch(token, mode, epoch,
-        start) gives an iteration's batches; empty is a dataset of none like them."""
+        start) gives an iteration's batches."""
+        @tf.autograph.experimental.do_not_convert  # and what it traces: plain TF ops
         def iteration(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
                       start: tf.Tensor) -> tf.data.Dataset:
+            batches = per_iteration(branch(token, mode, epoch, start))
             finish = tf.data.Dataset.from_tensors(np.int64(0)).filter(
                 lambda _: tf.numpy_function(self.finish, [hold], tf.bool, stateful=True)
-            ).flat_map(lambda _: per_iteration(empty))
-            return per_iteration(branch(token, mode, epoch, start)).concatenate(finish)
+            ).flat_map(lambda _: batches.take(0))  # none, like batches: take(0) never starts it
+            return batches.concatenate(finish)
 
-        dtypes = [tf.int64] * 5
-        control = tf.data.Dataset.from_tensors(np.int64(0)).map(
-            lambda _: tuple(tf.numpy_function(self.begin, [], dtypes, stateful=True)))
+        @tf.autograph.experimental.do_not_convert
+        def begin(_: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            return tuple(tf.numpy_function(self.begin, [], [tf.int64] * 5, stateful=True))
+
+        control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
         return self.reader.options(control.flat_map(iteration).with_options(self._options))
 
 
@@ -148,6 +152,4 @@ def generated(iterations: Iterations, decide: Callable[[], Any],
                 .concatenate(reads.take(tf.where(read, np.int64(-1), np.int64(0)))))
 
     iterations.controlled_by(control)
-    empty = tf.data.Dataset.from_generator(run, args=(np.int64(0),),
-                                           output_signature=signature).take(0)
-    return iterations.dataset(branch, empty, per_iteration)
+    return iterations.dataset(branch, per_iteration)

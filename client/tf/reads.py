@@ -189,11 +189,16 @@ class Reader:
     def dataset(self, per_iteration: Transform) -> tf.data.Dataset:
         """cc.dataset()'s iterations, one epoch each, checkpointable: per_iteration of the
         batches (client/tf/reads.py's docstring says why inside the flat_map)."""
-        control = tf.data.Dataset.from_tensors(np.int64(0)).map(
-            lambda _: tuple(tf.numpy_function(self.begin, [], [tf.int64, tf.int64],
-                                              stateful=True)))
-        return self.options(control.flat_map(
-            lambda epoch, start: per_iteration(self.batches(epoch, start))))
+        @tf.autograph.experimental.do_not_convert
+        def begin(_: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            return tuple(tf.numpy_function(self.begin, [], [tf.int64, tf.int64], stateful=True))
+
+        @tf.autograph.experimental.do_not_convert  # and what it traces: plain TF ops
+        def iteration(epoch: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
+            return per_iteration(self.batches(epoch, start))
+
+        control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
+        return self.options(control.flat_map(iteration))
 
 
 def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],
