@@ -25,7 +25,7 @@ lint: $(VENV)/.installed
 	$(BIN)/python .ci/import_cycles.py
 
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile
 
 # make bench: the full benchmark (~28 min on 2 cores; root for the memory cgroup), raw results
 # in bench/results/latest.json, report and plots rewritten in docs/benchmarks.md and docs/img/.
