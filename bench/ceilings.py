@@ -267,11 +267,9 @@ def http_read(port: int, chunks: Chunks) -> int:
 def flight_read(port: int, chunks: Chunks) -> int:
     from pyarrow import flight
 
-    client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
-    moved = sum(chunk.data.column(0).buffers()[2].size
-                for chunk in client.do_get(flight.Ticket(json.dumps(chunks))))
-    client.close()
-    return moved
+    with flight.connect(f"grpc://127.0.0.1:{port}") as client:
+        return sum(chunk.data.column(0).buffers()[2].size
+                   for chunk in client.do_get(flight.Ticket(json.dumps(chunks))))
 
 
 def grpc_read(port: int, chunks: Chunks, single_threaded: bool = False) -> int:
