@@ -11,14 +11,9 @@ gives MB/s, the ratio to ``memcpy`` and the CPU seconds per GB here and in the s
 
     .venv/bin/python bench/ceilings.py --transports [--mb 512] [--repeat 3] [--streams 1 2 4]
 
-Candidates for a bulk data plane: a warm file (``--mb``, in whole 4 MiB chunks), served by
-a process of its own, read here in 4 MiB chunks over TCP loopback by 1, 2 and 4 connections:
-raw (``sendfile`` of it all into ``recv_into`` a reused buffer: the reference), framed TCP
-(offset and length per chunk, answered by ``sendfile``), HTTP Range requests to aiohttp's
-``FileResponse`` (``http.client`` ``readinto``), Arrow Flight ``DoGet`` (a 4 MiB binary value
-per batch), grpcio unary-stream of raw bytes (also ``SingleThreadedUnaryStream``). Repeats
-interleave: best and median GB/s, each over raw's, and the CPU seconds per GB here and in the
-server (median run).
+Candidates for a bulk data plane (framed TCP with ``sendfile``, HTTP Range, Arrow Flight,
+grpcio with raw bytes) reading a warm file in 4 MiB chunks over TCP loopback, beside a raw
+``sendfile`` -> ``recv_into`` stream (docs/benchmarks.md, "Transports for a data plane").
 """
 
 from __future__ import annotations
