@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.data.util import structure
 
 
 def declared(ds: tf.data.Dataset, n: int) -> tf.data.Dataset:
@@ -70,7 +71,21 @@ def with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
     if restructure is None or len(ours) != len(theirs) or not all(
             a.is_compatible_with(b) for a, b in zip(ours, theirs)):
         return ds
+    if _carried(ds.element_spec) != _carried(spec):  # a ragged_rank 0 RaggedTensorSpec
+        @tf.autograph.experimental.do_not_convert
+        def encode(*element: Any) -> tuple[tf.Tensor, ...]:
+            components = tf.nest.flatten(element, expand_composites=True)
+            value = tf.nest.pack_sequence_as(spec, components, expand_composites=True)
+            return tuple(structure.to_tensor_list(spec, value))
+
+        ds = ds.map(encode)
     return restructure(ds, spec)
+
+
+def _carried(spec: Any) -> list[tf.DType]:
+    """The dtypes tf.data carries an element of spec as. A RaggedTensorSpec of ragged_rank 0
+    (rows sliced from a ragged tensor) has dense values but is carried as a variant."""
+    return [s.dtype for s in structure.get_flat_tensor_specs(spec)]
 
 
 #: Builds the batches of batch(size, drop_remainder), before their spec is declared.

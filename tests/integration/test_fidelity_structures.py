@@ -62,6 +62,15 @@ def test_a_fixed_shape_namedtuple_keeps_its_type_through_the_batched_path(cc, na
     assert isinstance(first, Point)
 
 
+def test_ragged_tensors_of_ragged_rank_zero_round_trip_with_their_spec(cc, name) -> None:
+    """Rows sliced from a ragged_rank 1 tensor: a RaggedTensorSpec of ragged_rank 0, whose
+    values are dense and which tf.data carries as a variant."""
+    src = tf.data.Dataset.from_tensor_slices(
+        {"r": tf.ragged.constant([[1, 2], [], [3]]), "x": [1.0, 2.0, 3.0]})
+    assert src.element_spec["r"].ragged_rank == 0
+    assert_faithful(cc, name, src)
+
+
 def test_ragged_tensors_of_ragged_rank_one_round_trip_with_empty_rows(cc, name) -> None:
     rt = tf.ragged.constant([[[1, 2], []], [[]], [], [[3], [4, 5, 6], []]], dtype=tf.int32,
                             ragged_rank=2)
