@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import struct
 import subprocess
@@ -77,14 +76,12 @@ def image_record(seed: int) -> bytes:
 
 def timed(fn: Callable[[], int], server_pid: int = 0) -> Row:
     """Run fn (returning bytes moved): its seconds, bytes and CPU seconds (self, server)."""
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    server_before = cpu_seconds(server_pid) if server_pid else 0.0
+    before, server_before = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
     start = time.perf_counter()
     moved = fn()
     seconds = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    own = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return seconds, moved, own, cpu_seconds(server_pid) - server_before if server_pid else 0.0
+    server = cpu_seconds(server_pid) - server_before if server_pid else 0.0
+    return seconds, moved, cpu_seconds() - before, server
 
 
 def cpu_rows(records: list[bytes], count: int) -> dict[str, Row]:

@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -235,7 +236,11 @@ def kib_to_mb(kib: int) -> float:
 
 
 def cpu_seconds(pid: int | str = "self") -> float:
-    """User + system CPU seconds of a process so far, all its threads (``/proc/<pid>/stat``)."""
+    """User + system CPU seconds of a process so far, all its threads: this process's from
+    getrusage (microseconds), another's from ``/proc/<pid>/stat`` (clock ticks)."""
+    if pid == "self":
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
