@@ -159,6 +159,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("lease_ttl", click.FloatRange(min=0.1), 30.0,
             "Seconds a same-host direct reader's lease lives unless renewed (the client "
             "renews every third of it); a killed reader's cache is evictable after this."),
+    Setting("data_listen", click.STRING, "auto",
+            "Address of the data plane, the port remote readers receive record bytes on "
+            "(gRPC opens each read; docs/operations.md): HOST:PORT, auto (the first TCP "
+            "--listen host, a free port, announced to readers) or off (reads stay on gRPC). "
+            "It takes --tls-*, the stream limits and --stream-idle-timeout from gRPC's."),
     Setting("metrics_listen", click.STRING, "",
             "HOST:PORT serving Prometheus metrics at /metrics (empty: off)."),
     Setting("tls_cert", _PATH, None, "PEM certificate chain: serve TCP addresses over TLS."),

@@ -19,8 +19,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-READ_BYTES = Counter("shardcache_read_bytes", "Record bytes sent by ReadShard and ReadElements.",
-                     unit="bytes", registry=REGISTRY)
+READ_BYTES = Counter("shardcache_read_bytes",
+                     "Record bytes sent by ReadShard and ReadElements, by plane: grpc, or data "
+                     "(the data port's connections).",
+                     ["plane"], unit="bytes", registry=REGISTRY)
+for _plane in ("grpc", "data"):  # both series from the start, at 0
+    READ_BYTES.labels(_plane)
+DATA_CONNECTIONS = Gauge("shardcache_data_connections", "Open data-plane connections.",
+                         registry=REGISTRY)
+DATA_REFUSED = Counter("shardcache_data_refused",
+                       "Data-plane connections refused, by reason (a status reason).",
+                       ["reason"], registry=REGISTRY)
+DATA_FALLBACKS = Counter("shardcache_data_fallbacks",
+                         "Read leases whose holder took a data-plane ticket and read over gRPC "
+                         "instead: it cannot reach the data port (a firewall passing only the "
+                         "gRPC port).", registry=REGISTRY)
 READ_ELEMENTS = Counter("shardcache_read_elements",
                         "Elements sent by ReadShard and ReadElements (not blocks).",
                         registry=REGISTRY)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,24 @@ class TlsMaterial:
             require_client_auth=self.client_ca is not None)
 
 
+    def server_context(self) -> ssl.SSLContext:
+        """The same certificate, key and client CA for the data port (cacheserver/plane)."""
+        import tempfile
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        with tempfile.NamedTemporaryFile() as chain, tempfile.NamedTemporaryFile() as key:
+            chain.write(self.cert_chain)
+            key.write(self.private_key)
+            chain.flush()
+            key.flush()
+            context.load_cert_chain(chain.name, key.name)
+        if self.client_ca is not None:
+            context.load_verify_locations(cadata=self.client_ca.decode())
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+
 def load_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> TlsMaterial | None:
     """Read and check --tls-cert/--tls-key/--tls-client-ca; None when TLS is off."""
     if cert is None and key is None:
@@ -86,6 +106,20 @@ def load_token(path: Path | None) -> bytes | None:
         raise SecurityConfigError(f"--auth-token-file {path}: the token must be printable "
                                   "ASCII without spaces (it travels in a gRPC header)")
     return token
+
+
+def peer_ip(peer: str) -> str:
+    """The IP address of a gRPC peer ("ipv4:10.0.0.5:4321", "ipv6:[::1]:4321") or of a
+    socket's getpeername() host, normalized (an IPv4-mapped IPv6 address as IPv4); ""
+    for a unix socket or anything else."""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        peer = urllib.parse.unquote(peer.split(":", 1)[1]).rsplit(":", 1)[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return ""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
 
 
 def is_loopback(host: str) -> bool:

@@ -37,6 +37,7 @@ class Transport:
         self.target = target
         self.connect_timeout = connect_timeout
         credentials = credentials or Credentials()
+        self.credentials = credentials  # the data plane's TLS too (client/read/plane.py)
         self._tls = credentials.tls is not None
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -102,6 +103,8 @@ def _pem(what: str, value: Pem | None) -> bytes | None:
 class Credentials(NamedTuple):
     token: str | None = None
     tls: grpc.ChannelCredentials | None = None
+    #: The PEMs of tls: CA, client certificate, client key (None: not given).
+    pems: tuple[bytes | None, bytes | None, bytes | None] = (None, None, None)
 
     @classmethod
     def make(cls, token: str | None, tls_ca: Pem | None, tls_cert: Pem | None,
@@ -117,12 +120,11 @@ class Credentials(NamedTuple):
         if (tls_cert is None) != (tls_key is None):
             raise InvalidArgumentError("mutual TLS needs both tls_cert and tls_key")
         tls = None
+        pems = (_pem("tls_ca", tls_ca), _pem("tls_cert", tls_cert), _pem("tls_key", tls_key))
         if tls_ca is not None or tls_cert is not None:
-            tls = grpc.ssl_channel_credentials(
-                root_certificates=_pem("tls_ca", tls_ca),
-                private_key=_pem("tls_key", tls_key),
-                certificate_chain=_pem("tls_cert", tls_cert))
-        return cls(token.strip() if token else None, tls)
+            tls = grpc.ssl_channel_credentials(root_certificates=pems[0], private_key=pems[2],
+                                               certificate_chain=pems[1])
+        return cls(token.strip() if token else None, tls, pems)
 
 
 class _CallDetails(NamedTuple):

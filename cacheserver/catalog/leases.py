@@ -13,12 +13,18 @@ into ``<data-dir>/instance.token``; the lease carries the token and the paths,
 and the client must read the same token back through the path it will read the
 shards from (same host *and* the same view of the filesystem).
 
-Knows nothing of gRPC. See docs/direct.md.
+A lease asked for with a data-plane peer also gets a *ticket*: 32 random bytes a
+data connection presents (cacheserver/plane/server.py), valid while the lease
+lives and only from that peer's address. Only a digest of each ticket is kept
+for the lookup. Ending the lease ends the ticket, so it cannot be replayed.
+
+Knows nothing of gRPC. See docs/direct.md and docs/protocol.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import secrets
 import threading
@@ -47,6 +53,18 @@ class Lease:
     expires: float
     #: Ends the catalog's "being read" mark when closed.
     reading: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    fingerprint: str = ""
+    #: The data-plane ticket and the address it is bound to (empty: none).
+    ticket: bytes = b""
+    peer: str = ""
+    #: A data connection presented the ticket; or the lease's gRPC reads counted as a
+    #: fallback (the ticket unused).
+    presented: bool = False
+    fell_back: bool = False
+
+
+def _digest(ticket: bytes) -> bytes:
+    return hashlib.sha256(ticket).digest()
 
 
 class LeaseTable:
@@ -63,6 +81,7 @@ class LeaseTable:
         self._cond = threading.Condition()
         self._leases: dict[str, Lease] = {}
         self._granted: Counter[str] = Counter()
+        self._tickets: dict[bytes, Lease] = {}  # by the ticket's digest
         self._stopped = False
         self._thread = threading.Thread(target=self._expire_loop, name="lease-expiry",
                                         daemon=True)
@@ -101,10 +120,12 @@ class LeaseTable:
             self._end(lease)
 
     def acquire(self, name: str, fingerprint: str, epoch_start: bool,
-                shards: Sequence[int] = ()) -> tuple[Lease, CacheRecord, list[Path]]:
+                shards: Sequence[int] = (), peer: str = ""
+                ) -> tuple[Lease, CacheRecord, list[Path]]:
         """Lease the READY cache name: (lease, its record, absolute shard directories).
 
-        shards: the ones the reader reads (empty: all), on disk when this returns."""
+        shards: the ones the reader reads (empty: all), on disk when this returns.
+        peer: the caller's IP address, to get a data-plane ticket bound to it."""
         self.catalog.get_ready(name, fingerprint)  # NOT_FOUND / WRITING / mismatch first
         lease = Lease(secrets.token_hex(16), name, 0.0)
         lease.reading.enter_context(reads.reading(self.catalog, name, hit=epoch_start))
@@ -118,12 +139,17 @@ class LeaseTable:
                 lease.reading.close()
                 raise LeaseNotFound("the daemon is shutting down; read over gRPC or retry")
             lease.expires = time.monotonic() + self.ttl
+            lease.fingerprint = record.fingerprint
+            if peer:
+                lease.ticket, lease.peer = secrets.token_bytes(32), peer
+                self._tickets[_digest(lease.ticket)] = lease
             self._leases[lease.id] = lease
             self._granted[name] += int(epoch_start)
             self._cond.notify_all()
-        metrics.DIRECT_LEASES.inc()
-        if epoch_start:
-            metrics.DIRECT_READS.inc()
+        if not peer:  # a data-plane reader is not a direct one
+            metrics.DIRECT_LEASES.inc()
+            if epoch_start:
+                metrics.DIRECT_READS.inc()
         try:  # a cache being pulled from the object store: the shards read here first
             if any(s >= len(record.shards) for s in shards):
                 raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
@@ -156,6 +182,29 @@ class LeaseTable:
         if lease is not None:
             self._end(lease)
 
+    def by_ticket(self, ticket: bytes) -> Lease | None:
+        """The live lease whose ticket this is, marked presented; None: unknown or ended."""
+        with self._cond:
+            lease = self._tickets.get(_digest(ticket))
+            if lease is not None:
+                lease.presented = True
+            return lease
+
+    def alive(self, lease: Lease) -> bool:
+        with self._cond:
+            return self._leases.get(lease.id) is lease
+
+    def fell_back(self, peer: str, name: str) -> bool:
+        """True, once per lease, when peer reads cache name over gRPC while it holds a
+        ticket for it that no data connection presented: it cannot reach the data port."""
+        with self._cond:
+            for lease in self._tickets.values():
+                if (lease.peer == peer and lease.name == name and not lease.presented
+                        and not lease.fell_back):
+                    lease.fell_back = True
+                    return True
+            return False
+
     def counts(self, name: str) -> tuple[int, int]:
         """(leases alive now, passes leased since start: leases with epoch_start) of name."""
         with self._cond:
@@ -163,7 +212,11 @@ class LeaseTable:
             return alive, self._granted[name]
 
     def _end(self, lease: Lease) -> None:
-        metrics.DIRECT_LEASES.dec()
+        if lease.ticket:
+            with self._cond:
+                self._tickets.pop(_digest(lease.ticket), None)
+        else:
+            metrics.DIRECT_LEASES.dec()
         lease.reading.close()
 
     def _expire_loop(self) -> None:

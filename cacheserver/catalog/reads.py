@@ -44,7 +44,7 @@ def reading(catalog: Catalog, name: str, hit: bool = True) -> Iterator[None]:
 
 def read_shard(catalog: Catalog, name: str, shard: int, start: int, chunk_bytes: int,
                fingerprint: str = "", count: int = 0,
-               join: Callable[[int, bytes, list[Any]], bytes] | None = None
+               join: Callable[[int, bytes, list[Any]], Any] | None = None
                ) -> Iterator[tuple[int, bytes, bytes, int]]:
     """Validate the request, then iterate the shard's chunks from start (count records,
     0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it).

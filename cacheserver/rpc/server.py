@@ -24,6 +24,7 @@ from cacheserver.catalog.recovery import DataDirLock
 from cacheserver.config import DEFAULT_LISTEN
 from cacheserver.materialize.materializer import Materializer
 from cacheserver.materialize.policy import Policy
+from cacheserver.plane.server import DataPlane
 from cacheserver.rpc import admission
 from cacheserver.rpc.interceptors import ServerInterceptor
 from cacheserver.rpc.service import CacheService
@@ -100,6 +101,7 @@ class ServerConfig:
     ttl_sweep_interval: float = 60.0
     lease_ttl: float = 30.0
     metrics_listen: str = ""
+    data_listen: str = "auto"
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
@@ -134,6 +136,23 @@ def normalize_listen(address: str) -> str:
         raise ListenError(f"--listen {address!r}: expected HOST:PORT (e.g. 127.0.0.1:50051) "
                           "or unix:///path/to.sock")
     return address
+
+
+def data_address(config: ServerConfig) -> str:
+    """--data-listen as HOST:PORT, or "" (off; auto with no TCP --listen)."""
+    value = config.data_listen.strip()
+    if value == "off":
+        return ""
+    if value == "auto":
+        tcp = [a for a in config.listen if not a.startswith("unix:")]
+        return f"{tcp[0].rpartition(':')[0]}:0" if tcp else ""
+    if value.startswith("unix:"):
+        raise ListenError(f"--data-listen {value!r}: the data plane is TCP (HOST:PORT); unix "
+                          "socket clients are on the daemon's host and read its files directly")
+    try:
+        return normalize_listen(value)
+    except ListenError as exc:
+        raise ListenError(str(exc).replace("--listen", "--data-listen")) from None
 
 
 def open_store(config: ServerConfig) -> Bucket | None:
@@ -218,6 +237,13 @@ class CacheServer:
         self.addresses: list[str] = []
         for address in config.listen:
             self.addresses.append(self._bind(normalize_listen(address)))
+        self.data_plane: DataPlane | None = None
+        if address := data_address(config):
+            warn_if_exposed(address, self._tls is not None)
+            self.data_plane = DataPlane(self.catalog, self.leases, address, self._tls,
+                                        max_streams, per_client,
+                                        config.stream_idle_timeout or 3600.0)
+            self.service.data_port = self.data_plane.port
         self.metrics_address = ""
         self._stop_metrics = lambda: None
         if config.metrics_listen:
@@ -251,14 +277,17 @@ class CacheServer:
 
     def start(self) -> None:
         self._server.start()
+        if self.data_plane is not None:
+            self.data_plane.start()
         self._sweeper.start()
         self._idle_streams.start()
         self.leases.start()
         self.materializer.resume_interrupted()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %d caches from %s on %s%s", len(self.catalog.list()),
+        log.info("serving %d caches from %s on %s%s%s", len(self.catalog.list()),
                  self.config.data_dir, ", ".join(self.addresses),
+                 f"; data plane on {self.data_plane.address}" if self.data_plane else "",
                  f"; metrics on http://{self.metrics_address}/metrics"
                  if self.metrics_address else "")
         self._disk.start()
@@ -278,7 +307,10 @@ class CacheServer:
         log.info("draining in-flight streams (up to %.0fs)", grace)
         self.service.drain()
         self.materializer.shutdown()
-        self._server.stop(grace).wait()
+        stopped = self._server.stop(grace)
+        if self.data_plane is not None:
+            self.data_plane.stop(grace)
+        stopped.wait()
         if not self._calls.wait_idle(5.0):
             log.warning("some cancelled calls were still unwinding 5s after the drain")
         self._sweeper.stop()

@@ -29,6 +29,7 @@ from cacheserver.materialize.materializer import Materializer
 from cacheserver.rpc import validate
 from cacheserver.rpc.operations import operation_to_proto
 from cacheserver.rpc.streams import BegunGuard
+from cacheserver.security import peer_ip
 from client.wire.chunks import encode_read_shard_response, read_shard_data_bytes
 from client.wire.status import (
     REASON_KEY,
@@ -131,6 +132,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
         self.materializer = materializer or Materializer(catalog)
         self.leases = leases or LeaseTable(catalog)
         self._draining = threading.Event()
+        #: The data plane's port, set when it serves (cacheserver/plane); 0: none.
+        self.data_port = 0
+        self._fallback_peers: set[str] = set()
 
     def drain(self) -> None:
         """Refuse new write streams from now on (reads in flight continue)."""
@@ -185,8 +189,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
             chunks = reads.read_shard(self.catalog, request.name, request.shard, request.start,
                                       request.chunk_bytes, request.fingerprint, request.count,
                                       join=encode_read_shard_response)
+            self._plane_missed(context, request.name)
             for _start, _lengths, message, elements in chunks:  # serialized responses
-                metrics.READ_BYTES.inc(read_shard_data_bytes(message))
+                metrics.READ_BYTES.labels("grpc").inc(read_shard_data_bytes(message))
                 metrics.READ_ELEMENTS.inc(elements)
                 yield message
 
@@ -308,8 +313,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
         with reads.reading(self.catalog, request.name, hit=request.epoch_start):
             chunks = reads.read_elements(self.catalog, request.name, request.fingerprint,
                                          request.indices, request.chunk_bytes)
+            self._plane_missed(context, request.name)
             for position, lengths, data in chunks:
-                metrics.READ_BYTES.inc(len(data))
+                metrics.READ_BYTES.labels("grpc").inc(len(data))
                 metrics.READ_ELEMENTS.inc(len(lengths) // 4)
                 yield pb.ReadElementsResponse(position=position, lengths=lengths, data=data)
 
@@ -319,12 +325,29 @@ class CacheService(pb_grpc.CacheServiceServicer):
     def AcquireReadLease(self, request: pb.AcquireReadLeaseRequest,
                          context: grpc.ServicerContext) -> pb.AcquireReadLeaseResponse:
         validate.read(request.name, request.fingerprint)
+        peer = peer_ip(context.peer()) if request.data_plane and self.data_port else ""
         lease, record, paths = self.leases.acquire(request.name, request.fingerprint,
-                                                   request.epoch_start, request.shards)
+                                                   request.epoch_start, request.shards, peer)
         return pb.AcquireReadLeaseResponse(
             lease_id=lease.id, ttl_seconds=self.leases.ttl, cache=self._proto(record),
             data_dir=str(self.leases.data_dir), shard_dirs=[str(p) for p in paths],
-            instance_token=self.leases.token, instance_token_path=str(self.leases.token_path))
+            instance_token=self.leases.token, instance_token_path=str(self.leases.token_path),
+            ticket=lease.ticket, data_port=self.data_port if lease.ticket else 0)
+
+    def _plane_missed(self, context: grpc.ServicerContext, name: str) -> None:
+        """Count (and log once per address) a read over gRPC by a caller holding an unused
+        data-plane ticket for the cache: its data connections do not get through."""
+        if not self.data_port:
+            return
+        peer = peer_ip(context.peer())
+        if peer and self.leases.fell_back(peer, name):
+            metrics.DATA_FALLBACKS.inc()
+            if peer not in self._fallback_peers:
+                self._fallback_peers.add(peer)
+                log.warning("%s reads cache %r over gRPC: it holds a data-plane ticket but its "
+                            "data connections to port %d do not get through; open that port "
+                            "to it (docs/operations.md) for reads at the link's rate", peer,
+                            name, self.data_port)
 
     @_translating
     def RenewReadLease(self, request: pb.RenewReadLeaseRequest,

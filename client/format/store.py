@@ -242,7 +242,7 @@ class ReaderPool:
 
     def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
                     block_elements: int = 1, held: _Env | None = None, views: bool = False,
-                    join: Callable[[int, bytes, list[Any]], bytes] | None = None,
+                    join: Callable[[int, bytes, list[Any]], Any] | None = None,
                     ahead: ReadAhead | None = None) -> Iterator[tuple[int, bytes, Any]]:
         """Yield (first element, u32 lengths, data) for the values holding elements
         [start, stop), k = block_elements per value: whole blocks, so the first chunk

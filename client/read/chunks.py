@@ -9,7 +9,8 @@ flight. A chunk's work (LMDB reads or one gRPC call, CRC, zstd, the copy into
 aligned arrays) releases the GIL for most of its time.
 
 Each chunk is one request: ReadShard for a run of the stored order, ReadElements
-for shuffled positions (client/read/fetch.py), the same calls to each shard's
+for shuffled positions (client/read/fetch.py), the same requests on the daemon's
+data plane when it has one (client/read/plane.py), the same calls to each shard's
 owner in a fleet (client/read/fleet_fetch.py), or the same reads of the leased
 shard files (client/read/direct.py), asked for in one chunk of the request's
 size, so a chunk is decoded (client/read/decode.py) with one copy into its
@@ -28,15 +29,18 @@ import numpy as np
 
 from client._fleet import Fleet, routed
 from client._transport import Transport, pb
+from client.errors import ShardcacheError
 from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
+from client.read import plane as data_plane
 from client.read.decode import Decoder
 from client.read.direct import DirectReads, LocalFetcher, ReadLease
 from client.read.fetch import Fetcher, Indices, chunk_positions
 from client.read.fleet_fetch import FleetFetcher
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
+from client.read.plane import PlaneLease
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
 #: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
@@ -58,17 +62,25 @@ class EpochChunks:
                  direct: DirectReads | None = None, fleet: Fleet | None = None) -> None:
         self._order: EpochOrder
         self._order, self._first, self._stop = epoch_range(cache, options, epoch, start)
-        self._lease: ReadLease | None
+        self._lease: ReadLease | PlaneLease | None
         by_owner = fleet is not None and routed(cache)
+        reading = self._first < self._stop
         self._lease, counted = (direct.lease(cache) if direct is not None and not by_owner
-                                and self._first < self._stop else (None, False))
+                                and reading else (None, False))
+        if self._lease is None and not by_owner and reading:
+            self._lease, plane_counted = data_plane.for_transport(transport).lease(
+                cache, epoch_start=not counted)
+            counted = counted or plane_counted
         self._epoch_start = not counted
         self._closing = threading.Event()
         self._per_chunk = chunk_positions(cache, min(CHUNK_BYTES, max(prefetch_bytes // 8,
                                                                        64 << 10)))
         chunk_bytes = int(self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1))
         self._fetch: Fetcher | LocalFetcher
-        if self._lease is not None:
+        if isinstance(self._lease, PlaneLease):
+            self._fetch = self._lease.fetcher(transport, cache, options.reconnect_timeout,
+                                              self._closing)
+        elif self._lease is not None:
             self._fetch = self._lease.fetcher(self._closing)
         elif fleet is not None and by_owner:  # members on this host read directly
             self._fetch = FleetFetcher(fleet, cache, options.reconnect_timeout, self._closing,
@@ -85,8 +97,13 @@ class EpochChunks:
         p1 = min(p0 + self._per_chunk, self._stop)
         indices: Indices = (range(p0, p1) if self._order.mode == "none"  # the stored order
                             else self._order.indices(np.arange(p0, p1)))
-        parts = [self._decode(indices, chunk)
-                 for chunk in self._fetch(indices, self._epoch_start and i == 0)]
+        try:
+            parts = [self._decode(indices, chunk)
+                     for chunk in self._fetch(indices, self._epoch_start and i == 0)]
+        except ShardcacheError:
+            if isinstance(self._lease, PlaneLease):  # the read ends here: so does its lease
+                self._lease.close()
+            raise
         if len(parts) == 1:
             return parts[0]
         return sum(n for n, _ in parts), [_joined(column)

@@ -251,8 +251,11 @@ class ReadLease:
     """One pass's lease: the shards held open, and a thread renewing the lease."""
 
     def __init__(self, release: _Releaser, granted: pb.AcquireReadLeaseResponse,
-                 paths: list[Path], envs: list[Any]) -> None:
+                 paths: list[Path], envs: list[Any],
+                 lost: str = "this pass finishes from the shard files it holds open, the "
+                 "daemon may evict the cache meanwhile") -> None:
         self.cache = granted.cache
+        self._lost = lost
         self.paths = paths
         self._envs = envs
         self._release = release
@@ -272,9 +275,8 @@ class ReadLease:
             except ShardcacheError as exc:
                 lost = ("the lease expired" if isinstance(exc, LeaseNotFoundError)
                         else f"cannot renew it ({exc})")
-                log.warning("read lease on cache %r: %s; this pass finishes from the shard "
-                            "files it holds open, the daemon may evict the cache meanwhile, "
-                            "and the next pass takes a new lease", self.cache.name, lost)
+                log.warning("read lease on cache %r: %s; %s, and the next pass takes a new "
+                            "lease", self.cache.name, lost, self._lost)
                 return
             except ValueError:  # grpc: the CacheClient was closed while a pass held a lease
                 log.debug("read lease on cache %r: the client is closed; not renewing",

@@ -29,7 +29,8 @@ def observed() -> Iterator[Daemon]:
 def test_metrics_move_with_reads_writes_errors_and_disk_use(observed: Daemon) -> None:
     url = observed.metrics_url  # type: ignore[attr-defined]
     before = scrape(url)
-    assert before[("shardcache_read_bytes_total", ())] == 0
+    assert before[("shardcache_read_bytes_total", (("plane", "grpc"),))] == 0
+    assert before[("shardcache_read_bytes_total", (("plane", "data"),))] == 0
     assert before[("shardcache_disk_bytes", ())] == 0
     data = records(10, 10_000)
     with grpc.insecure_channel(observed.unix_target) as ch:
@@ -39,7 +40,7 @@ def test_metrics_move_with_reads_writes_errors_and_disk_use(observed: Daemon) ->
             stub(ch).GetCache(pb.GetCacheRequest(name="absent"), timeout=5)
         disk = stub(ch).GetCache(pb.GetCacheRequest(name="m"), timeout=5).cache.disk_bytes
     after = scrape(url)
-    assert after[("shardcache_read_bytes_total", ())] == 100_000
+    assert after[("shardcache_read_bytes_total", (("plane", "grpc"),))] == 100_000
     assert after[("shardcache_read_elements_total", ())] == 10
     assert after[("shardcache_written_bytes_total", ())] == 100_000
     assert after[("shardcache_written_elements_total", ())] == 10

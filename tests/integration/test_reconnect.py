@@ -1,4 +1,5 @@
-"""Reconnect: a daemon lost mid-epoch (kill -9, restart on the same socket) loses nothing."""
+"""Reconnect: a daemon lost mid-epoch (kill -9, restart on the same socket) loses nothing,
+over gRPC (the unix socket) and over the data plane (TCP: client/read/plane.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def check(element: tuple) -> int:
     return int(i)
 
 
+#: How a test reaches its daemon: gRPC alone (unix socket), or the data plane (TCP).
+VIA = pytest.mark.parametrize("via", ["grpc", "plane"])
+
+
+def target(daemon: Daemon, via: str) -> str:
+    return daemon.unix_target if via == "grpc" else daemon.tcp_target
+
+
 class LostDaemon(logging.Handler):
     """Sets an event when the client logs that it lost the daemon and is reconnecting."""
 
@@ -45,10 +54,11 @@ class LostDaemon(logging.Handler):
             self.lost.set()
 
 
+@VIA
 @pytest.mark.parametrize("parallel", [1, 3])
 def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_order(
-        fresh_daemon, parallel) -> None:
-    with CacheClient(fresh_daemon.unix_target) as cc:
+        fresh_daemon, parallel, via) -> None:
+    with CacheClient(target(fresh_daemon, via)) as cc:
         write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
         options = {"shuffle": True, "seed": 3, "parallel_shards": parallel,
                    "prefetch_bytes": SMALL_PREFETCH, "direct": False}  # gRPC's reconnect
@@ -79,9 +89,10 @@ def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_orde
     assert got == expected
 
 
+@VIA
 def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon,
-                                                                  no_thread_leak) -> None:
-    with CacheClient(fresh_daemon.unix_target) as cc:
+                                                                  no_thread_leak, via) -> None:
+    with CacheClient(target(fresh_daemon, via)) as cc:
         write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
         ds = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, reconnect_timeout=1,
                         direct=False)  # a direct pass needs no daemon once leased
@@ -96,14 +107,15 @@ def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon,
     assert isinstance(info.value, tf.errors.OpError)  # TF wraps what the generator raised
 
 
+@VIA
 def test_a_cache_replaced_while_the_daemon_was_down_is_an_error_not_mixed_data(
-        fresh_daemon, no_thread_leak) -> None:
+        fresh_daemon, no_thread_leak, via) -> None:
     other = Daemon().start()  # a data dir holding another "big": same name, other fingerprint
     try:
         with CacheClient(other.unix_target) as cc:
             write_sharded(cc, source(offset=10**6), "big", shard_bytes=1 << 20, version="v2")
         other.kill()
-        with CacheClient(fresh_daemon.unix_target) as cc:
+        with CacheClient(target(fresh_daemon, via)) as cc:
             write_sharded(cc, source(), "big", shard_bytes=1 << 20)
             it = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH,
                             direct=False).as_numpy_iterator()

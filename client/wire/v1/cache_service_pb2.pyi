@@ -426,19 +426,21 @@ class ReadElementsResponse(_message.Message):
     def __init__(self, position: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class AcquireReadLeaseRequest(_message.Message):
-    __slots__ = ("name", "fingerprint", "epoch_start", "shards")
+    __slots__ = ("name", "fingerprint", "epoch_start", "shards", "data_plane")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_START_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     name: str
     fingerprint: str
     epoch_start: bool
     shards: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., epoch_start: bool = ..., shards: _Optional[_Iterable[int]] = ...) -> None: ...
+    data_plane: bool
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., epoch_start: bool = ..., shards: _Optional[_Iterable[int]] = ..., data_plane: bool = ...) -> None: ...
 
 class AcquireReadLeaseResponse(_message.Message):
-    __slots__ = ("lease_id", "ttl_seconds", "cache", "data_dir", "shard_dirs", "instance_token", "instance_token_path")
+    __slots__ = ("lease_id", "ttl_seconds", "cache", "data_dir", "shard_dirs", "instance_token", "instance_token_path", "ticket", "data_port")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
@@ -446,6 +448,8 @@ class AcquireReadLeaseResponse(_message.Message):
     SHARD_DIRS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_TOKEN_PATH_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     ttl_seconds: float
     cache: Cache
@@ -453,7 +457,9 @@ class AcquireReadLeaseResponse(_message.Message):
     shard_dirs: _containers.RepeatedScalarFieldContainer[str]
     instance_token: str
     instance_token_path: str
-    def __init__(self, lease_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ..., data_dir: _Optional[str] = ..., shard_dirs: _Optional[_Iterable[str]] = ..., instance_token: _Optional[str] = ..., instance_token_path: _Optional[str] = ...) -> None: ...
+    ticket: bytes
+    data_port: int
+    def __init__(self, lease_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ..., data_dir: _Optional[str] = ..., shard_dirs: _Optional[_Iterable[str]] = ..., instance_token: _Optional[str] = ..., instance_token_path: _Optional[str] = ..., ticket: _Optional[bytes] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class RenewReadLeaseRequest(_message.Message):
     __slots__ = ("lease_id",)

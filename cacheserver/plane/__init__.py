@@ -1,0 +1,1 @@
+"""The data plane: record bytes on a port of their own (docs/protocol.md)."""

@@ -1,0 +1,97 @@
+"""The data plane's framing: what a data connection carries, shared by daemon and client.
+
+A data connection is plain TCP (TLS when the daemon serves gRPC over TLS) to the
+daemon's data port. Every integer is little-endian.
+
+* The client opens with a hello: ``MAGIC``, a version byte, the ticket's length
+  (one byte) and the ticket AcquireReadLease returned. The daemon answers with an
+  OK frame, or an ERROR frame and closes.
+* Then requests, one at a time, each a :data:`REQUEST` header: kind, u32 n, three
+  u64 fields. ``SHARD``: records [start, start + count) of shard n in chunks of about
+  chunk_bytes (ReadShardRequest's fields). ``ELEMENTS``: n global indices follow as
+  u64s; the records in request order (ReadElementsRequest's).
+* The daemon answers a request with CHUNK frames and one END frame. A CHUNK's header
+  is followed by n u32 lengths and then the data (the values, ``size`` bytes): the
+  fields of a ReadShardResponse (``first`` is its start) or ReadElementsResponse
+  (``first`` is its position).
+* An ERROR frame carries the gRPC status code in ``first``, then n bytes of UTF-8:
+  the reason (client/wire/status.py), a newline and the message. The daemon closes
+  the connection after it.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+from collections.abc import Sequence
+
+MAGIC = b"SCDP"
+VERSION = 1
+HELLO = struct.Struct("<4sBB")  # magic, version, ticket length; the ticket follows
+MAX_TICKET = 64
+REQUEST = struct.Struct("<B3xIQQQ")  # kind, n, start, count, chunk_bytes
+SHARD, ELEMENTS = 1, 2
+FRAME = struct.Struct("<B3xIQQ")  # kind, n, first, size
+CHUNK, END, ERROR, OK = 1, 2, 3, 4
+#: Most bytes one ERROR frame's text may have; a longer one is cut.
+MAX_ERROR_TEXT = 4096
+#: Most buffers one sendmsg call takes (Linux's IOV_MAX is 1024).
+_IOV = 512
+
+
+class FramingError(Exception):
+    """The peer sent bytes that are not this protocol (or closed in the middle of a frame)."""
+
+
+def hello(ticket: bytes) -> bytes:
+    return HELLO.pack(MAGIC, VERSION, len(ticket)) + ticket
+
+
+def error_frame(code: int, reason: str, message: str) -> bytes:
+    text = f"{reason}\n{message}".encode()[:MAX_ERROR_TEXT]
+    return FRAME.pack(ERROR, len(text), code, 0) + text
+
+
+def parse_error(text: bytes) -> tuple[str, str]:
+    """(reason, message) of an ERROR frame's text."""
+    reason, _, message = text.decode("utf-8", "replace").partition("\n")
+    return reason, message
+
+
+def recv_exact(sock: socket.socket, out: memoryview) -> None:
+    """Fill out from sock; FramingError when the peer closes first."""
+    got, size = 0, len(out)
+    while got < size:
+        n = sock.recv_into(out[got:], size - got)
+        if not n:
+            raise FramingError(f"connection closed after {got} of {size} bytes of a frame")
+        got += n
+
+
+def recv_bytes(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray(size)
+    recv_exact(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> int:
+    """Send every part, in order, without joining them: one sendmsg for up to 512 parts
+    (the values stay in LMDB's map until the kernel copies them); a TLS socket, which has
+    no sendmsg, sends them one by one. Returns the bytes sent."""
+    total = 0
+    if isinstance(sock, ssl.SSLSocket):
+        for part in parts:
+            sock.sendall(part)
+            total += len(part)
+        return total
+    pending = [memoryview(p).cast("B") for p in parts if len(p)]
+    while pending:
+        sent = sock.sendmsg(pending[:_IOV])
+        total += sent
+        while pending and sent >= len(pending[0]):
+            sent -= len(pending[0])
+            pending.pop(0)
+        if sent:
+            pending[0] = pending[0][sent:]
+    return total
