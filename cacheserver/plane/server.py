@@ -44,7 +44,8 @@ from client.wire.status import (
 )
 
 log = logging.getLogger(__name__)
-#: Seconds a new connection has to finish its TLS handshake and send its hello.
+#: Seconds a new connection has to finish its TLS handshake and send its hello (at most
+#: --stream-idle-timeout).
 HELLO_TIMEOUT = 10.0
 
 
@@ -71,6 +72,7 @@ class DataPlane:
         self._max = max_connections
         self._per_client = per_client
         self._idle = idle_timeout
+        self._hello_timeout = min(HELLO_TIMEOUT, idle_timeout)
         self._lock = threading.Condition()
         self._open: dict[socket.socket, bool] = {}  # connection -> serving a request now
         self._by_peer: Counter[str] = Counter()
@@ -145,7 +147,7 @@ class DataPlane:
         metrics.DATA_CONNECTIONS.inc()
         raw = conn
         try:
-            conn.settimeout(HELLO_TIMEOUT)
+            conn.settimeout(self._hello_timeout)
             if self._tls is not None:
                 conn = self._tls.wrap_socket(conn, server_side=True)
             with self._lock:

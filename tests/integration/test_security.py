@@ -12,6 +12,7 @@ import psutil
 import pytest
 import trustme
 from daemon import Daemon
+from pki import Pki
 from wire import read_all, reason, records, split, stub, write_cache
 
 from client import (
@@ -22,22 +23,6 @@ from client import (
     UnauthenticatedError,
 )
 from client.wire.v1 import cache_service_pb2 as pb
-
-
-class Pki:
-    def __init__(self, root: Path) -> None:
-        self.ca = trustme.CA()
-        self.ca_pem = root / "ca.pem"
-        self.ca.cert_pem.write_to_path(str(self.ca_pem))
-        server = self.ca.issue_cert("127.0.0.1", "localhost")
-        self.cert, self.key = root / "server.pem", root / "server.key"
-        for i, pem in enumerate(server.cert_chain_pems):
-            pem.write_to_path(str(self.cert), append=i > 0)
-        server.private_key_pem.write_to_path(str(self.key))
-        client = self.ca.issue_cert("trainer.example")
-        self.client_cert, self.client_key = root / "client.pem", root / "client.key"
-        client.cert_chain_pems[0].write_to_path(str(self.client_cert))
-        client.private_key_pem.write_to_path(str(self.client_key))
 
 
 @pytest.fixture
