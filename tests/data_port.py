@@ -63,7 +63,7 @@ def opened(port: int, ticket: bytes, source: str = "127.0.0.1") -> socket.socket
 def shard_values(sock: socket.socket, shard: int, start: int, count: int,
                  chunk_bytes: int = 1 << 20) -> list[bytes]:
     """The stored values of a shard run, asked for on an open connection."""
-    sock.sendall(plane.REQUEST.pack(plane.SHARD, shard, start, count, chunk_bytes))
+    sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, shard, start, count, chunk_bytes))
     values: list[bytes] = []
     while True:
         kind, n, _, payload = frame(sock)

@@ -74,13 +74,14 @@ def shards_on(d: Daemon, name: str) -> set[int]:
 
 
 def metric(d: Daemon, sample: str) -> float:
-    """The value of one sample (name and labels, as exposed) on member d's /metrics; 0 if
+    """The value of one sample (name and labels, as exposed) on member d's /metrics, a name
+    without labels summing all its series (shardcache_read_bytes_total: both planes); 0 if
     absent."""
+    prefixes = (sample + " ",) if "{" in sample else (sample + " ", sample + "{")
     with urllib.request.urlopen(d.metrics_url, timeout=10) as response:  # type: ignore[attr-defined]
-        for line in response.read().decode().splitlines():
-            if line.startswith(sample + " "):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+        return sum(float(line.rsplit(" ", 1)[1])
+                   for line in response.read().decode().splitlines()
+                   if line.startswith(prefixes))
 
 
 @contextlib.contextmanager

@@ -154,7 +154,7 @@ class LeaseTable:
             if any(s >= len(record.shards) for s in shards):
                 raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
                                       f"shard {max(shards)} does not exist")
-            if self.catalog.tier is not None:
+            if self.catalog.tier is not None and not peer:  # data-plane reads ensure theirs
                 self.catalog.tier.ensure(name, list(shards) or range(len(record.shards)))
         except BaseException:
             self.release(lease.id)

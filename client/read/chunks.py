@@ -67,10 +67,8 @@ class EpochChunks:
         reading = self._first < self._stop
         self._lease, counted = (direct.lease(cache) if direct is not None and not by_owner
                                 and reading else (None, False))
-        if self._lease is None and not by_owner and reading:
-            self._lease, plane_counted = data_plane.for_transport(transport).lease(
-                cache, epoch_start=not counted)
-            counted = counted or plane_counted
+        if self._lease is None and not by_owner and reading:  # its requests count the hit
+            self._lease = data_plane.for_transport(transport).lease(cache)
         self._epoch_start = not counted
         self._closing = threading.Event()
         self._per_chunk = chunk_positions(cache, min(CHUNK_BYTES, max(prefetch_bytes // 8,

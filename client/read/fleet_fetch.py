@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -13,11 +14,14 @@ import numpy as np
 
 from client._fleet import Fleet
 from client._transport import pb
-from client.errors import ServerUnavailableError
+from client.errors import ServerUnavailableError, ShardcacheError
 from client.format.values import split_chunk
+from client.read import plane as data_plane
 from client.read.direct import DirectReads, LocalFetcher, ReadLease
 from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
 from client.read.fleet_calls import MemberQueue
+from client.read.plane import PlaneCall, PlaneLease
+from client.wire import plane
 
 #: A fleet request's shard calls asked ahead of the one being read (fleet_calls.py).
 CALLS_AHEAD = 32
@@ -48,6 +52,8 @@ class FleetFetcher(Fetcher):
         self._local: dict[str, tuple[ReadLease, LocalFetcher]] = {}
         self._queues: dict[str, MemberQueue] = {}  # this read's calls per member
         self._queues_lock = threading.Lock()
+        self._planes: dict[str, PlaneLease | None] = {}  # each member's data plane, leased
+        self._planes_lock = threading.Lock()
         if direct is not None and direct.mode is not False:
             self._lease_local(direct, closing)
 
@@ -74,10 +80,30 @@ class FleetFetcher(Fetcher):
             raise
 
     def close(self) -> None:
-        """End the leases on the members on this host."""
+        """End the leases on the members on this host and on the members' data planes."""
         leases, self._local = self._local, {}
         for lease, _ in leases.values():
             lease.close()
+        with self._planes_lock:
+            planes, self._planes = self._planes, {}
+        for plane_lease in planes.values():
+            if plane_lease is not None:
+                plane_lease.close()
+
+    def _connection(self, member: str) -> tuple[PlaneLease, socket.socket] | None:
+        """A data connection to member for one request (its plane leased on first use), or
+        None: ask over gRPC (no plane, unreachable, or the member is down: the call fails
+        and the fleet fails over)."""
+        with self._planes_lock:
+            if member not in self._planes:
+                try:
+                    self._planes[member] = data_plane.for_transport(
+                        self._fleet.transport(member)).lease(self._cache)
+                except ShardcacheError:
+                    return None  # not remembered: asked again on the next try
+            lease = self._planes[member]
+        sock = lease.connection() if lease is not None else None
+        return (lease, sock) if lease is not None and sock is not None else None
 
     def _local_for(self, member: str, shard: int) -> LocalFetcher | None:
         local = self._local.get(member)
@@ -111,10 +137,16 @@ class FleetFetcher(Fetcher):
             member, shard, start, count, _ = runs[i]
 
             def send() -> Any:
+                epoch_start = next(hit, False)
+                connected = self._connection(member)
+                if connected is not None:
+                    return PlaneCall(*connected, plane.REQUEST.pack(
+                        plane.SHARD, plane.EPOCH_START if epoch_start else 0, shard.index,
+                        start, count, self.chunk_bytes))
                 return self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
                     name=self._cache.name, shard=shard.index, start=start, count=count,
                     chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
-                    epoch_start=next(hit, False)))
+                    epoch_start=epoch_start))
 
             calls[i] = self._queue(member).submit(shard.first_element + start, send)
 
@@ -182,16 +214,11 @@ class FleetFetcher(Fetcher):
                     continue
                 permits = self._fleet.permits(str(member))
                 permits.acquire()  # this thread holds no other
-                call = self._fleet.transport(str(member)).stub.ReadElements(
-                    pb.ReadElementsRequest(
-                        name=self._cache.name, fingerprint=self._cache.fingerprint,
-                        indices=indices[positions].astype("<u8").tobytes(),
-                        chunk_bytes=self.chunk_bytes, epoch_start=epoch_start))
-                epoch_start = False
                 try:
                     with self._fleet.watching(str(member)):
-                        place(positions, ((position, lengths, data) for position, _, lengths,
-                                          data in self._stream(call, 0, "position", None)))
+                        place(positions, self._elements(str(member), indices[positions],
+                                                        epoch_start))
+                        epoch_start = False
                 except grpc.RpcError as err:
                     if err.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                         raise
@@ -203,4 +230,23 @@ class FleetFetcher(Fetcher):
                 raise failed  # nobody answered: Fetcher.stream backs off and tries again
             missing = left
         return 0, len(indices), b"", values
+
+    def _elements(self, member: str, indices: np.ndarray, epoch_start: bool
+                  ) -> Iterator[tuple[int, bytes, Any]]:
+        """The records at indices from member, over its data plane or ReadElements:
+        (position, u32 lengths, data) chunks."""
+        wanted = indices.astype("<u8").tobytes()
+        connected = self._connection(member)
+        if connected is not None:
+            lease, sock = connected
+            request = plane.REQUEST.pack(plane.ELEMENTS, plane.EPOCH_START if epoch_start
+                                         else 0, len(indices), 0, 0, self.chunk_bytes) + wanted
+            for _, position, _values, lengths, data in lease.responses(sock, [request]):
+                yield position, lengths, data
+            return
+        call = self._fleet.transport(member).stub.ReadElements(pb.ReadElementsRequest(
+            name=self._cache.name, fingerprint=self._cache.fingerprint, indices=wanted,
+            chunk_bytes=self.chunk_bytes, epoch_start=epoch_start))
+        for at, _, sizes, values in self._stream(call, 0, "position", None):
+            yield at, sizes, values
 

@@ -20,6 +20,7 @@ the pass: the rest of it reads over gRPC, the next pass takes a new ticket.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -28,8 +29,8 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -51,6 +52,8 @@ REPROBE_S = 60.0
 CONNECT_TIMEOUT = 3.0
 #: Seconds a data connection may wait for the daemon's next bytes before it counts as lost.
 RECEIVE_TIMEOUT = 120.0
+#: Seconds after which a data connection over a link that went down counts as lost.
+KEEPALIVE_S = 7
 _PLANES: weakref.WeakKeyDictionary[Transport, DataPlane] = weakref.WeakKeyDictionary()
 _PLANES_LOCK = threading.Lock()
 
@@ -112,32 +115,33 @@ class DataPlane:
         self._warned = False
         self._none = not self.host or target.startswith("unix:")  # no TCP: never asked
 
-    def lease(self, cache: pb.Cache, epoch_start: bool) -> tuple[PlaneLease | None, bool]:
-        """(a lease with a ticket for one pass, or None: read over gRPC; whether the
-        daemon counted the pass's hit)."""
+    def lease(self, cache: pb.Cache) -> PlaneLease | None:
+        """A lease with a ticket for one pass, or None: read over gRPC. Its requests
+        count the pass's hit (plane.EPOCH_START), not the lease."""
         if self._none or not enabled():
-            return None, False
+            return None
         request = pb.AcquireReadLeaseRequest(name=cache.name, fingerprint=cache.fingerprint,
-                                             epoch_start=epoch_start, data_plane=True)
+                                             data_plane=True)
         try:
             granted = self.transport.call(self.transport.stub.AcquireReadLease, request)
         except ShardcacheError as exc:
             if type(exc) is not ShardcacheError:  # not found, replaced, unavailable: as gRPC
                 raise
             self._none = True  # a daemon without read leases
-            return None, False
+            return None
         release = _Releaser(self.transport, granted.lease_id)
         if not granted.ticket:  # --data-listen off, or not for this caller
             release()
             self._none = True
-            return None, epoch_start
-        return PlaneLease(self, release, granted), epoch_start
+            return None
+        return PlaneLease(self, release, granted)
 
     def connect(self, ticket: bytes, port: int) -> socket.socket:
         """A data connection that presented ticket; PlaneStatus when it cannot be had."""
         sock = socket.create_connection((self.host, port), timeout=CONNECT_TIMEOUT)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keepalive(sock)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self.host)
             sock.settimeout(RECEIVE_TIMEOUT)
@@ -163,6 +167,17 @@ class DataPlane:
             log.warning("cannot reach the data port %s:%d of cacheserver %s (%s); reading "
                         "over gRPC, at a fraction of the rate: open that port to this host "
                         "(docs/operations.md)", self.host, port, self.transport.target, exc)
+
+
+def keepalive(sock: socket.socket) -> None:
+    """Find a lost link within ~KEEPALIVE_S seconds, as the fleet's gRPC keepalive does, also
+    while the daemon is busy (a shard pulled from the store before its first chunk):
+    TCP keepalive probes when nothing is in flight, a user timeout when a request is."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, KEEPALIVE_S * 1000)
 
 
 def _error(text: bytes, code: int) -> PlaneStatus:
@@ -225,6 +240,47 @@ class PlaneLease:
             sock.close()
         self._slots.release()
 
+    def connection(self) -> socket.socket | None:
+        """A connection for the next requests, or None: send them over gRPC (the plane is
+        out for this pass, or unreachable for now: said once)."""
+        if self.ended or not self.plane.reachable():
+            return None
+        try:
+            return self.take()
+        except (PlaneStatus, OSError, plane.FramingError) as exc:
+            if isinstance(exc, PlaneStatus) and exc.reason not in _TICKET_GONE:
+                raise
+            if self.worked or isinstance(exc, PlaneStatus):  # the daemon restarted or moved
+                self.end(exc)
+            else:  # never got through: a firewall, a route
+                self.plane.unreachable(self.port, exc)
+            return None
+
+    def responses(self, sock: socket.socket, requests: Iterable[bytes]
+                  ) -> Iterator[tuple[int, int, int, bytes, memoryview]]:
+        """Send requests one by one on sock (from connection()), yielding (request number,
+        first, values, u32 lengths, data) for each CHUNK of their answers; sock goes back
+        to the lease at the end. A lost connection raises UNAVAILABLE (the caller asks
+        again), a ticket the daemon no longer knows too, after ending the plane for the
+        pass; other ERROR frames raise their status."""
+        done = False
+        try:
+            for number, request in enumerate(requests):
+                sock.sendall(request)
+                for chunk in _chunks(sock):
+                    yield (number, *chunk)
+            done = True
+        except PlaneStatus as exc:
+            if exc.reason not in _TICKET_GONE:
+                raise
+            self.end(exc)  # the lease ended under the pass: the rest over gRPC
+            raise _lost(self.where, exc) from exc
+        except (OSError, plane.FramingError) as exc:
+            self.drop_idle()  # lost with the daemon, most likely: connect afresh
+            raise _lost(self.where, exc) from exc
+        finally:
+            self.give(sock, done)
+
     def end(self, why: BaseException) -> None:
         """The rest of the pass reads over gRPC (the daemon restarted, the lease ended)."""
         if not self.ended:
@@ -254,67 +310,71 @@ class PlaneFetcher(Fetcher):
     def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
                  ) -> Iterator[tuple[int, int, bytes, Any]]:
         lease = self._lease
-        if lease.ended or not lease.plane.reachable():
-            yield from super()._attempt(indices, epoch_start, ahead)
-            return
-        try:
-            sock = lease.take()
-        except (PlaneStatus, OSError, plane.FramingError) as exc:
-            if isinstance(exc, PlaneStatus) and exc.reason not in _TICKET_GONE:
-                raise
-            if lease.worked or isinstance(exc, PlaneStatus):  # the daemon restarted or moved
-                lease.end(exc)
-            else:  # never got through: a firewall, a route
-                lease.plane.unreachable(lease.port, exc)
+        sock = lease.connection()
+        if sock is None:
             yield from super()._attempt(indices, epoch_start, ahead)  # UNAVAILABLE if down
             return
-        done = False
-        try:
-            yield from self._requests(sock, indices)
-            done = True
-        except PlaneStatus as exc:
-            if exc.reason not in _TICKET_GONE:
-                raise
-            lease.end(exc)  # the lease ended under the pass: the rest over gRPC
-            raise _lost(lease.where, exc) from exc
-        except (OSError, plane.FramingError) as exc:
-            lease.drop_idle()  # lost with the daemon, most likely: connect afresh
-            raise _lost(lease.where, exc) from exc
-        finally:
-            lease.give(sock, done)
-
-    def _requests(self, sock: socket.socket, indices: Indices
-                  ) -> Iterator[tuple[int, int, bytes, Any]]:
+        flags = plane.EPOCH_START if epoch_start else 0
         first = int(indices[0])
         if not is_run(indices):
             wanted = np.asarray(indices, "<u8")
-            sock.sendall(plane.REQUEST.pack(plane.ELEMENTS, len(wanted), 0, 0,
-                                            self.chunk_bytes) + wanted.tobytes())
-            yield from self._chunks(sock, 0, None)
+            request = plane.REQUEST.pack(plane.ELEMENTS, flags, len(wanted), 0, 0,
+                                         self.chunk_bytes) + wanted.tobytes()
+            for _, position, values, lengths, data in lease.responses(sock, [request]):
+                yield position, values, lengths, data
             return
-        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
-            sock.sendall(plane.REQUEST.pack(plane.SHARD, shard.index, start, count,
-                                            self.chunk_bytes))
-            yield from self._chunks(sock, shard.first_element - first, shard.num_elements)
-
-    def _chunks(self, sock: socket.socket, offset: int, shard_elements: int | None
-                ) -> Iterator[tuple[int, int, bytes, Any]]:
-        """One request's CHUNK frames as the gRPC Fetcher's _stream gives them."""
-        header = bytearray(plane.FRAME.size)
-        while True:
-            plane.recv_exact(sock, memoryview(header))
-            kind, n, start, size = plane.FRAME.unpack(header)
-            if kind == plane.END:
-                return
-            if kind == plane.ERROR:
-                raise _error(plane.recv_bytes(sock, min(n, plane.MAX_ERROR_TEXT)), start)
-            if kind != plane.CHUNK:
-                raise plane.FramingError(f"frame kind {kind} in a response")
-            lengths = plane.recv_bytes(sock, 4 * n)
-            data = np.empty(size, np.uint8).data  # no zero fill; the decoder copies out of it
-            plane.recv_exact(sock, data)
-            count = n if shard_elements is None else min(n * self._k, shard_elements - start)
-            yield offset + start, count, lengths, data
+        runs = list(shard_runs(self._cache, first, first + len(indices)))
+        requests = (plane.REQUEST.pack(plane.SHARD, flags if i == 0 else 0, shard.index, start,
+                                       count, self.chunk_bytes)
+                    for i, (shard, start, count) in enumerate(runs))
+        for i, start, values, lengths, data in lease.responses(sock, requests):
+            shard = runs[i][0]  # a chunk of whole blocks: Decoder trims
+            yield (shard.first_element - first + start,
+                   min(values * self._k, shard.num_elements - start), lengths, data)
 
 
-__all__ = ["PLANE_ENV", "DataPlane", "PlaneFetcher", "PlaneLease", "enabled", "for_transport"]
+class _Chunk(NamedTuple):
+    """A chunk as the fields of a ReadShardResponse (client/read/fleet_fetch.py reads them)."""
+
+    start: int
+    lengths: bytes
+    data: memoryview
+
+
+class PlaneCall:
+    """One request to a fleet member over its data plane, iterated as its gRPC call would
+    be (chunks with start, lengths and data); cancel() from any thread ends it."""
+
+    def __init__(self, lease: PlaneLease, sock: socket.socket, request: bytes) -> None:
+        self._sock = sock
+        self._responses = lease.responses(sock, [request])
+
+    def __iter__(self) -> Iterator[_Chunk]:
+        for _, start, _values, lengths, data in self._responses:
+            yield _Chunk(start, lengths, data)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+
+def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]:
+    """One request's CHUNK frames until its END: (first, values, u32 lengths, data)."""
+    header = bytearray(plane.FRAME.size)
+    while True:
+        plane.recv_exact(sock, memoryview(header))
+        kind, n, first, size = plane.FRAME.unpack(header)
+        if kind == plane.END:
+            return
+        if kind == plane.ERROR:
+            raise _error(plane.recv_bytes(sock, min(n, plane.MAX_ERROR_TEXT)), first)
+        if kind != plane.CHUNK:
+            raise plane.FramingError(f"frame kind {kind} in a response")
+        lengths = plane.recv_bytes(sock, 4 * n)
+        data = np.empty(size, np.uint8).data  # no zero fill; the decoder copies out of it
+        plane.recv_exact(sock, data)
+        yield first, n, lengths, data
+
+
+__all__ = ["PLANE_ENV", "DataPlane", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
+           "for_transport"]

@@ -6,10 +6,11 @@ daemon's data port. Every integer is little-endian.
 * The client opens with a hello: ``MAGIC``, a version byte, the ticket's length
   (one byte) and the ticket AcquireReadLease returned. The daemon answers with an
   OK frame, or an ERROR frame and closes.
-* Then requests, one at a time, each a :data:`REQUEST` header: kind, u32 n, three
-  u64 fields. ``SHARD``: records [start, start + count) of shard n in chunks of about
-  chunk_bytes (ReadShardRequest's fields). ``ELEMENTS``: n global indices follow as
-  u64s; the records in request order (ReadElementsRequest's).
+* Then requests, one at a time, each a :data:`REQUEST` header: kind, flags, u32 n,
+  three u64 fields. ``SHARD``: records [start, start + count) of shard n in chunks of
+  about chunk_bytes (ReadShardRequest's fields). ``ELEMENTS``: n global indices follow
+  as u64s; the records in request order (ReadElementsRequest's). Flag ``EPOCH_START``:
+  the request starts a reader's pass (the daemon counts a hit, as epoch_start does).
 * The daemon answers a request with CHUNK frames and one END frame. A CHUNK's header
   is followed by n u32 lengths and then the data (the values, ``size`` bytes): the
   fields of a ReadShardResponse (``first`` is its start) or ReadElementsResponse
@@ -30,8 +31,9 @@ MAGIC = b"SCDP"
 VERSION = 1
 HELLO = struct.Struct("<4sBB")  # magic, version, ticket length; the ticket follows
 MAX_TICKET = 64
-REQUEST = struct.Struct("<B3xIQQQ")  # kind, n, start, count, chunk_bytes
+REQUEST = struct.Struct("<BB2xIQQQ")  # kind, flags, n, start, count, chunk_bytes
 SHARD, ELEMENTS = 1, 2
+EPOCH_START = 1
 FRAME = struct.Struct("<B3xIQQ")  # kind, n, first, size
 CHUNK, END, ERROR, OK = 1, 2, 3, 4
 #: Most bytes one ERROR frame's text may have; a longer one is cut.

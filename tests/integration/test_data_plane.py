@@ -99,7 +99,7 @@ def test_tickets_are_bound_to_their_lease_and_caller_and_die_with_the_lease(
         assert reason == "UNAUTHENTICATED" and "issued to 127.0.0.1" in message
 
         release(ch, granted)  # the open connection's next request, and any replay, refused
-        sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, 0, 1, 1 << 20))
+        sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, 0, 0, 1, 1 << 20))
         assert error(sock)[0] == "LEASE_NOT_FOUND"
         assert _refused(granted)
 
@@ -124,7 +124,7 @@ def test_a_paused_reader_blocks_no_other_reader(plane_daemon) -> None:
         granted, other = lease(ch, "big"), lease(ch, "big")
         with opened(granted.data_port, granted.ticket) as paused, \
                 opened(other.data_port, other.ticket) as sock:
-            paused.sendall(plane.REQUEST.pack(plane.SHARD, 0, 0, 64, 4 << 20))  # never read
+            paused.sendall(plane.REQUEST.pack(plane.SHARD, 0, 0, 0, 64, 4 << 20))  # never read
             assert shard_values(sock, 0, 0, 64, 4 << 20) == data
 
 

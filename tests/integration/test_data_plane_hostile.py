@@ -61,14 +61,14 @@ def test_garbage_slow_and_silent_connections_get_a_clear_refusal_or_are_closed(
     with opened(granted.data_port, granted.ticket) as silent:  # a hello, then nothing
         assert closed_by_daemon(silent, 10)
     with opened(granted.data_port, granted.ticket) as sock:
-        sock.sendall(plane.REQUEST.pack(9, 0, 0, 0, 0))
+        sock.sendall(plane.REQUEST.pack(9, 0, 0, 0, 0, 0))
         assert "unknown data-plane request kind 9" in error(sock)[1]
     with opened(granted.data_port, granted.ticket) as sock:
-        sock.sendall(plane.REQUEST.pack(plane.SHARD, 7, 0, 1, 0))
+        sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, 7, 0, 1, 0))
         assert error(sock) == ("INVALID_ARGUMENT", "cache 'h' has 1 shards; shard 7 does "
                                                    "not exist")
     with opened(granted.data_port, granted.ticket) as sock:
-        sock.sendall(plane.REQUEST.pack(plane.ELEMENTS, 1 << 30, 0, 0, 0))
+        sock.sendall(plane.REQUEST.pack(plane.ELEMENTS, 0, 1 << 30, 0, 0, 0))
         assert "the limit is 65536" in error(sock)[1]
 
 
@@ -105,8 +105,10 @@ def test_fuzzed_hellos_and_requests_get_an_error_frame_or_a_close(port_daemon) -
               suppress_health_check=[HealthCheck.too_slow])
     @given(ticketed=st.booleans(), blob=st.one_of(
         st.binary(max_size=96),
-        st.builds(lambda kind, n, a, b, c, tail: plane.REQUEST.pack(kind, n, a, b, c) + tail,
-                  st.integers(0, 255), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1),
+        st.builds(lambda kind, flags, n, a, b, c, tail:
+                  plane.REQUEST.pack(kind, flags, n, a, b, c) + tail,
+                  st.integers(0, 255), st.integers(0, 255), st.integers(0, 2**32 - 1),
+                  st.integers(0, 2**64 - 1),
                   st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
                   st.binary(max_size=64))))
     def probe(ticketed: bool, blob: bytes) -> None:
@@ -138,7 +140,7 @@ def test_sigterm_lets_a_data_plane_transfer_finish_then_refuses() -> None:
             write_cache(channel, "drained", data)
             granted = lease(channel, "drained")
         with opened(granted.data_port, granted.ticket) as sock:
-            sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, 0, 64, 1 << 20))
+            sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, 0, 0, 64, 1 << 20))
             kind, n, _, payload = frame(sock)
             assert kind == plane.CHUNK
             code: dict[str, int] = {}

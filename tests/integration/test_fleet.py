@@ -156,11 +156,10 @@ def test_a_member_killed_mid_epoch_loses_and_repeats_nothing(published, fleet) -
 def test_a_member_that_comes_back_serves_its_shards_again(published, fleet) -> None:
     name, _ = published
     victim = fleet.members[2]
-    served = ("shardcache_read_bytes_total",
-              'shardcache_rpc_duration_seconds_count{method="ReadShard"}')
+    served = ('shardcache_read_bytes_total{plane="data"}', "shardcache_read_elements_total")
 
     def epoch(cc: CacheClient) -> dict[str, tuple[float, float]]:
-        """Each live member's (bytes, ReadShard calls) served for one epoch."""
+        """Each live member's (bytes over its data plane, elements) served for one epoch."""
         before = {d.tcp_target: [metric(d, m) for m in served]
                   for d in fleet.members if d.alive()}
         assert ids(cc.dataset(name, **OVER_GRPC)) == list(range(N))
@@ -174,7 +173,7 @@ def test_a_member_that_comes_back_serves_its_shards_again(published, fleet) -> N
         victim.kill()
         without = epoch(cc)
         assert victim.tcp_target not in without
-        # its bytes and calls, served by the others, and nothing twice: the calls sent ahead
+        # its bytes and elements, served by the others, and nothing twice: the calls sent ahead
         # to them when the victim's call failed are read, not cancelled and sent again
         assert np.sum(list(without.values()), 0).tolist() == np.sum(
             list(healthy.values()), 0).tolist()
@@ -193,7 +192,7 @@ def test_members_on_this_host_are_read_from_their_files(published, fleet) -> Non
     for d in fleet.members:
         assert shards_on(d, name) == want[d.tcp_target]  # leased: its own shards only
         assert metric(d, "shardcache_direct_reads_total") == 2  # a lease per pass
-        assert metric(d, "shardcache_read_bytes_total") == 0  # nothing went over gRPC
+        assert metric(d, "shardcache_read_bytes_total") == 0  # nothing went over the wire
     with CacheClient(fleet.members[0].unix_target) as one:
         assert ids(one.dataset(name, shuffle=True, seed=3, direct=False)) == shuffled
 
