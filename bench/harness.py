@@ -11,12 +11,13 @@ import os
 import platform
 import resource
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,20 +54,33 @@ def child_env(root: Path = REPO_ROOT, safe_path: bool = False) -> dict[str, str]
     return env
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now (free until someone binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
 class BenchDaemon(DaemonProcess):
     """``cacheserver serve`` on a unix socket named ``name`` in ``directory`` (a short path:
     a socket's path holds at most 107 bytes), its data dir in ``data_root`` (default: the same).
 
-    ``root`` runs another checkout's daemon; ``prefix`` must ``exec`` the command, keeping the
-    pid (``cgroups.MemoryCap.prefix``).
+    ``target`` is the unix socket: a client there reads over gRPC (or the shard files, with
+    ``direct=True``). ``tcp`` also listens on a free 127.0.0.1 port, ``tcp_target``: a client
+    there is remote, and reads over the daemon's data plane (``--data-listen auto``: another
+    free port on that host) unless ``$SHARDCACHE_DATA_PLANE=off``. ``root`` runs another
+    checkout's daemon; ``prefix`` must ``exec`` the command, keeping the pid
+    (``cgroups.MemoryCap.prefix``).
     """
 
     def __init__(self, directory: Path, name: str, extra_args: Sequence[str] = (),
                  root: Path = REPO_ROOT, prefix: Sequence[str] = (),
-                 data_root: Path | None = None) -> None:
+                 data_root: Path | None = None, tcp: bool = False) -> None:
         data_dir = (data_root or directory) / f"data-{name}"
         data_dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(data_dir, [f"unix://{directory / name}.sock"],
+        self.tcp_target = f"127.0.0.1:{free_port()}" if tcp else None
+        super().__init__(data_dir, [f"unix://{directory / name}.sock",
+                                    *filter(None, [self.tcp_target])],
                          (data_root or directory) / f"{name}.log", extra_args=extra_args,
                          env=child_env(root, safe_path=True))
         self.socket_path = directory / f"{name}.sock"
@@ -300,6 +314,26 @@ def _first_tensor(batch: Any) -> Any:
     return batch
 
 
+#: What :func:`timed` gives: seconds, bytes moved, CPU seconds of this process and of the server.
+Row = tuple[float, int, float, float]
+ROW_KEYS = ("seconds", "bytes", "cpu", "server_cpu")
+
+
+def timed(fn: Callable[[], int], server_pid: int = 0) -> Row:
+    """Run fn (returning bytes moved): its seconds, bytes and CPU seconds (self, server)."""
+    before, server_before = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
+    start = time.perf_counter()
+    moved = fn()
+    seconds = time.perf_counter() - start
+    server = cpu_seconds(server_pid) - server_before if server_pid else 0.0
+    return seconds, moved, cpu_seconds() - before, server
+
+
+def per_gb(cpu: float, moved: int) -> str:
+    """CPU seconds per GB moved, ``-`` for none measured."""
+    return f"{cpu / (moved / GB):.2f}" if cpu else "-"
+
+
 # ---------------------------------------------------------------------- child processes
 def print_result(record: dict[str, Any]) -> None:
     """A child's answer: one ``RESULT`` line of JSON on stdout (the rest is noise)."""
@@ -310,6 +344,15 @@ def print_result(record: dict[str, Any]) -> None:
 def read_result(line: str) -> dict[str, Any] | None:
     """The record of a ``RESULT`` line, None for any other line."""
     return json.loads(line[len(RESULT_PREFIX):]) if line.startswith(RESULT_PREFIX) else None
+
+
+def server_process(script: str, *args: str) -> tuple[subprocess.Popen[str], int]:
+    """``script --serve ...`` in a process of its own (a bench's server), and the port it
+    prints as its first line (0: it printed none)."""
+    proc = subprocess.Popen([sys.executable, script, "--serve", *args], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline() or 0)
 
 
 def run_child(cmd: Sequence[str], root: Path = REPO_ROOT, timeout_s: float | None = None,

@@ -1,9 +1,16 @@
-"""Warm reads interleaved in one process: shardcache's direct and gRPC reads, by
+"""Warm reads interleaved in one process: shardcache's direct, data-plane and gRPC reads, by
 ``parallel_shards`` (``--parallel``, 0: AUTOTUNE), beside ``cache(filename)``, ``snapshot``
 (uncompressed) and ``Dataset.load`` of the same source.
 
     .venv/bin/python bench/read_ab.py --parallel 0,2,8 --repeat 5
+    .venv/bin/python bench/read_ab.py --modes direct,grpc ...   # some of the three reads
     taskset -c 0 .venv/bin/python bench/read_ab.py ...      # on one core
+
+The daemon listens on a unix socket and on 127.0.0.1. ``direct``: a client on the socket
+reading the shard files under a read lease (``direct=True``); ``plane``: a client on the TCP
+address, remote to the daemon, reading over its data plane (``direct=False``; gRPC where
+``$SHARDCACHE_DATA_PLANE=off`` or the checkout has none); ``grpc``: a client on the socket,
+reading over gRPC (``direct=False``: a unix socket has no data plane).
 
 Every strategy is read once to warm up, then ``--repeat`` times in turn (A, B, C, A, B, C,
 ...), so that every one meets the same noise; the table gives each one's best epoch, its
@@ -44,6 +51,8 @@ from harness import (
 from workloads import WORKLOADS, make_source
 
 BASELINES = ("cache(filename)", "snapshot", "Dataset.load")
+#: shardcache's reads: which client reads, and whether directly.
+MODES = {"direct": ("unix", True), "plane": ("tcp", False), "grpc": ("unix", False)}
 #: An arm reads one epoch: (elements/s, CPU seconds of the reading process).
 Arm = Callable[[], tuple[float, float]]
 
@@ -61,17 +70,28 @@ def local_arm(ds: Any, n: int) -> Arm:
     return read
 
 
-def shardcache_reads(cc: Any, src: Any, batch: int, parallel: list[int]) -> dict[str, Any]:
-    """The cache written through ``cc`` (once), and its reads: direct and gRPC per parallel."""
-    for _ in cc.cache(src, name="ab"):
+def shardcache_reads(clients: dict[str, Any], src: Any, batch: int, parallel: list[int],
+                     modes: list[str]) -> dict[str, Any]:
+    """The cache written through ``clients["unix"]`` (once), and its reads per parallel and
+    mode (:data:`MODES`); ``clients["tcp"]`` reads remotely."""
+    for _ in clients["unix"].cache(src, name="ab"):
         pass
     reads = {}
     for p in parallel:
         tag = "auto" if p == 0 else str(p)
-        for mode, direct in (("direct", True), ("grpc", False)):
-            reads[f"{mode} p={tag}"] = cc.dataset("ab", direct=direct,
-                                                  parallel_shards=p).batch(batch)
+        for mode in modes:
+            client, direct = MODES[mode]
+            reads[f"{mode} p={tag}"] = clients[client].dataset(
+                "ab", direct=direct, parallel_shards=p).batch(batch)
     return reads
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise SystemExit(f"--modes {text!r}: a comma-separated list of {', '.join(MODES)}")
+    return modes
 
 
 def tf_data_reads(src: Any, tmp: Path, batch: int) -> dict[str, Any]:
@@ -92,10 +112,12 @@ def tf_data_reads(src: Any, tmp: Path, batch: int) -> dict[str, Any]:
 class ChildArms:
     """A process reading with another checkout's client: one epoch per name it is sent."""
 
-    def __init__(self, root: Path, label: str, target: str, args: argparse.Namespace) -> None:
-        cmd = [sys.executable, str(BENCH_DIR / "read_ab.py"), "--child", target,
-               "--workload", args.workload, "--elements", str(args.elements),
-               "--batch", str(args.batch), "--parallel", args.parallel]
+    def __init__(self, root: Path, label: str, daemon: BenchDaemon,
+                 args: argparse.Namespace) -> None:
+        cmd = [sys.executable, str(BENCH_DIR / "read_ab.py"), "--child", daemon.target,
+               "--child-tcp", str(daemon.tcp_target), "--workload", args.workload,
+               "--elements", str(args.elements), "--batch", str(args.batch),
+               "--parallel", args.parallel, "--modes", args.modes]
         self.label = label
         self.proc = subprocess.Popen(cmd, cwd=root, env=child_env(root), text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -131,9 +153,11 @@ def child(args: argparse.Namespace) -> int:
 
     root = Path(os.environ.get(ROOT_ENV, REPO_ROOT)).resolve()
     assert Path(client.__file__).resolve().is_relative_to(root), client.__file__
-    with CacheClient(args.child) as cc:
+    with CacheClient(args.child) as cc, CacheClient(args.child_tcp) as remote:
         src = make_source(WORKLOADS[args.workload], args.elements)
-        reads = shardcache_reads(cc, src, args.batch, [int(p) for p in args.parallel.split(",")])
+        reads = shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch,
+                                 [int(p) for p in args.parallel.split(",")],
+                                 parse_modes(args.modes))
         arms = {name: local_arm(ds, args.elements) for name, ds in reads.items()}
         for arm in arms.values():  # warm-up
             arm()
@@ -151,34 +175,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--parallel", default="0",
                          help="comma-separated chunks in flight (0: AUTOTUNE)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated shardcache reads (default {','.join(MODES)})")
     parser.add_argument("--child", metavar="TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("--child-tcp", metavar="TARGET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
     from client import CacheClient
 
     parallel = [int(p) for p in args.parallel.split(",")]
+    modes = parse_modes(args.modes)
     tmp = Path(tempfile.mkdtemp(prefix="read-ab-"))
-    daemons = {"head": BenchDaemon(tmp, "head")}
+    daemons = {"head": BenchDaemon(tmp, "head", tcp=True)}
     if args.baseline_root is not None:
-        daemons["base"] = BenchDaemon(tmp, "base", root=args.baseline_root.resolve())
+        daemons["base"] = BenchDaemon(tmp, "base", root=args.baseline_root.resolve(), tcp=True)
     children: list[ChildArms] = []
     rates: dict[str, list[float]] = {}
     cpu: dict[str, list[tuple[float, float]]] = {}
     try:
         for daemon in daemons.values():
             daemon.start()
-        with CacheClient(daemons["head"].target) as cc:
+        with CacheClient(daemons["head"].target) as cc, \
+                CacheClient(str(daemons["head"].tcp_target)) as remote:
             src = make_source(WORKLOADS[args.workload], args.elements)
             reads = tf_data_reads(src, tmp, args.batch)
-            reads |= shardcache_reads(cc, src, args.batch, parallel)
+            reads |= shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch, parallel,
+                                      modes)
             arms: dict[str, tuple[Arm, BenchDaemon | None]] = {
                 name: (local_arm(ds, args.elements),
                        daemons["head"] if name not in BASELINES else None)
                 for name, ds in reads.items()}
             if args.baseline_root is not None:
                 for label, daemon in daemons.items():
-                    children.append(ChildArms(daemon.root, label, daemon.target, args))
+                    children.append(ChildArms(daemon.root, label, daemon, args))
                     arms |= {f"{name} @{label}": (children[-1].arm(name), daemon)
                              for name in children[-1].names}
             for arm, _ in arms.values():  # warm-up
