@@ -227,7 +227,7 @@ class Shardcache:
         lease = None
         fetcher: Fetcher
         if plane:
-            lease, _ = for_transport(self.transport).lease(self.cache, epoch_start=False)
+            lease = for_transport(self.transport).lease(self.cache)
             if lease is None:
                 raise RuntimeError(f"the daemon at {self.transport.target} offers no data "
                                    f"plane (or $SHARDCACHE_DATA_PLANE=off): see its log, "
