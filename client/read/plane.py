@@ -208,6 +208,8 @@ class PlaneLease:
         self.ticket, self.port = granted.ticket, granted.data_port
         self.where = f"{data_plane.host}:{self.port}"
         self._idle: list[socket.socket] = []
+        self._busy: set[socket.socket] = set()
+        self.closed = False
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._lock = threading.Lock()
         self.worked = False  # a connection got through
@@ -221,19 +223,22 @@ class PlaneLease:
         """A connection for one request: an idle one, else a new one."""
         self._slots.acquire()
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        try:
-            sock = self.plane.connect(self.ticket, self.port)
-        except BaseException:
-            self._slots.release()
-            raise
-        self.worked = True
+            sock = self._idle.pop() if self._idle else None
+        if sock is None:
+            try:
+                sock = self.plane.connect(self.ticket, self.port)
+            except BaseException:
+                self._slots.release()
+                raise
+            self.worked = True
+        with self._lock:
+            self._busy.add(sock)
         return sock
 
     def give(self, sock: socket.socket, reusable: bool) -> None:
         with self._lock:
-            if reusable and not self.ended:
+            self._busy.discard(sock)
+            if reusable and not self.ended and not self.closed:
                 self._idle.append(sock)
                 sock = None  # type: ignore[assignment]
         if sock is not None:
@@ -295,6 +300,14 @@ class PlaneLease:
             sock.close()
 
     def close(self) -> None:
+        """End the pass: connections closed (a request waiting on one ends at once), the
+        lease released."""
+        with self._lock:
+            self.closed = True
+            busy = list(self._busy)
+        for sock in busy:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self.drop_idle()
         self._renewal.close()
 

@@ -9,7 +9,9 @@ DNS name mid-job takes over only the shards it now owns.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -261,3 +263,51 @@ def test_a_member_whose_link_goes_down_mid_epoch_loses_and_repeats_nothing(
             assert s in shards_on(member, published_name)
     finally:
         fleet.close()
+
+
+@pytest.mark.skipif(not can_make_netns(), reason="needs root and `ip netns`")
+def test_one_daemons_link_cut_mid_chunk_loses_and_repeats_nothing(open_moto, name) -> None:
+    """One daemon (a single target: no fleet to fail over to), read over its data plane at
+    50 Mbit/s so that a cut lands inside a chunk; the link comes back once the client
+    noticed, and the read picks up where it stopped."""
+    store = open_moto.store()
+    url, _, env = store
+    fleet = NetnsFleet(open_moto.port, env, url, metrics=True)
+    try:
+        fleet.add()
+        published_name, _ = publish(store, name)
+        fleet.rate(0, 50)
+        watcher = _Reconnecting()
+        logging.getLogger("client").addHandler(watcher)
+        seen: list[int] = []
+        with CacheClient(fleet.targets[0]) as cc:
+            ds = cc.dataset(published_name, **OVER_GRPC, parallel_shards=1,
+                            reconnect_timeout=120)
+            assert ids(ds) == list(range(N))  # the member pulls everything it serves
+            for i, element in enumerate(ds):
+                seen.append(int(element[1]))
+                if i == N // 10:
+                    fleet.link(0, up=False)
+                    threading.Thread(target=_restore, args=(fleet, watcher), daemon=True
+                                     ).start()
+        assert watcher.lost.is_set(), "the cut was never noticed"
+        assert seen == list(range(N))
+        assert metric(fleet.members[0], 'shardcache_read_bytes_total{plane="data"}') > 0
+    finally:
+        logging.getLogger("client").removeHandler(watcher)
+        fleet.close()
+
+
+class _Reconnecting(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lost = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "reconnecting" in record.getMessage():
+            self.lost.set()
+
+
+def _restore(fleet: NetnsFleet, watcher: _Reconnecting) -> None:
+    watcher.lost.wait(60)
+    fleet.link(0, up=True)
