@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,3 +30,16 @@ def gone(cc: Any, name: str) -> bool:
     except CacheNotFoundError:
         return True
     return False
+
+
+class LostDaemon(logging.Handler):
+    """Sets lost when the client logs that it lost a daemon and is reconnecting (add it to
+    the "client" logger)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lost = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "reconnecting" in record.getMessage():
+            self.lost.set()

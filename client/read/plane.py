@@ -40,7 +40,7 @@ from client.errors import InvalidArgumentError, ShardcacheError
 from client.read.direct import ReadLease, _Releaser
 from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
 from client.wire import plane
-from client.wire.status import LeaseNotFound, Unauthenticated
+from client.wire.status import REASON_KEY, LeaseNotFound, Unauthenticated
 
 log = logging.getLogger("client")
 PLANE_ENV = "SHARDCACHE_DATA_PLANE"
@@ -90,7 +90,7 @@ class PlaneStatus(grpc.RpcError):
         return self._message
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("shardcache-reason", self.reason),) if self.reason else ()
+        return ((REASON_KEY, self.reason),) if self.reason else ()
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}

@@ -30,7 +30,7 @@ from fleet import (
 )
 from s3 import MotoServer, Store
 from sharded import write_sharded
-from waits import wait_until
+from waits import LostDaemon, wait_until
 
 from client import CacheClient
 from client._fleet import DOWN_SECONDS, ranked
@@ -277,7 +277,7 @@ def test_one_daemons_link_cut_mid_chunk_loses_and_repeats_nothing(open_moto, nam
         fleet.add()
         published_name, _ = publish(store, name)
         fleet.rate(0, 50)
-        watcher = _Reconnecting()
+        watcher = LostDaemon()
         logging.getLogger("client").addHandler(watcher)
         seen: list[int] = []
         with CacheClient(fleet.targets[0]) as cc:
@@ -298,16 +298,6 @@ def test_one_daemons_link_cut_mid_chunk_loses_and_repeats_nothing(open_moto, nam
         fleet.close()
 
 
-class _Reconnecting(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lost = threading.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "reconnecting" in record.getMessage():
-            self.lost.set()
-
-
-def _restore(fleet: NetnsFleet, watcher: _Reconnecting) -> None:
+def _restore(fleet: NetnsFleet, watcher: LostDaemon) -> None:
     watcher.lost.wait(60)
     fleet.link(0, up=True)

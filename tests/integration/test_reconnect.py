@@ -12,6 +12,7 @@ tf = pytest.importorskip("tensorflow")
 
 from daemon import Daemon  # noqa: E402
 from sharded import write_sharded  # noqa: E402
+from waits import LostDaemon  # noqa: E402
 
 from client import CacheClient  # noqa: E402
 
@@ -40,18 +41,6 @@ VIA = pytest.mark.parametrize("via", ["grpc", "plane"])
 
 def target(daemon: Daemon, via: str) -> str:
     return daemon.unix_target if via == "grpc" else daemon.tcp_target
-
-
-class LostDaemon(logging.Handler):
-    """Sets an event when the client logs that it lost the daemon and is reconnecting."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lost = threading.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "reconnecting" in record.getMessage():
-            self.lost.set()
 
 
 @VIA

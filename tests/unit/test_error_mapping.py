@@ -6,6 +6,7 @@ import grpc
 
 import client.errors as client_errors
 import client.wire.status as server_errors
+from client.read.plane import PlaneStatus
 
 
 def _server_classes() -> list[type[server_errors.CacheServerError]]:
@@ -26,33 +27,17 @@ def test_the_reason_travels_in_the_same_metadata_key() -> None:
     assert server_errors.REASON_KEY == client_errors.REASON_KEY
 
 
-class _FakeRpcError(grpc.RpcError):
-    """A failed call as grpc hands it over: code, details, trailing metadata."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, reason: str = "") -> None:
-        self._code, self._details, self._reason = code, details, reason
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((client_errors.REASON_KEY, self._reason),) if self._reason else ()
-
-
 def test_two_failed_preconditions_are_told_apart_by_reason() -> None:
     err = client_errors.from_rpc_error(
-        _FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "x", "FINGERPRINT_MISMATCH"), "t")
+        PlaneStatus(grpc.StatusCode.FAILED_PRECONDITION, "FINGERPRINT_MISMATCH", "x"), "t")
     assert isinstance(err, client_errors.FingerprintMismatchError)
     err = client_errors.from_rpc_error(
-        _FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "x", "CACHE_WRITING"), "t")
+        PlaneStatus(grpc.StatusCode.FAILED_PRECONDITION, "CACHE_WRITING", "x"), "t")
     assert isinstance(err, client_errors.CacheNotReadyError)
 
 
 def test_an_unavailable_daemon_without_a_reason_names_the_target() -> None:
     err = client_errors.from_rpc_error(
-        _FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused"), "10.0.0.1:5")
+        PlaneStatus(grpc.StatusCode.UNAVAILABLE, "", "connection refused"), "10.0.0.1:5")
     assert isinstance(err, client_errors.ServerUnavailableError)
     assert "10.0.0.1:5" in str(err)
