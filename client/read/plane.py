@@ -40,7 +40,7 @@ from client.errors import InvalidArgumentError, ShardcacheError
 from client.read.direct import ReadLease, _Releaser
 from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
 from client.wire import plane
-from client.wire.status import REASON_KEY, LeaseNotFound, Unauthenticated
+from client.wire.status import REASON_KEY, LeaseNotFound, TooManyStreams, Unauthenticated
 
 log = logging.getLogger("client")
 PLANE_ENV = "SHARDCACHE_DATA_PLANE"
@@ -253,6 +253,10 @@ class PlaneLease:
         try:
             return self.take()
         except (PlaneStatus, OSError, plane.FramingError) as exc:
+            if isinstance(exc, PlaneStatus) and exc.reason == TooManyStreams.reason:
+                log.debug("data plane of %s: %s; this request goes over gRPC", self.where,
+                          exc.details())  # this host's other readers hold the connections
+                return None
             if isinstance(exc, PlaneStatus) and exc.reason not in _TICKET_GONE:
                 raise
             if self.worked or isinstance(exc, PlaneStatus):  # the daemon restarted or moved
