@@ -68,6 +68,11 @@ def grpc_probe_port(c: dict[str, Any]) -> int:
     return int(c["startupProbe"]["grpc"]["port"])
 
 
+def data_listen_port(args: list[str]) -> int:
+    """The port of --data-listen HOST:PORT in args."""
+    return int(flag(args, "--data-listen").rpartition(":")[2])
+
+
 def port_is_free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -112,6 +117,7 @@ class Deployment:
     root: Path
     client_env: dict[str, str]
     metrics_url: str | None
+    data_port: int
 
 
 def _config_maps() -> dict[str, dict[str, str]]:
@@ -188,6 +194,11 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
         new = free_port()
         argv = [re.sub(rf":{probe_port}$", f":{new}", a) for a in argv]
         probe_port = new
+    data_port = data_listen_port(command)
+    if not port_is_free(data_port):
+        new = free_port()
+        argv = [re.sub(rf":{data_port}$", f":{new}", a) for a in argv]
+        data_port = new
     env = {k: paths(v) for k, v in _env_from(server).items()}
     for entry in server.get("env", []):
         env[entry["name"]] = paths(_env_value(entry, env))
@@ -205,7 +216,7 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
         probes={k: server[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")},
         grace_period_s=float(server_spec["terminationGracePeriodSeconds"]),
         client_target=client_env["SHARDCACHE_TARGET"], root=root,
-        client_env=client_env, metrics_url=metrics_url)
+        client_env=client_env, metrics_url=metrics_url, data_port=data_port)
 
 
 

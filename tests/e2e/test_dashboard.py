@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import data_port
+import grpc
 import pytest
 from daemon import Daemon, free_port
 from deploy_tree import DASHBOARD
@@ -165,7 +167,8 @@ def _exported(url: str) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def exported() -> Iterator[dict[str, set[str]]]:
-    """What a real daemon exports once it has written, read and refused something."""
+    """What a real daemon exports once it has written, read (over gRPC and over the data
+    plane) and refused something (a call, a data connection)."""
     tf = pytest.importorskip("tensorflow")
     from client import CacheClient, CacheNotFoundError
 
@@ -178,8 +181,20 @@ def exported() -> Iterator[dict[str, set[str]]]:
                 assert [int(x) for x in ds] == list(range(100))
             with pytest.raises(CacheNotFoundError):
                 cc.info("absent")  # an RPC error: shardcache_rpc_errors_total gets a series
-        # this daemon's metrics, after that: the read epoch went over gRPC
-        assert scrape(url)[("shardcache_read_elements_total", ())] == 100
+        with CacheClient(d.tcp_target) as cc:  # a remote reader: over the data plane
+            assert [int(x) for x in cc.dataset("dashboard", direct=False)] == list(range(100))
+        with grpc.insecure_channel(d.tcp_target) as ch:  # a stranger on the data port
+            granted = data_port.lease(ch, "dashboard")
+            with data_port.connect(granted.data_port) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                assert data_port.error(sock)[0] == "INVALID_ARGUMENT"
+            data_port.release(ch, granted)
+        # this daemon's metrics, after that: the socket's read epoch went over gRPC, the
+        # TCP reader's over the data plane
+        samples = scrape(url)
+        assert samples[("shardcache_read_elements_total", ())] == 200
+        for plane in ("grpc", "data"):
+            assert samples[("shardcache_read_bytes_total", (("plane", plane),))] > 0, plane
         yield _exported(url)
     finally:
         d.close()
@@ -201,8 +216,23 @@ def test_every_dashboard_query_parses_and_selects_metrics_and_labels_the_daemon_
                    "shardcache_disk_bytes", "shardcache_capacity_bytes",
                    "shardcache_store_published_bytes_total",
                    "shardcache_store_pulled_bytes_total", "shardcache_store_errors_total",
-                   "shardcache_store_unpublished_caches"):
+                   "shardcache_store_unpublished_caches", "shardcache_data_connections",
+                   "shardcache_data_refused_total", "shardcache_data_fallbacks_total"):
         assert metric in selected, metric
+
+
+def test_the_dashboard_shows_read_bytes_by_plane_and_the_data_planes_refusals_by_reason(
+        exported: dict[str, set[str]]) -> None:
+    grouped: dict[str, set[frozenset[str]]] = {}
+    for _, expr, _ in _queries(_dashboard()):
+        selectors, grouping = parse_promql(expr)
+        for s in selectors:
+            grouped.setdefault(s.metric, set()).add(frozenset(grouping))
+    # read bytes per daemon and plane, so a daemon whose readers fell back to gRPC shows
+    assert "plane" in exported["shardcache_read_bytes_total"]
+    assert frozenset({"instance", "plane"}) in grouped["shardcache_read_bytes_total"]
+    assert frozenset({"reason"}) in grouped["shardcache_data_refused_total"]
+    assert frozenset({"instance"}) in grouped["shardcache_data_fallbacks_total"]
 
 
 def test_the_dashboard_check_catches_a_misspelled_metric_a_wrong_label_and_a_broken_query(
@@ -210,12 +240,14 @@ def test_the_dashboard_check_catches_a_misspelled_metric_a_wrong_label_and_a_bro
     text = DASHBOARD.read_text()
     misspelled = json.loads(text.replace("shardcache_read_bytes_total",
                                          "shardcache_read_byte_total", 1))
-    [problem] = dashboard_problems(misspelled, exported)
+    # and, that panel grouping by plane, the label is on no series it selects
+    problem, label = dashboard_problems(misspelled, exported)
     assert "shardcache_read_byte_total is not a metric the daemon exports" in problem
+    assert "no series of it has the label 'plane'" in label
     # a counter without its _total: the family's name, but no sample of that name
     bare = json.loads(text.replace("shardcache_store_errors_total", "shardcache_store_errors"))
     assert any("shardcache_store_errors is not" in p for p in dashboard_problems(bare, exported))
-    wrong_label = json.loads(text.replace("sum by (reason)", "sum by (cause)"))
+    wrong_label = json.loads(text.replace("sum by (reason)", "sum by (cause)", 1))
     [problem] = dashboard_problems(wrong_label, exported)
     assert "no series of it has the label 'cause'" in problem
     broken = json.loads(text.replace('"expr": "shardcache_store_unpublished_caches',

@@ -24,12 +24,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import data_port
 import grpc
 import pytest
 from daemon import free_port
 from deploy_tree import (
     CONTAINERFILE,
     DAEMONSET,
+    POD_IP,
     ROOT,
     SIDECAR_JOB,
     SOCKET_TARGET,
@@ -39,6 +41,7 @@ from deploy_tree import (
     PathMap,
     container,
     daemonset_deployment,
+    data_listen_port,
     flag,
     grpc_probe_port,
     kubelet_probe,
@@ -96,6 +99,18 @@ def test_the_manifest_daemon_serves_probes_and_the_client_then_drains_on_sigterm
             assert (info.name, info.state, info.num_elements) == ("epoch-1", "READY", 128)
         if dep.metrics_url is not None:
             assert scrape(dep.metrics_url)[("shardcache_written_bytes_total", ())] == size
+        # a TCP reader (another node's pod): the lease's ticket names the manifest's data
+        # port, and the daemon serves the read's bytes there, at the pod IP gRPC is on
+        with grpc.insecure_channel(f"{POD_IP}:{dep.probe_port}") as ch:
+            granted = data_port.lease(ch, "epoch-1")
+            assert granted.ticket and granted.data_port == dep.data_port
+            with data_port.opened(granted.data_port, granted.ticket) as sock:
+                values = data_port.shard_values(sock, 0, 0, 8)
+            data_port.release(ch, granted)
+        assert values == [bytes(65536)] * 8
+        if dep.metrics_url is not None:
+            samples = scrape(dep.metrics_url)
+            assert samples[("shardcache_read_bytes_total", (("plane", "data"),))] == 8 * 65536
 
         with grpc.insecure_channel(dep.client_target) as ch:
             stream = pb_grpc.CacheServiceStub(ch).ReadShard(
@@ -170,6 +185,8 @@ def test_the_unit_notifies_stops_after_the_drain_and_uses_its_state_and_runtime_
     assert SOCKET_TARGET.replace("unix://", "").startswith(
         f"/run/{unit['RuntimeDirectory'][0]}/")
     assert SOCKET_TARGET in argv and "127.0.0.1:50051" in argv
+    # the data port: fixed (a firewall rule names it), on the host gRPC listens on
+    assert flag(argv, "--data-listen") == "127.0.0.1:50052"
     for option in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "DynamicUser"):
         assert unit[option] == ["yes"]
     assert unit["ProtectSystem"] == ["strict"]
@@ -205,8 +222,9 @@ def test_the_units_command_tells_systemd_ready_then_stopping(scratch: Path) -> N
     paths.add("/var/lib/shardcache", "state")
     paths.add("/run/cacheserver", "runtime")
     argv = [str(Path(sys.executable).parent / "cacheserver"), *(paths(a) for a in argv[1:])]
-    if not port_is_free(50051):
-        argv = [a.replace(":50051", f":{free_port()}") for a in argv]
+    for port in (50051, data_listen_port(argv)):
+        if not port_is_free(port):
+            argv = [a.replace(f":{port}", f":{free_port()}") for a in argv]
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(scratch / "notify"))
     notify.settimeout(30)
@@ -258,6 +276,7 @@ def test_the_image_runs_exactly_the_command_the_manifests_run() -> None:
         server = container(load_one(path, kind)["spec"]["template"]["spec"], "cacheserver")
         assert [*server["command"], *server["args"]] == command, path
         assert str(grpc_probe_port(server)) in image["EXPOSE"]
+    assert str(data_listen_port(command)) in image["EXPOSE"]
     assert image["FROM"] == ["python:3.11-slim"]
     assert flag(command, "--data-dir") in image["VOLUME"]
     user = image["USER"][0].split(":")[0]

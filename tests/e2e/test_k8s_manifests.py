@@ -20,11 +20,13 @@ from deploy_tree import (
     K8S,
     K8S_VERSION,
     MATERIALIZE_JOB,
+    ROOT,
     SIDECAR_JOB,
     SOCKET_TARGET,
     STORE_CONFIG,
     STORE_SETTINGS,
     container,
+    data_listen_port,
     flag,
     grpc_probe_port,
     k8s_yaml_files,
@@ -138,7 +140,7 @@ def test_the_fleet_service_is_headless_over_every_ready_daemon_and_the_client_po
     labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert spec["selector"] == daemonset["spec"]["selector"]["matchLabels"]
     assert spec["selector"].items() <= labels.items()
-    [port] = spec["ports"]
+    [port] = [p for p in spec["ports"] if p["name"] == "grpc"]
     # no proxy translates ports: clients connect to the pods' port itself
     assert port["port"] == _named_port(server, port["targetPort"]) == grpc_probe_port(server)
     assert port["protocol"] == "TCP" and port["appProtocol"] == "grpc"
@@ -152,6 +154,64 @@ def test_the_fleet_service_is_headless_over_every_ready_daemon_and_the_client_po
     assert parse_targets(env["SHARDCACHE_TARGETS"]) == [fleet]
     # the node's own daemon stays at hand: the CLI's target, and CacheClient()'s without a store
     assert env["SHARDCACHE_TARGET"] == SOCKET_TARGET
+
+
+def _tcp_listens(args: list[str]) -> list[str]:
+    return [a for i, a in enumerate(args)
+            if i and args[i - 1] == "--listen" and not a.startswith("unix:")]
+
+
+@pytest.mark.parametrize("path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")],
+                         ids=["sidecar", "daemonset"])
+def test_the_daemon_opens_a_fixed_data_port_beside_grpc_and_declares_it(
+        path: Path, kind: str) -> None:
+    server = container(load_one(path, kind)["spec"]["template"]["spec"], "cacheserver")
+    address = flag(server["args"], "--data-listen")
+    host, _, port = address.rpartition(":")
+    # fixed (not auto, a free port), so Services and NetworkPolicies can name it, and on
+    # every address gRPC listens on: a client reaches it where it reached gRPC
+    assert port.isdigit() and int(port) != 0
+    [grpc_listen] = _tcp_listens(server["args"])
+    assert host == grpc_listen.rpartition(":")[0] == "0.0.0.0"
+    assert int(port) != grpc_probe_port(server)
+    assert _named_port(server, "data") == int(port)
+    assert [p["protocol"] for p in server["ports"] if p["name"] == "data"] == ["TCP"]
+
+
+@pytest.mark.parametrize("path", [K8S / "daemonset" / "service.yaml", FLEET_SERVICE],
+                         ids=["node-local", "fleet"])
+def test_the_daemonsets_services_carry_the_data_port_under_its_own_number(path: Path) -> None:
+    """The daemon announces its own data port number and the client connects to that
+    number at the address it reached gRPC at, so each Service passes it untranslated."""
+    server = container(load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"],
+                       "cacheserver")
+    ports = {p["name"]: p for p in load_one(path, "Service")["spec"]["ports"]}
+    assert set(ports) == {"grpc", "data"}
+    for name, listening in (("grpc", grpc_probe_port(server)),
+                            ("data", data_listen_port(server["args"]))):
+        port = ports[name]
+        assert port["port"] == _named_port(server, port["targetPort"]) == listening, name
+        assert port["protocol"] == "TCP"
+
+
+def test_the_network_policy_in_the_deploy_guide_admits_every_port_the_daemonset_declares(
+        ) -> None:
+    """docs/deploy.md's NetworkPolicy: the DaemonSet's pods, gRPC, the data port and the
+    metrics port (a policy passing gRPC alone would leave reads on gRPC)."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    [policy] = [d for block in re.findall(r"```yaml\n(.*?)```", text, re.S)
+                for d in yaml.safe_load_all(block) if d and d["kind"] == "NetworkPolicy"]
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    daemonset = load_one(DAEMONSET, "DaemonSet")
+    server = container(daemonset["spec"]["template"]["spec"], "cacheserver")
+    namespace = yaml.safe_load((K8S / "daemonset" / "kustomization.yaml").read_text())["namespace"]
+    assert policy["metadata"]["namespace"] == namespace
+    assert policy["spec"]["podSelector"]["matchLabels"] == \
+        daemonset["spec"]["selector"]["matchLabels"]
+    admitted = {(p["port"], p["protocol"]) for rule in policy["spec"]["ingress"]
+                for p in rule["ports"]}
+    assert admitted == {(p["containerPort"], p["protocol"]) for p in server["ports"]}
 
 
 def test_the_sidecar_trainer_names_its_own_daemon_not_a_fleet() -> None:
