@@ -165,7 +165,7 @@ class CacheClient:
     def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                 shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,
                 num_workers: int = 1, parallel_shards: int = 0, epoch: int = 0, start: int = 0,
-                resume: plan.ReadState | None = None,
+                resume: plan.Resume = None,
                 reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
                 direct: bool | str | None = None, checkpoint: bool = False
                 ) -> Dataset:
@@ -178,7 +178,10 @@ class CacheClient:
         epoch. parallel_shards chunks are read at once by tf.data's threads (0:
         tf.data's AUTOTUNE picks); the order stays deterministic. epoch/start
         (or resume=, see read_state()) begin at position start of epoch's share;
-        each further iteration reads the next epoch. A daemon lost mid-epoch is
+        each further iteration reads the next epoch. resume= a list of the
+        ReadStates of every worker of an interrupted split (any number of
+        workers) makes the first iteration this worker's share of what they left
+        unread of their epoch: an elastic resume. A daemon lost mid-epoch is
         reconnected to for up to reconnect_timeout seconds, continuing at the
         next undelivered element.
         See docs/reading.md.
@@ -203,6 +206,7 @@ class CacheClient:
               prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
               seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
               parallel_shards: int = 0, epoch: int = 0, start: int = 0,
+              resume: plan.Resume = None,
               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
               direct: bool | str | None = None, block_bytes: int | None = None,
               checkpoint: bool = False) -> Dataset:
@@ -217,7 +221,7 @@ class CacheClient:
         The read options are cc.dataset()'s. They apply to iterations that read
         the cache; an iteration that writes it yields the whole source in source
         order (see docs/reading.md); direct and checkpoint are cc.dataset()'s too (an
-        iteration that writes cannot be saved).
+        iteration that writes cannot be saved). resume= needs the cache READY.
 
         block_bytes: raw bytes per stored block of small fixed-shape elements
         (default $SHARDCACHE_BLOCK_BYTES, else 256 KiB); 0 stores one element per
@@ -229,11 +233,11 @@ class CacheClient:
         _check_checkpoint(checkpoint)
         mode = direct_read.resolve_mode(direct)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
-                                    epoch, start, reconnect_timeout).with_seed()
+                                    epoch, start, reconnect_timeout)
         block_bytes = check_block_bytes(block_bytes)
         compress_mode()  # a bad $SHARDCACHE_COMPRESS fails here, not in the write epoch
-        return self._datasets().cache(dataset, name, version, options, prefetch_bytes, mode,
-                                      block_bytes, checkpoint)
+        return self._datasets().cache(dataset, name, version, options, resume, prefetch_bytes,
+                                      mode, block_bytes, checkpoint)
 
     def materialize(self, source: str | Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -260,19 +264,22 @@ class CacheClient:
         return self.info(name)
 
     def read_state(self, name: str, *, elements_seen: int, shuffle: bool | str = False,
-                   seed: int | None = None, worker_index: int = 0, num_workers: int = 1
-                   ) -> plan.ReadState:
-        """Where this worker stands after consuming elements_seen elements since epoch 0.
+                   seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
+                   resume: plan.Resume = None) -> plan.ReadState:
+        """Where this worker stands after consuming elements_seen elements since epoch 0
+        (with resume=: since the start of cc.dataset(name, resume=resume, ...)).
 
         Pass it back as cc.dataset(name, ..., resume=state) to continue exactly
         there; it records the cache's fingerprint and the order, so resuming a
-        different cache, seed, shuffle mode or worker split raises
-        ResumeMismatchError instead of repeating or skipping elements.
+        different cache, seed or shuffle mode raises ResumeMismatchError instead
+        of repeating or skipping elements. The states of every worker of a split,
+        as a list, resume with any number of workers (docs/reading.md, "Resume").
         """
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers)
         if options.shuffle and seed is None:
             raise InvalidArgumentError("a shuffled read's state needs its seed=")
-        return plan.state_of(self._get(name), options, elements_seen)
+        cache = self._get(name)
+        return plan.state_of(cache, plan.apply_resume(cache, options, resume), elements_seen)
 
 
 def _check_prefetch(prefetch_bytes: int) -> None:

@@ -41,6 +41,7 @@ from client.read.fleet_fetch import FleetFetcher
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
 from client.read.plane import PlaneLease
+from client.read.shares import Chunking
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
 #: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
@@ -61,10 +62,10 @@ class EpochChunks:
                  options: ReadOptions, epoch: int, start: int, prefetch_bytes: int,
                  direct: DirectReads | None = None, fleet: Fleet | None = None) -> None:
         self._order: EpochOrder
-        self._order, self._first, self._stop = epoch_range(cache, options, epoch, start)
+        self._order, runs = epoch_range(cache, options, epoch, start)
         self._lease: ReadLease | PlaneLease | None
         by_owner = fleet is not None and routed(cache)
-        reading = self._first < self._stop
+        reading = bool(runs)
         self._lease, counted = (direct.lease(cache) if direct is not None and not by_owner
                                 and reading else (None, False))
         if self._lease is None and not by_owner and reading:  # its requests count the hit
@@ -87,12 +88,12 @@ class EpochChunks:
             self._fetch = Fetcher(transport, cache, options.reconnect_timeout, self._closing)
         self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
         self._decode = Decoder(cache, layout)
-        self.count = -(-(self._stop - self._first) // self._per_chunk)
+        self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
+        self.count = self._chunks.count
 
     def chunk(self, i: int) -> tuple[int, list[Any]]:
-        """(elements, decoded batch) of chunk i: positions [first + i * c, ... + c)."""
-        p0 = self._first + i * self._per_chunk
-        p1 = min(p0 + self._per_chunk, self._stop)
+        """(elements, decoded batch) of chunk i: its positions [p0, p1) of the epoch."""
+        p0, p1 = self._chunks.bounds(i)
         indices: Indices = (range(p0, p1) if self._order.mode == "none"  # the stored order
                             else self._order.indices(np.arange(p0, p1)))
         try:

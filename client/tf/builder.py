@@ -58,7 +58,7 @@ class DatasetBuilder:
     def _direct(self, name: str, mode: direct_read.Mode) -> direct_read.DirectReads:
         return direct_read.DirectReads(self._catalog.home(name), mode, self._local_data_dir)
 
-    def dataset(self, name: str, options: plan.ReadOptions, resume: plan.ReadState | None,
+    def dataset(self, name: str, options: plan.ReadOptions, resume: plan.Resume,
                 prefetch_bytes: int, direct: direct_read.Mode, checkpoint: bool) -> Dataset:
         """cc.dataset(): a dataset over an existing READY cache."""
         reads = self._direct(name, direct)
@@ -80,8 +80,8 @@ class DatasetBuilder:
                                  checkpoint)
 
     def cache(self, dataset: Dataset, name: str, version: str | None,
-              options: plan.ReadOptions, prefetch_bytes: int, direct: direct_read.Mode,
-              block_bytes: int, checkpoint: bool) -> Dataset:
+              options: plan.ReadOptions, resume: plan.Resume, prefetch_bytes: int,
+              direct: direct_read.Mode, block_bytes: int, checkpoint: bool) -> Dataset:
         """cc.cache(): dataset's elements, written through to cache name on the first full
         iteration, read from it once committed."""
         reads = self._direct(name, direct)
@@ -98,8 +98,15 @@ class DatasetBuilder:
             existing = self._catalog.get(name)
         except (CacheNotFoundError, StoreUnavailableError):  # the daemon builds it, unless
             existing = None  # its WriteBegin finds it in the store (docs/operations.md)
+        if resume is not None and (existing is None
+                                   or existing.state != pb.CACHE_STATE_READY):
+            raise (CacheNotFoundError if existing is None else CacheNotReadyError)(
+                f"cannot resume reading cache {name!r}: it is not READY on this daemon, so "
+                "there is no epoch to continue; iterate cc.cache() without resume= (its "
+                "first iteration writes the cache)")
         if existing is not None:
             _check_same_source(existing, fingerprint, layout)
+            options = plan.apply_resume(existing, options, resume)
             if existing.state == pb.CACHE_STATE_READY:
                 plan.check_start(existing, options)
                 if self._catalog.fleet is None:
@@ -111,6 +118,7 @@ class DatasetBuilder:
             cardinality = -2
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                               element_spec=convert.encode_spec(spec))
+        options = options.with_seed()  # after resume=, which checks the seed it was given
         epochs = plan.Epochs(options)
         ready = _Committed(existing if existing is not None
                            and existing.state == pb.CACHE_STATE_READY else None)
