@@ -9,6 +9,12 @@ line. Each strategy turns the source into two epochs, batching after the cache o
 - ``shardcache``, ``shardcache_direct``: ``cc.cache`` write-through, then read over gRPC or
   the shard files (``direct``); ``--client-option`` passes keywords to ``cc.cache()``.
 
+``--read-only`` reads an existing cache (``--cache-name``) for one epoch of ``cc.dataset()``
+instead: over gRPC (``shardcache``), the shard files (``shardcache_direct``) or the daemon's
+data plane (``shardcache_plane``, with ``--target`` its TCP address), and records the
+epoch's peak ``RssAnon`` and the ``RssAnon`` left at its end (the memory section's growth
+table).
+
 Memory is the peak ``RssAnon``: memory-mapped files (LMDB, the page cache) do not count.
 """
 
@@ -49,6 +55,8 @@ if TYPE_CHECKING:
     from harness import BenchDaemon
 
 STRATEGIES = ("none", "memory", "file", "save_load", "shardcache", "shardcache_direct")
+#: How --read-only reads, by strategy: the client's target and direct=.
+READ_PATHS = {"shardcache_direct": "direct", "shardcache_plane": "plane", "shardcache": "grpc"}
 WARMUP_BATCHES = 2  # of zero elements before epoch 1: every process starts TF's pools alike
 Epoch = Callable[[], EpochResult]
 
@@ -69,6 +77,13 @@ def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace
         return save, lambda: timed_iteration(tf.data.Dataset.load(str(tmp / "saved"))
                                               .batch(batch)), None
     client = None
+    if args.read_only:
+        from client import CacheClient
+
+        client = CacheClient(args.target or "unix://" + args.socket)
+        ds = client.dataset(args.cache_name, direct=strategy == "shardcache_direct",
+                            **dict(args.client_option)).batch(batch)
+        return (lambda: timed_iteration(ds)), (lambda: timed_iteration(ds)), client
     if strategy == "memory":
         ds = src.cache()
     elif strategy == "file":
@@ -101,6 +116,7 @@ def run_epoch(epoch: Epoch, sampler: RssSampler, expected: int, args: argparse.N
     record["label_sum_ok"] = None if result.label_sum is None else result.label_sum == expected
     record["elements_ok"] = result.elements == args.n
     record["peak_rss_anon_mb"] = kib_to_mb(sampler.window_anon_kib)
+    record["end_rss_anon_mb"] = kib_to_mb(sampler.sample())
     record["cpu_seconds"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if args.daemon_pid:
         record["daemon_cpu_seconds"] = cpu_seconds(args.daemon_pid) - daemon_before
@@ -150,11 +166,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def run_point(workload: str, n: int, strategy: str, *, scratch: Path,
               daemon: BenchDaemon | None = None, cache_name: str | None = None,
               batch_size: int = 256, extra_args: Sequence[str] = (),
-              prefix: Sequence[str] = (), timeout_s: float | None = None) -> dict[str, Any]:
+              prefix: Sequence[str] = (), timeout_s: float | None = None,
+              keep_cache: bool = False) -> dict[str, Any]:
     """One measurement process (behind ``prefix``): its record, ``status`` ``error`` if it
     failed. With a daemon, its RssAnon is sampled meanwhile, its disk's growth recorded, and a
-    measured cache deleted after (one on the disk at a time); the client is the daemon's
-    checkout's.
+    measured cache deleted after unless keep_cache (one on the disk at a time); the client is
+    the daemon's checkout's. ``shardcache_plane`` reads from the daemon's ``tcp_target``.
     """
     tmp_dir = Path(tempfile.mkdtemp(prefix=f"{workload}-{n}-{strategy}-", dir=scratch))
     cmd = [*prefix, sys.executable, str(BENCH_DIR / "measure.py"), "--workload", workload,
@@ -165,6 +182,10 @@ def run_point(workload: str, n: int, strategy: str, *, scratch: Path,
         base["cache_name"] = cache_name = cache_name or f"{workload}-{n}-{strategy}"
         cmd += ["--socket", str(daemon.socket_path), "--cache-name", cache_name,
                 "--daemon-pid", str(daemon.pid)]
+        if strategy == "shardcache_plane":
+            if daemon.tcp_target is None:
+                raise ValueError("shardcache_plane reads remotely: start the daemon with tcp=True")
+            cmd += ["--target", daemon.tcp_target]
     sampler = RssSampler(daemon.pid).start() if daemon else None
     disk_before = directory_bytes(daemon.data_dir) if daemon else 0
     start = time.monotonic()
@@ -180,7 +201,7 @@ def run_point(workload: str, n: int, strategy: str, *, scratch: Path,
     if daemon is not None and sampler is not None:
         record["daemon_peak_rss_anon_mb"] = kib_to_mb(sampler.peak_anon_kib)
         record["daemon_disk_bytes"] = directory_bytes(daemon.data_dir) - disk_before
-    if daemon is not None and record.get("status") == "ok":
+    if daemon is not None and record.get("status") == "ok" and not keep_cache:
         try:
             daemon.delete_cache(base["cache_name"])
         except Exception as exc:  # a cache left behind costs disk space, not correctness
@@ -208,12 +229,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = arguments(__doc__)
     parser.add_argument("--workload", required=True)
     parser.add_argument("--n", type=int, required=True, help="number of elements")
-    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+    parser.add_argument("--strategy", required=True, choices=(*STRATEGIES, "shardcache_plane"))
     parser.add_argument("--tmp-dir", required=True, help="scratch directory for cache files")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--epochs", type=int, choices=(1, 2), default=2,
                          help="1: the filling epoch only (write_path.py)")
     parser.add_argument("--socket", help="the daemon's unix socket")
+    parser.add_argument("--target", help="the daemon's TCP address (host:port), read remotely")
+    parser.add_argument("--read-only", action="store_true",
+                         help="read the existing cache --cache-name for one epoch")
     parser.add_argument("--daemon-pid", type=int, default=0,
                          help="the daemon's pid: its CPU seconds per epoch are recorded")
     parser.add_argument("--cache-name")
@@ -225,6 +249,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          help="drop the page cache before epoch 2 (root)")
     args = parser.parse_args(argv)
     args.cache_name = args.cache_name or f"{args.workload}-{args.n}"
+    if args.read_only:
+        args.epochs = 1
+    elif args.strategy == "shardcache_plane":
+        parser.error("shardcache_plane reads an existing cache: pass --read-only")
     return args
 
 

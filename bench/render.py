@@ -22,6 +22,7 @@ from report import (
     group_header,
     render_epoch1_table,
     render_epoch2_table,
+    render_growth_table,
     render_memory_table,
     render_notes,
     render_store,
@@ -94,6 +95,19 @@ def render_markdown(payload: dict[str, Any], img_dir: Path, doc: Path | None) ->
                 " of the daemon beside it, and shardcache's epoch-2 MB/s; **OOM-killed**: the "
                 "kernel killed the process for exceeding the limit:", "",
                 render_memory_table(memory), ""]
+    growth = (memory or {}).get("growth")
+    if memory and growth:
+        lines += ["### Client memory against dataset size, by read path", "",
+                  *group_header(payload, (
+                      f"- {', '.join(f'{f}x' for f in growth['factors'])} of "
+                      f"{growth['base_bytes'] / 1e6:,.0f} MB of `{memory['workload']}` elements"
+                      f" (602 KB), each written once, then read for one epoch (batch "
+                      f"{growth['batch_size']}) by each path in a process of its own, "
+                      f"{growth.get('repeat', 1)} time(s); no cgroup",)),
+                  "RssAnon of the reading process (TensorFlow included): the epoch's peak, "
+                  "sampled every 20 ms, and what is left at its end, the median of the runs; "
+                  "growth from the smallest dataset to the largest:", "",
+                  render_growth_table(growth), ""]
     store = payload.get("store")
     if store:
         lines += render_store(store)

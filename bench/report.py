@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, Any
 
 from harness import GB, MB, markdown_table, ratio
@@ -80,6 +81,7 @@ LABELS = {
     "save_load": "`Dataset.save`/`load`",
     "shardcache": "shardcache, gRPC",
     "shardcache_direct": "shardcache, direct",
+    "shardcache_plane": "shardcache, data plane",
 }
 
 
@@ -240,6 +242,47 @@ def render_memory_table(section: dict[str, Any]) -> str:
                           _num(e2.get("mb_per_s"), 0)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + notes.render())
+
+
+def render_growth_table(growth: dict[str, Any]) -> str:
+    """The memory section's growth table: per read path, the read epoch's peak and end
+    RssAnon at each multiple of the base size (the median of the runs), and their growth
+    from the first to the last."""
+    records, factors = growth.get("records", []), growth.get("factors", [])
+    base = growth.get("base_bytes", 0) / MB
+    columns = ["read path"]
+    for factor in factors:
+        columns += [f"{factor}x ({factor * base:,.0f} MB): peak MB", f"{factor}x: end MB"]
+    columns += [f"growth {factors[0]}x -> {factors[-1]}x: peak MB", "growth: end MB",
+                f"{factors[-1]}x: MB/s"]
+    lines = markdown_table(columns, []).splitlines()
+    notes = Footnotes()
+    for strategy in growth.get("paths", []):
+        cells: list[str] = [label(strategy)]
+        peaks: dict[int, float | None] = {}
+        ends: dict[int, float | None] = {}
+        by_factor: dict[int, dict[str, Any]] = {}
+        for factor in factors:
+            runs = [r for r in records if r["strategy"] == strategy and r["factor"] == factor]
+            ok = [_epochs(r)[0] for r in runs if r.get("status") == "ok"]
+            failed = next((r for r in runs if r.get("status") != "ok"), None)
+            by_factor[factor] = failed or (runs[0] if runs else {})
+            peaks[factor] = _median([e["peak_rss_anon_mb"] for e in ok])
+            ends[factor] = _median([e["end_rss_anon_mb"] for e in ok])
+            mark = notes.mark(failed) if failed is not None else ""
+            cells += [_num(peaks[factor]) + mark, _num(ends[factor])]
+        first, last = factors[0], factors[-1]
+        for values in (peaks, ends):
+            low, high = values[first], values[last]
+            cells.append(MISSING if low is None or high is None else f"{high - low:+,.0f}")
+        last_record = by_factor.get(last)
+        cells.append(_num(_epochs(last_record)[0].get("mb_per_s") if last_record else None))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + notes.render())
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _range(values: Iterable[float]) -> str:

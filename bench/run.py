@@ -2,7 +2,9 @@
 
 Sections: ``throughput`` (every workload, size and strategy, two epochs, a daemon per workload),
 ``memory`` (602 KB elements of growing total size in a memory-limited cgroup, client and daemon
-inside it) and ``store`` (``store.py``). Raw results go to ``--out``; ``render.py`` makes the
+inside it; then the growth table: 1x, 4x and 10x of a base size written once each and read by
+each read path, direct, data plane and gRPC, in a fresh process each, peak and end RssAnon) and
+``store`` (``store.py``). Raw results go to ``--out``; ``render.py`` makes the
 report from them: with ``--doc`` it rewrites that file's generated block and draws the plots
 into its ``img/``, else prints it and draws them beside ``--out``. Progress goes to stderr.
 
@@ -28,6 +30,7 @@ from cgroups import MemoryCap, MemoryCapError, SlowDisk, SlowDiskError
 from harness import (
     BENCH_DIR,
     GIB,
+    MB,
     REPO_ROOT,
     BenchDaemon,
     RssSampler,
@@ -55,6 +58,10 @@ MEMORY_LIMIT_GIB, QUICK_MEMORY_LIMIT_GIB = 2.0, 1.0
 MEMORY_BATCH_SIZE = 32
 MEMORY_SIZES_GIB = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 QUICK_MEMORY_SIZES_GIB = (0.25, 0.75, 1.5)
+#: The growth table: multiples of a base size (bytes of elements), each read by every path.
+GROWTH_BASE_BYTES, QUICK_GROWTH_BASE_BYTES = 256 * MB, 64 * MB
+GROWTH_FACTORS = (1, 4, 10)
+GROWTH_PATHS = ("shardcache_direct", "shardcache_plane", "shardcache")
 
 
 class Benchmark:
@@ -69,18 +76,20 @@ class Benchmark:
         self.done = 0
 
     @contextlib.contextmanager
-    def group(self, workload: str, prefix: list[str] | None = None) -> Any:
-        """Points that share a daemon: ``measure(n, strategy)`` for each."""
+    def group(self, workload: str, prefix: list[str] | None = None, tcp: bool = False) -> Any:
+        """Points that share a daemon: ``measure(n, strategy)`` for each; tcp: the daemon
+        also listens on TCP (``shardcache_plane`` reads)."""
         daemon: BenchDaemon | None = None
         info: dict[str, Any] = {"workload": workload, "status": "unavailable", "error": None}
 
         def measure(n: int, strategy: str, cache_name: str | None = None,
-                    batch_size: int = BATCH_SIZE) -> dict[str, Any]:
+                    batch_size: int = BATCH_SIZE, args: tuple[str, ...] = (),
+                    keep_cache: bool = False) -> dict[str, Any]:
             nonlocal daemon
             shardcache = strategy.startswith("shardcache")
             if shardcache and daemon is None:
                 daemon = BenchDaemon(self.sockets, workload, prefix=prefix or (),
-                                     data_root=self.scratch)
+                                     data_root=self.scratch, tcp=tcp)
                 self.daemons.append(info)
                 try:
                     daemon.start()
@@ -94,11 +103,12 @@ class Benchmark:
                        "error": info["error"] or "cacheserver is not running"}
             else:
                 extra = [*(["--cold"] if self.args.cold else []),
-                         *(f"--client-option={k}={v}" for k, v in self.args.client_option)]
+                         *(f"--client-option={k}={v}" for k, v in self.args.client_option),
+                         *args]
                 run = run_point(workload, n, strategy, scratch=self.scratch,
                                 daemon=daemon if shardcache else None, cache_name=cache_name,
                                 batch_size=batch_size, extra_args=extra, prefix=prefix or (),
-                                timeout_s=self.args.timeout)
+                                timeout_s=self.args.timeout, keep_cache=keep_cache)
             add_derived(run)
             return run
 
@@ -153,6 +163,34 @@ class Benchmark:
                     print(progress_summary(run), file=sys.stderr, flush=True)
                     self.records.append(run)
 
+    def growth(self, base_bytes: int) -> None:
+        """Each multiple of base_bytes written once (direct writes, one epoch), then read for
+        one epoch by each read path, ``--repeat`` times, every read in a fresh process; the
+        last deletes the cache."""
+        workload = WORKLOADS[MEMORY_WORKLOAD]
+        with self.group(workload.name, tcp=True) as measure:
+            for factor in GROWTH_FACTORS:
+                n = max(1, factor * base_bytes // workload.element_bytes)
+                name = f"growth-{n}"
+                self.progress(f"[memory growth] {factor}x n={n:,} written")
+                written = measure(n, "shardcache_direct", name, MEMORY_BATCH_SIZE,
+                                  ("--epochs", "1"), keep_cache=True)
+                print(progress_summary(written), file=sys.stderr, flush=True)
+                for strategy in GROWTH_PATHS:
+                    for repeat in range(self.args.repeat):
+                        self.progress(f"[memory growth] {factor}x n={n:,} read by {strategy} "
+                                      f"(run {repeat + 1}/{self.args.repeat})")
+                        last = strategy == GROWTH_PATHS[-1] and repeat == self.args.repeat - 1
+                        run = (measure(n, strategy, name, MEMORY_BATCH_SIZE, ("--read-only",),
+                                       keep_cache=not last)
+                               if written.get("status") == "ok" else
+                               {"workload": workload.name, "n": n, "strategy": strategy,
+                                "status": "skipped", "epochs": [],
+                                "error": f"writing the cache failed: {written.get('error')}"})
+                        run |= {"factor": factor, "repeat": repeat}
+                        print(progress_summary(run), file=sys.stderr, flush=True)
+                        self.records.append(run)
+
 
 def progress_summary(record: dict[str, Any]) -> str:
     if record.get("status") != "ok":
@@ -177,6 +215,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          help="small sizes (image, small; a 1 GiB memory cap), a few minutes")
     parser.add_argument("--sections", nargs="+", choices=("throughput", "memory", "store"),
                          default=["throughput", "memory", "store"])
+    parser.add_argument("--memory-parts", nargs="+", choices=("cap", "growth"),
+                         default=["cap", "growth"],
+                         help="the memory section's parts: the cgroup curve (root), the "
+                         "growth table by read path")
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS),
                          help=f"default {' '.join(THROUGHPUT_WORKLOADS)} (--quick: "
                          f"{' '.join(QUICK_WORKLOADS)}); pixels and tokens compress")
@@ -203,6 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                   else WORKLOADS[name].sizes) for name in workloads}
     args.memory_limit_gib = QUICK_MEMORY_LIMIT_GIB if args.quick else MEMORY_LIMIT_GIB
     args.memory_sizes_gib = QUICK_MEMORY_SIZES_GIB if args.quick else MEMORY_SIZES_GIB
+    args.growth_base_bytes = QUICK_GROWTH_BASE_BYTES if args.quick else GROWTH_BASE_BYTES
     if args.out is None:
         args.out = RESULTS_DIR / ("quick.json" if args.quick else "latest.json")
     return args
@@ -270,23 +313,38 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def memory_section(args: argparse.Namespace, scratch: Path, sockets: Path) -> dict[str, Any]:
-    """The memory section in its cgroup: its records, or why it could not run."""
+    """The memory section: the curve in its cgroup (or why it could not run), then the growth
+    table (no cgroup: it needs no root)."""
     section: dict[str, Any] = {"workload": MEMORY_WORKLOAD,
                                "limit_bytes": int(args.memory_limit_gib * GIB),
                                "sizes_gib": list(args.memory_sizes_gib),
                                "strategies": list(MEMORY_STRATEGIES), "records": [],
                                "batch_size": MEMORY_BATCH_SIZE}
-    try:
-        cap = MemoryCap(section["limit_bytes"])
-    except MemoryCapError as exc:
-        print(f"memory section skipped: {exc}", file=sys.stderr)
-        return section | {"error": str(exc)}
-    with cap:
+    if "cap" not in args.memory_parts:
+        section["error"] = "not asked for (--memory-parts)"
+    else:
+        try:
+            cap = MemoryCap(section["limit_bytes"])
+        except MemoryCapError as exc:
+            print(f"memory section's cgroup curve skipped: {exc}", file=sys.stderr)
+            section["error"] = str(exc)
+        else:
+            with cap:
+                bench = Benchmark(args, scratch, sockets,
+                                  total=len(args.memory_sizes_gib) * len(MEMORY_STRATEGIES))
+                bench.memory(cap)
+            section |= {"cgroup": cap.describe(), "records": bench.records,
+                        "daemons": bench.daemons}
+    if "growth" in args.memory_parts:
         bench = Benchmark(args, scratch, sockets,
-                          total=len(args.memory_sizes_gib) * len(MEMORY_STRATEGIES))
-        bench.memory(cap)
-    return section | {"cgroup": cap.describe(), "records": bench.records,
-                      "daemons": bench.daemons}
+                          total=len(GROWTH_FACTORS) * (1 + len(GROWTH_PATHS) * args.repeat))
+        bench.growth(args.growth_base_bytes)
+        section["growth"] = {"base_bytes": args.growth_base_bytes,
+                             "factors": list(GROWTH_FACTORS), "paths": list(GROWTH_PATHS),
+                             "batch_size": MEMORY_BATCH_SIZE, "repeat": args.repeat,
+                             "records": bench.records,
+                             "daemons": bench.daemons}
+    return section
 
 
 def store_section(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ compare both paths element for element.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,15 +48,20 @@ def handles(layout: Layout) -> bool:
                                      or layout.record_size >= MIN_RECORD_BYTES)
 
 
-def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any]
-                ) -> tuple[int, list[np.ndarray]]:
-    """Decode stored values of a layout that handles() accepts: (elements, array per leaf).
+#: Makes an uninitialised aligned array of a shape and dtype (aligned_empty's signature).
+Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
+def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any],
+                empty: Empty = aligned_empty) -> tuple[int, list[np.ndarray]]:
+    """Decode stored values of a layout that handles() accepts: (elements, array per leaf),
+    the arrays made by empty (aligned to ALIGN, as aligned_empty's).
 
     Raises RecordError with ``elements_before`` set, as blocks.decode_values does.
     """
     rs, k = layout.record_size, layout.block_elements
     bodies, n = unpack_values(layout, dec, values, exact_records=True)
-    outs = [aligned_empty((n, *leaf.fixed_shape), leaf.np_dtype) for leaf in layout.leaves]
+    outs = [empty((n, *leaf.fixed_shape), leaf.np_dtype) for leaf in layout.leaves]
     if not n:
         return 0, outs
     # each leaf as (n, its bytes) uint8 rows, and where it sits in a record

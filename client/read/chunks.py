@@ -17,7 +17,9 @@ size, so a chunk is decoded (client/read/decode.py) with one copy into its
 arrays. Reconnecting is the fetcher's: a chunk whose call fails with UNAVAILABLE
 is asked again until ``reconnect_timeout`` passes without progress. Memory:
 tf.data holds at most its parallelism's chunks in flight plus what the
-consumer's prefetch keeps, each about ``chunk_bytes`` of stored records.
+consumer's prefetch keeps, each about ``chunk_bytes`` of stored records; the
+pass reuses their arrays once TensorFlow lets go of them (client/read/buffers.py),
+so what it holds does not grow with the data read.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from client._fleet import Fleet, routed
 from client._transport import Transport, pb
 from client.errors import ShardcacheError
 from client.format.codec import VarLeaf
-from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
 from client.read import plane as data_plane
+from client.read.buffers import Buffers
 from client.read.decode import Decoder
 from client.read.direct import DirectReads, LocalFetcher, ReadLease
 from client.read.fetch import Fetcher, Indices, chunk_positions
@@ -87,7 +89,8 @@ class EpochChunks:
         else:
             self._fetch = Fetcher(transport, cache, options.reconnect_timeout, self._closing)
         self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
-        self._decode = Decoder(cache, layout)
+        self.buffers = Buffers()  # the chunks' arrays, reused (client/read/buffers.py)
+        self._decode = Decoder(cache, layout, self.buffers.empty)
         self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
         self.count = self._chunks.count
 
@@ -105,7 +108,7 @@ class EpochChunks:
             raise
         if len(parts) == 1:
             return parts[0]
-        return sum(n for n, _ in parts), [_joined(column)
+        return sum(n for n, _ in parts), [_joined(column, self.buffers)
                                           for column in zip(*(batch for _, batch in parts))]
 
     def close(self) -> None:
@@ -115,15 +118,16 @@ class EpochChunks:
         if self._lease is not None:
             self._lease.close()
             self._lease = None
+        self.buffers.close()
 
 
-def _joined(parts: tuple[Any, ...]) -> Any:
+def _joined(parts: tuple[Any, ...], buffers: Buffers) -> Any:
     """One leaf's batch from the batches of a chunk's parts (a chunk crossing a shard)."""
     if isinstance(parts[0], VarLeaf):
         return VarLeaf(*(np.concatenate([getattr(p, f) for p in parts])
                          for f in ("values", "sizes", "dims", "ranks")))
     if parts[0].dtype.hasobject:  # strings: no buffer for TensorFlow to alias anyway
         return np.concatenate(parts)
-    out = aligned_empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
+    out = buffers.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
     np.concatenate(parts, out=out)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any
 
@@ -12,22 +13,24 @@ from client._transport import pb
 from client.errors import DataLossError
 from client.format.blocks import decode_values
 from client.format.codec import RecordError
-from client.format.fixed_decode import decode_into, handles
+from client.format.fixed_decode import Empty, aligned_empty, decode_into, handles
 from client.format.layout import Layout
 from client.format.values import Decompressor, split_chunk
 from client.read.fetch import Chunk, Indices
 
 
 class Decoder:
-    """Decodes chunks of one cache; thread-safe (one Decompressor per thread)."""
+    """Decodes chunks of one cache; thread-safe (one Decompressor per thread). empty makes
+    the arrays of fixed-shape leaves (client/read/buffers.py's Buffers.empty for a pass)."""
 
-    def __init__(self, cache: pb.Cache, layout: Layout) -> None:
+    def __init__(self, cache: pb.Cache, layout: Layout, empty: Empty = aligned_empty) -> None:
         self._name = cache.name
         self._firsts = np.array([s.first_element for s in cache.shards], np.int64)
         # blocks as the cache has them (a format 1 cache has none), whatever the caller's
         stored = Layout.from_json(cache.layout_json)
         self._layout = dataclasses.replace(stored, leaves=layout.leaves)
-        self._decode = decode_into if handles(self._layout) else decode_values
+        self._decode = (functools.partial(decode_into, empty=empty) if handles(self._layout)
+                        else decode_values)
         self._local = threading.local()
 
     def _where(self, index: int) -> str:

@@ -19,8 +19,10 @@ until every arena holds its share. Measured on 12 epochs of a 300 MB cache
 | 16 MiB (chosen)      | 360 -> 497 MiB, flat from epoch 9 | ~900 |
 | 1 GiB                | 372 -> 517 MiB, still rising | ~930 |
 
-So the kept memory is bounded by arenas x 16 MiB whatever the dataset size
-(docs/benchmarks.md shows 1x vs 4x the data).
+So the kept memory is bounded by arenas x 16 MiB whatever the dataset size. The
+read's own chunk arrays stay out of the arenas (client/read/buffers.py): what
+arenas keep comes from TensorFlow's batches and gRPC's messages
+(docs/benchmarks.md, RssAnon by read path at 1x, 4x and 10x the data).
 
 The thresholds are process-wide. Pass ``tune_malloc=False`` to CacheClient, or
 set SHARDCACHE_TUNE_MALLOC=0, to leave them alone.

@@ -257,3 +257,34 @@ def test_each_readers_pass_counts_one_hit_however_many_shards_and_requests_it_ta
         assert len(ids(ds)) == N // 2
     assert cc.info(name).hits - before == 2
     cc.delete(name)
+
+
+@pytest.mark.parametrize("path", ["direct", "grpc", "plane"])
+def test_a_pass_reuses_its_chunks_arrays_however_many_chunks_it_reads(daemon, path,
+                                                                      monkeypatch) -> None:
+    """Memory flat in the data read: 100 chunks of 384 KiB arrays, a few buffers."""
+    from client.read import chunks
+
+    passes: list[chunks.Buffers] = []
+
+    class Recorded(chunks.Buffers):
+        def __init__(self) -> None:
+            super().__init__()
+            passes.append(self)
+
+    monkeypatch.setattr(chunks, "Buffers", Recorded)
+    n, size = 300, 32768  # 128 KiB elements, random (stored as they are), 3 to a chunk
+    with CacheClient(daemon.unix_target) as cc:
+        name = f"reuse-{path}"
+        ds = tf.data.Dataset.range(n).map(lambda i: {"x": tf.concat(
+            [[tf.cast(i, tf.float32)], tf.random.stateless_uniform([size - 1], [i, 0])], 0),
+            "i": i})
+        cache = write_sharded(cc, ds, name, shard_bytes=4 << 20, chunk_bytes=1 << 20)
+    assert cache.stored_bytes >= n * size * 4  # 100 chunks of prefetch_bytes / 8 each
+    target = daemon.tcp_target if path == "plane" else daemon.unix_target
+    with CacheClient(target) as cc:
+        read = cc.dataset(name, prefetch_bytes=4 << 20, direct=path == "direct")
+        assert [int(e["x"][0]) for e in read.as_numpy_iterator()] == list(range(n))
+    (buffers,) = passes
+    assert 0 < buffers.made <= 30, f"{buffers.made} buffers for 100 chunks"
+    assert buffers.held() == 0  # the pass let them go
