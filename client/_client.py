@@ -10,8 +10,9 @@ import atexit
 import functools
 import gc
 import os
+import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client.errors import InvalidArgumentError
 from client.format.blocks import check_block_bytes
 from client.read import direct as direct_read
+from client.read import mix as mixing
 from client.read import plan
 from client.read.chunks import DEFAULT_PREFETCH_BYTES
 from client.tf import malloc
@@ -201,6 +203,53 @@ class CacheClient:
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
         return self._datasets().dataset(name, options, resume, prefetch_bytes, mode, checkpoint)
+
+    def mix(self, weights: Mapping[str, float], *, size: int | None = None,
+            seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
+            num_workers: int = 1, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+            parallel_shards: int = 0, epoch: int = 0, start: int = 0,
+            resume: plan.Resume = None,
+            reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+            direct: bool | str | None = None, checkpoint: bool = False) -> Dataset:
+        """A tf.data.Dataset mixing READY caches of one element spec by weight.
+
+        weights maps cache names to positive weights: each epoch of size
+        elements (default: all the caches' elements together) holds exactly
+        each cache's share of size, rounded by largest remainder, in an order
+        fixed by (seed, epoch) that interleaves the caches at random. Each cache
+        is drawn as a run of its own passes (its stored order, or shuffled as
+        shuffle says), without replacement until a pass is used up. seed=None
+        picks a random one (one worker only). The other options are
+        cc.dataset()'s: worker shares of each epoch, epoch/start, resume= with
+        mix_read_state()'s states (a list of every old worker's: an elastic
+        resume), direct, checkpoint. See docs/reading.md, "Mixing caches".
+        """
+        weights = mixing.check_weights(weights)
+        _check_prefetch(prefetch_bytes)
+        _check_checkpoint(checkpoint)
+        mode = direct_read.resolve_mode(direct)
+        if seed is None:
+            if num_workers != 1 or resume is not None:
+                raise InvalidArgumentError(
+                    "a mix read by several workers, or resumed, needs seed=: the order of "
+                    "the mix is fixed by it (pass the seed the states were saved with)")
+            seed = secrets.randbits(63)
+        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
+                                    epoch, start, reconnect_timeout)
+        return self._datasets().mix(weights, size, options, resume, prefetch_bytes, mode,
+                                    checkpoint)
+
+    def mix_read_state(self, weights: Mapping[str, float], *, elements_seen: int, seed: int,
+                       size: int | None = None, shuffle: bool | str = False,
+                       worker_index: int = 0, num_workers: int = 1,
+                       resume: plan.Resume = None) -> plan.ReadState:
+        """read_state() of cc.mix(weights, ...): where this worker stands after consuming
+        elements_seen elements; pass it back as cc.mix(..., resume=state)."""
+        weights = mixing.check_weights(weights)
+        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers)
+        mix = mixing.plan([self._get(name) for name in sorted(weights)], weights, size, seed)
+        mixing.check_seed(seed, resume)
+        return plan.state_of(mix, plan.apply_resume(mix, options, resume), elements_seen)
 
     def cache(self, dataset: Dataset, name: str, *, version: str | None = None,
               prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,

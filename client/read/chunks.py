@@ -25,6 +25,7 @@ so what it holds does not grow with the data read.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from client._fleet import Fleet, routed
 from client._transport import Transport, pb
 from client.errors import ShardcacheError
 from client.format.codec import VarLeaf
+from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
 from client.read import plane as data_plane
 from client.read.buffers import Buffers
@@ -52,31 +54,23 @@ CHUNK_BYTES = 4 << 20
 DEFAULT_PREFETCH_BYTES = 256 << 20
 
 
-class EpochChunks:
-    """One epoch's share of a cache, position start onwards, as count chunks.
-
-    chunk(i) is thread-safe and depends on i alone; close() ends the lease and
-    cancels calls in flight. direct: a read lease (client/read/direct.py) when it
-    allows one, the shard files then read here.
-    """
+class CacheReads:
+    """One cache's records by global index, fetched and decoded: a read lease (direct or the
+    data plane) when one is granted, else gRPC or a fleet's owners. Thread-safe; close()
+    ends the lease and cancels calls in flight."""
 
     def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
-                 options: ReadOptions, epoch: int, start: int, prefetch_bytes: int,
+                 options: ReadOptions, chunk_bytes: int, reading: bool = True,
                  direct: DirectReads | None = None, fleet: Fleet | None = None) -> None:
-        self._order: EpochOrder
-        self._order, runs = epoch_range(cache, options, epoch, start)
         self._lease: ReadLease | PlaneLease | None
         by_owner = fleet is not None and routed(cache)
-        reading = bool(runs)
         self._lease, counted = (direct.lease(cache) if direct is not None and not by_owner
                                 and reading else (None, False))
         if self._lease is None and not by_owner and reading:  # its requests count the hit
             self._lease = data_plane.for_transport(transport).lease(cache)
-        self._epoch_start = not counted
+        #: True until the request that starts the pass (the daemon counts its hit) is sent.
+        self.epoch_start = not counted
         self._closing = threading.Event()
-        self._per_chunk = chunk_positions(cache, min(CHUNK_BYTES, max(prefetch_bytes // 8,
-                                                                       64 << 10)))
-        chunk_bytes = int(self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1))
         self._fetch: Fetcher | LocalFetcher
         if isinstance(self._lease, PlaneLease):
             self._fetch = self._lease.fetcher(transport, cache, options.reconnect_timeout,
@@ -91,24 +85,18 @@ class EpochChunks:
         self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
         self.buffers = Buffers()  # the chunks' arrays, reused (client/read/buffers.py)
         self._decode = Decoder(cache, layout, self.buffers.empty)
-        self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
-        self.count = self._chunks.count
 
-    def chunk(self, i: int) -> tuple[int, list[Any]]:
-        """(elements, decoded batch) of chunk i: its positions [p0, p1) of the epoch."""
-        p0, p1 = self._chunks.bounds(i)
-        indices: Indices = (range(p0, p1) if self._order.mode == "none"  # the stored order
-                            else self._order.indices(np.arange(p0, p1)))
+    def __call__(self, indices: Indices, epoch_start: bool = False) -> tuple[int, list[Any]]:
+        """(elements, decoded batch) of the records at indices, in their order."""
         try:
-            parts = [self._decode(indices, chunk)
-                     for chunk in self._fetch(indices, self._epoch_start and i == 0)]
+            parts = [self._decode(indices, chunk) for chunk in self._fetch(indices, epoch_start)]
         except ShardcacheError:
             if isinstance(self._lease, PlaneLease):  # the read ends here: so does its lease
                 self._lease.close()
             raise
         if len(parts) == 1:
             return parts[0]
-        return sum(n for n, _ in parts), [_joined(column, self.buffers)
+        return sum(n for n, _ in parts), [joined(column, self.buffers.empty)
                                           for column in zip(*(batch for _, batch in parts))]
 
     def close(self) -> None:
@@ -121,13 +109,50 @@ class EpochChunks:
         self.buffers.close()
 
 
-def _joined(parts: tuple[Any, ...], buffers: Buffers) -> Any:
-    """One leaf's batch from the batches of a chunk's parts (a chunk crossing a shard)."""
+class EpochChunks:
+    """One epoch's share of a cache, position start onwards, as count chunks.
+
+    chunk(i) is thread-safe and depends on i alone; close() ends the lease and
+    cancels calls in flight. direct: a read lease (client/read/direct.py) when it
+    allows one, the shard files then read here.
+    """
+
+    def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
+                 options: ReadOptions, epoch: int, start: int, prefetch_bytes: int,
+                 direct: DirectReads | None = None, fleet: Fleet | None = None) -> None:
+        self._order: EpochOrder
+        self._order, runs = epoch_range(cache, options, epoch, start)
+        self._per_chunk = chunk_positions(cache, chunk_target(prefetch_bytes))
+        chunk_bytes = int(self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1))
+        self._reads = CacheReads(transport, cache, layout, options, chunk_bytes, bool(runs),
+                                 direct, fleet)
+        self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
+        self.count = self._chunks.count
+
+    def chunk(self, i: int) -> tuple[int, list[Any]]:
+        """(elements, decoded batch) of chunk i: its positions [p0, p1) of the epoch."""
+        p0, p1 = self._chunks.bounds(i)
+        indices: Indices = (range(p0, p1) if self._order.mode == "none"  # the stored order
+                            else self._order.indices(np.arange(p0, p1)))
+        return self._reads(indices, self._reads.epoch_start and i == 0)
+
+    def close(self) -> None:
+        self._reads.close()
+
+
+def chunk_target(prefetch_bytes: int) -> int:
+    """Stored bytes per chunk for a read of prefetch_bytes."""
+    return min(CHUNK_BYTES, max(prefetch_bytes // 8, 64 << 10))
+
+
+def joined(parts: tuple[Any, ...], empty: Callable[..., np.ndarray] = aligned_empty) -> Any:
+    """One leaf's batch from the batches of a chunk's parts (a chunk crossing a shard), in
+    an array from empty (aligned_empty, or a pass's Buffers.empty)."""
     if isinstance(parts[0], VarLeaf):
         return VarLeaf(*(np.concatenate([getattr(p, f) for p in parts])
                          for f in ("values", "sizes", "dims", "ranks")))
     if parts[0].dtype.hasobject:  # strings: no buffer for TensorFlow to alias anyway
         return np.concatenate(parts)
-    out = buffers.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
+    out = empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
     np.concatenate(parts, out=out)
     return out

@@ -24,8 +24,10 @@ from client.errors import (
 from client.format.blocks import blocked, write_batch_elements
 from client.format.layout import Layout
 from client.read import direct as direct_read
+from client.read import mix as mixing
 from client.read import plan
-from client.read.chunks import EpochChunks
+from client.read.chunks import CacheReads, EpochChunks, chunk_target
+from client.read.mix_chunks import MixChunks
 from client.tf import convert, graphs, malloc, tap
 from client.tf import reads as tf_reads
 from client.tf.iterations import Iterations, generated
@@ -77,6 +79,43 @@ class DatasetBuilder:
             self._epoch_chunks, cache, fmt.layout, options, prefetch_bytes, reads),
             plan.Epochs(options), checkpoint, options.parallel_shards)
         return tf_reads.elements(fmt, reader.dataset, plan.cardinality(cache, options),
+                                 checkpoint)
+
+    def mix(self, weights: dict[str, Any], size: int | None, options: plan.ReadOptions,
+            resume: plan.Resume, prefetch_bytes: int, direct: direct_read.Mode,
+            checkpoint: bool) -> Dataset:
+        """cc.mix(): a dataset over a weighted mix of READY caches (client/read/mix.py)."""
+        caches = [self._catalog.get(name) for name in sorted(weights)]
+        for cache in caches:
+            if cache.state != pb.CACHE_STATE_READY:
+                raise CacheNotReadyError(
+                    f"cache {cache.name!r} of the mix is WRITING ({cache.num_elements} "
+                    "elements committed so far); wait until its writer finishes, then call "
+                    "mix() again")
+        fmt = _mixed_format(caches)
+        mix = mixing.plan(caches, weights, size, options.seed or 0)
+        mixing.check_seed(options.seed or 0, resume)
+        options = plan.apply_resume(mix, options, resume)
+        plan.check_start(mix, options)
+        reads = {c.name: self._direct(c.name, direct) for c in caches}
+        if self._catalog.fleet is None:
+            for cache in caches:
+                reads[cache.name].check(cache)
+
+        def open_chunks(epoch: int, start: int) -> MixChunks:
+            if self._tune_malloc:
+                malloc.tune()
+            chunk_bytes = chunk_target(prefetch_bytes)
+
+            def open_source(s: int) -> CacheReads:
+                cache = mix.sources[s]
+                return CacheReads(self._catalog.home(cache.name), cache, fmt.layout, options,
+                                  chunk_bytes, True, reads[cache.name], self._catalog.fleet)
+            return MixChunks(mix, options, epoch, start, chunk_bytes, open_source)
+
+        reader = tf_reads.Reader(Wire(fmt), open_chunks, plan.Epochs(options), checkpoint,
+                                 options.parallel_shards)
+        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(mix, options),
                                  checkpoint)
 
     def cache(self, dataset: Dataset, name: str, version: str | None,
@@ -221,6 +260,20 @@ class DatasetBuilder:
         finally:
             if behind is not None:
                 behind.close()
+
+
+def _mixed_format(caches: list[pb.Cache]) -> convert.BatchFormat:
+    """The one element format of a mix's caches; refuses caches whose elements differ."""
+    first, spec = caches[0], convert.decode_spec(caches[0].element_spec)
+    leaves = Layout.from_json(first.layout_json).leaves
+    for cache in caches[1:]:
+        other = convert.decode_spec(cache.element_spec)
+        if other != spec or Layout.from_json(cache.layout_json).leaves != leaves:
+            raise InvalidArgumentError(
+                f"cannot mix caches {first.name!r} and {cache.name!r}: their elements differ "
+                f"({first.name!r}: {spec}; {cache.name!r}: {other}); mix caches of one "
+                "element spec, or map them to one before caching")
+    return convert.BatchFormat(spec, Layout.from_json(first.layout_json))
 
 
 def _check_same_source(cache: pb.Cache, fingerprint: str, layout: Layout) -> None:
