@@ -36,7 +36,7 @@ import grpc
 import numpy as np
 
 from client._transport import Transport, pb
-from client.errors import InvalidArgumentError, ShardcacheError
+from client.errors import InvalidArgumentError, ServerUnavailableError, ShardcacheError
 from client.read.direct import ReadLease, _Releaser
 from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
 from client.wire import plane
@@ -124,8 +124,10 @@ class DataPlane:
                                              data_plane=True)
         try:
             granted = self.transport.call(self.transport.stub.AcquireReadLease, request)
+        except ServerUnavailableError:
+            return None  # down now: the pass's gRPC calls wait for it (reconnect_timeout)
         except ShardcacheError as exc:
-            if type(exc) is not ShardcacheError:  # not found, replaced, unavailable: as gRPC
+            if type(exc) is not ShardcacheError:  # not found, replaced: as gRPC would say
                 raise
             self._none = True  # a daemon without read leases
             return None

@@ -118,3 +118,18 @@ def test_a_cache_replaced_while_the_daemon_was_down_is_an_error_not_mixed_data(
         assert got == list(range(len(got)))  # nothing of the replacement was yielded
     finally:
         other.close()
+
+
+@VIA
+def test_a_pass_that_starts_while_the_daemon_is_down_waits_for_it(fresh_daemon, via) -> None:
+    with CacheClient(target(fresh_daemon, via)) as cc:
+        write_sharded(cc, source(), "big", shard_bytes=1 << 20)
+        ds = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, direct=False)
+        assert [check(e) for e in ds.as_numpy_iterator()] == list(range(N))
+        fresh_daemon.kill()
+        back = threading.Timer(1.0, fresh_daemon.start)
+        back.start()
+        try:
+            assert [check(e) for e in ds.as_numpy_iterator()] == list(range(N))
+        finally:
+            back.join()
