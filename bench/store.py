@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/store.py            # quick sizes (~1.5 minutes); --full: make bench's
 
-Against a SeaweedFS server it starts on loopback (``tests/s3.py``) and moto's beside it: raw
-PUT and GET through boto3 (as the daemon uses it) and obstore; a cache's publish (commit to
-STORED) and its pull into a second, cold daemon, as ratios to the raw boto3 PUT and GET
-(docs/benchmarks.md, "The object store tier").
+Against a SeaweedFS server it starts on loopback (``tests/s3.py``), then moto's: raw PUT and
+GET through boto3 (as the daemon uses it) and obstore; a cache's publish (commit to STORED)
+and its pulls into a second, cold daemon, each pull right after a raw boto3 GET of the same
+store, as ratios to the raw boto3 PUT and GET (docs/benchmarks.md, "The object store tier").
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,8 +58,10 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def raw_boto3(server: Any, files: list[Path], out_dir: Path) -> dict[str, Any]:
-    """PUT then GET every file with boto3 the way the daemon does (tier/bucket.py)."""
+def raw_boto3(server: Any, files: list[Path], out_dir: Path
+              ) -> tuple[dict[str, Any], Callable[[], float]]:
+    """PUT then GET every file with boto3: ``upload_file`` as the daemon publishes, and one
+    ``get_object`` per object streamed to a file. The record, and the GET again (MB/s)."""
     from boto3.s3.transfer import TransferConfig
 
     from cacheserver.tier.bucket import MULTIPART_BYTES, UPLOAD_CONCURRENCY
@@ -80,7 +84,15 @@ def raw_boto3(server: Any, files: list[Path], out_dir: Path) -> dict[str, Any]:
                 for block in body.iter_chunks(READ_BYTES):
                     f.write(block)
 
-    return _raw_record("boto3", put, get, files, out_dir)
+    def get_again() -> float:
+        seconds = timed(get)
+        total = 0
+        for path in files:
+            total += (out_dir / path.name).stat().st_size
+            (out_dir / path.name).unlink()
+        return total / MB / seconds
+
+    return _raw_record("boto3", put, get, files, out_dir), get_again
 
 
 def raw_obstore(server: Any, files: list[Path], out_dir: Path) -> dict[str, Any]:
@@ -129,8 +141,11 @@ def _raw_record(client: str, put: Callable[[], None], get: Callable[[], None],
 
 
 # ---------------------------------------------------------------------- publish and pull
-def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict[str, Any]:
-    """Publish a cache from one daemon and pull it into a second, cold one."""
+def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float, rounds: int,
+         raw_get: Callable[[], float]) -> dict[str, Any]:
+    """Publish a cache from one daemon, then pull it into a second, cold one ``rounds`` times
+    (its local copy deleted between), each pull right after a raw GET (``raw_get``) of the same
+    store: pull and raw GET interleaved, so that a ratio compares neighbours."""
     import tensorflow as tf
 
     from client import CacheClient
@@ -144,7 +159,7 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict
     daemons = [BenchDaemon(scratch, role, ("--store", url, "--store-endpoint", server.endpoint))
                for role in ("a", "b")]
     record: dict[str, Any] = {"elements": n, "element_bytes": ELEMENT_INTS * 4,
-                              "payload_bytes": n * ELEMENT_INTS * 4}
+                              "payload_bytes": n * ELEMENT_INTS * 4, "rounds": []}
     try:
         a, b = (d.start() for d in daemons)
         with CacheClient(a.target) as cc:
@@ -157,20 +172,21 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict
         record |= {"write_s": committed - start, "publish_s": stored - committed,
                    "stored_bytes": info.store_total_bytes, "shards": info.num_shards,
                    "disk_bytes": info.disk_bytes}
-        with CacheClient(b.target) as cc:
-            start = time.perf_counter()
-            it = iter(cc.dataset(name))
-            first = next(it)
-            first_s = time.perf_counter() - start
-            count = 1 + sum(1 for _ in it)
-            pull_s = time.perf_counter() - start
-            del it
-            pulled = cc.info(name)
-        assert count == n and first.shape == (ELEMENT_INTS,), f"read {count} of {n} elements"
-        record |= {"pull_s": pull_s, "first_element_s": first_s,
-                   "pulled_state": pulled.store_state, "pulled_disk_bytes": pulled.disk_bytes}
-        for key in ("publish", "pull"):
+        for i in range(rounds):
+            get_s = raw_get()
+            with CacheClient(b.target) as cc:
+                if i:
+                    cc.delete(name)  # this daemon's copy only: the next read pulls again
+                pulled = pull_once(cc, name, n, timeout_s)
+            record["rounds"].append(pulled | {"raw_get_mb_per_s": get_s})
+        for key in ("pull_s", "to_disk_s", "first_element_s"):
+            record[key] = statistics.median([r[key] for r in record["rounds"]])
+        for key in ("publish", "pull", "to_disk"):
             record[f"{key}_mb_per_s"] = record["stored_bytes"] / MB / record[f"{key}_s"]
+        for key in ("pull", "to_disk"):  # the median of the rounds' ratios to their raw GET
+            record[f"{key}_vs_raw_get"] = statistics.median([
+                record["stored_bytes"] / MB / r[f"{key}_s"] / r["raw_get_mb_per_s"]
+                for r in record["rounds"]])
         record["status"] = "ok"
     except Exception as exc:  # say why, keep the raw numbers
         logs = " | ".join(d.log_tail(5) for d in daemons if d.proc is not None)
@@ -180,6 +196,40 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float) -> dict
             if d.proc is not None:
                 d.stop()
     return record
+
+
+def pull_once(cc: Any, name: str, n: int, timeout_s: float) -> dict[str, Any]:
+    """Read every element of name on a daemon that lacks it: the times from ``cc.dataset``
+    to its first and its last element, and the pull to disk: from ``iter`` (the read's first
+    call, which starts the pull; the dataset built and the name looked up before) to the
+    store state STORED (every shard fetched, checked, synced and in place), seen by a thread
+    polling every 5 ms."""
+    stored_at: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            if cc.info(name).store_state == "STORED":
+                stored_at.append(time.perf_counter())
+                return
+            stop.wait(0.005)
+
+    start = time.perf_counter()
+    ds = cc.dataset(name)
+    pulling = time.perf_counter()
+    it = iter(ds)
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    first = next(it)
+    first_s = time.perf_counter() - start
+    count = 1 + sum(1 for _ in it)
+    pull_s = time.perf_counter() - start
+    del it
+    poller.join(timeout_s)
+    stop.set()
+    assert count == n and first.shape == (ELEMENT_INTS,), f"read {count} of {n} elements"
+    assert stored_at, f"cache {name} not STORED after {timeout_s:g} s"
+    return {"pull_s": pull_s, "first_element_s": first_s, "to_disk_s": stored_at[0] - pulling}
 
 
 def wait_stored(cc: Any, name: str, timeout_s: float) -> Any:
@@ -228,17 +278,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress(f"[store] {kind} unavailable: {exc}")
                 continue
             try:
-                for measure in (raw_boto3, raw_obstore):
-                    raw = measure(server, files, out_dir)
+                boto3, get_again = raw_boto3(server, files, out_dir)
+                for raw in (boto3, raw_obstore(server, files, out_dir)):
                     entry["raw"].append(raw)
                     progress(f"[store] {kind} raw {raw['client']}: " + (
                         f"PUT {raw['put_mb_per_s']:,.0f} MB/s, GET {raw['get_mb_per_s']:,.0f} "
                         "MB/s" if raw["status"] == "ok" else raw["error"]))
-                if kind == "seaweedfs":
-                    progress(f"[store] {kind}: publish and pull of {sizes['cache_mib']} MiB ...")
-                    entry["tier"] = tier(server, scratch_root / f"{kind}-tier",
-                                         sizes["cache_mib"] * MIB, args.timeout)
-                    progress(f"[store] {kind} tier: {summary(entry['tier'])}")
+                progress(f"[store] {kind}: publish of {sizes['cache_mib']} MiB, {args.rounds} "
+                         "pulls, each after a raw GET ...")
+                entry["tier"] = tier(server, scratch_root / f"{kind}-tier",
+                                     sizes["cache_mib"] * MIB, args.timeout, args.rounds,
+                                     get_again)
+                progress(f"[store] {kind} tier: {summary(entry['tier'])}")
                 entry["status"] = "ok"
             finally:
                 server.close()
@@ -253,8 +304,11 @@ def summary(record: dict[str, Any]) -> str:
     if record.get("status") != "ok":
         return f"{record.get('status')}: {record.get('error')}"
     return (f"publish {record['publish_s']:.2f} s ({record['publish_mb_per_s']:,.0f} MB/s), "
-            f"pull {record['pull_s']:.2f} s ({record['pull_mb_per_s']:,.0f} MB/s), first "
-            f"element {record['first_element_s']:.2f} s")
+            f"pull to disk {record['to_disk_s']:.2f} s ({record['to_disk_vs_raw_get']:.2f}x "
+            f"raw GET), pull and read {record['pull_s']:.2f} s ({record['pull_vs_raw_get']:.2f}x)"
+            f", first element {record['first_element_s']:.2f} s; rounds: " + ", ".join(
+                f"{r['to_disk_s']:.2f}/{record['stored_bytes'] / MB / r['raw_get_mb_per_s']:.2f}"
+                for r in record["rounds"]) + " s (pull to disk/raw GET)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -265,6 +319,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"{QUICK['object_mib']} MiB, {QUICK['cache_mib']} MiB)")
     parser.add_argument("--no-report", action="store_true", help="print no markdown")
     parser.add_argument("--tmp-dir", type=Path, help="where objects, servers and daemons go")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="pulls per store, each after a raw GET; medians are reported")
     parser.add_argument("--timeout", type=float, default=600.0,
                          help="seconds to wait for a publish to reach STORED")
     return parser.parse_args(argv)

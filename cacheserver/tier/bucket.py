@@ -12,8 +12,9 @@ What it offers is what the tier needs and no more:
 * :meth:`Bucket.upload` sends a file (multipart above ``MULTIPART_BYTES``,
   ``UPLOAD_CONCURRENCY`` parts in flight) with its SHA-256 computed on the way;
 * :meth:`Bucket.download` fetches an object in ONE GET, streaming it to a file
-  while hashing it, and refuses it (DataLoss) when size or SHA-256 differ
-  from what the manifest says, so a corrupt object is never served.
+  while hashing it (write, hash and sync each on a thread of its own beside the
+  network), and refuses it (DataLoss) when size or SHA-256 differ from what the
+  manifest says, so a corrupt object is never served.
 
 Failures a retry may cure (connection refused, timeouts, 5xx, throttling) raise
 :class:`StoreUnavailable`; the rest (no such bucket, access denied) raise
@@ -29,11 +30,12 @@ import logging
 import os
 import re
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from client.format.store import disk_full
 from client.wire.status import CacheServerError, DataLoss, StoreUnavailable
@@ -45,6 +47,7 @@ MULTIPART_BYTES = 64 << 20
 UPLOAD_CONCURRENCY = 4
 _READ_BYTES = 8 << 20
 _SYNC_BYTES = 32 << 20
+_HELD_BLOCKS = 4  # a download's blocks received but not yet written and hashed
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _RETRYABLE_CODES = {"500", "502", "503", "504", "SlowDown", "RequestTimeout", "InternalError",
                     "ServiceUnavailable", "Throttling", "ThrottlingException",
@@ -216,42 +219,22 @@ class Bucket:
     def download(self, obj: StoredObject, dest: Path, progress: Progress | None = None) -> None:
         """Fetch obj into dest in one GET; DataLoss (dest removed) if size or SHA-256 differ.
 
-        The network thread only receives: a second thread writes, hashes and syncs (every
-        _SYNC_BYTES, so the disk writes while the network reads), one block behind."""
+        The network thread only receives; a :class:`_Sink` writes, hashes and syncs the
+        blocks beside it. The file is synced whole before it is renamed into place."""
         tmp = dest.with_name(f".{dest.name}.part")
-        digest = hashlib.sha256()
-        size = synced = 0
-
-        def store(f: Any, block: bytes) -> None:
-            nonlocal size, synced
-            f.write(block)
-            digest.update(block)
-            size += len(block)
-            if size - synced >= _SYNC_BYTES:
-                f.flush()
-                os.fdatasync(f.fileno())
-                synced = size
-
         try:
-            with self._errors(f"download {obj.key}"), open(tmp, "wb") as f, \
-                    ThreadPoolExecutor(1, thread_name_prefix="shardcache-sink") as disk:
+            with self._errors(f"download {obj.key}"), open(tmp, "wb") as f, _Sink(f) as sink:
                 body = self.client.get_object(Bucket=self.url.bucket,
                                               Key=self._key(obj.key))["Body"]
-                pending: Future[None] | None = None
                 for block in body.iter_chunks(_READ_BYTES):
-                    if pending is not None:
-                        pending.result()  # at most two blocks held
-                    pending = disk.submit(store, f, block)
+                    sink.put(block)
                     if progress is not None:
                         progress(len(block))
-                if pending is not None:
-                    pending.result()
-                f.flush()
-                os.fsync(f.fileno())
-            if size != obj.size or digest.hexdigest() != obj.sha256:
+                size, sha256 = sink.close()
+            if size != obj.size or sha256 != obj.sha256:
                 raise DataLoss(
                     f"object {self.url}/{obj.key} is corrupt: {size} bytes with SHA-256 "
-                    f"{digest.hexdigest()[:16]}..., the manifest says {obj.size} bytes, "
+                    f"{sha256[:16]}..., the manifest says {obj.size} bytes, "
                     f"{obj.sha256[:16]}...; it was not served. Remove the cache from the store "
                     "(cacheserver rm --store NAME) and build it again")
             os.replace(tmp, dest)
@@ -304,6 +287,65 @@ class _Translate:
 
         if isinstance(exc, bx.BotoCoreError | HTTPError):  # connection, timeout, broken stream
             raise StoreUnavailable(f"could not {self.what} in {where}: {exc}") from exc
+
+
+class _Sink:
+    """Where a download's blocks go, beside the thread that receives them.
+
+    Each block is written (in order, on one thread) and hashed (in order, on another) at
+    once, ``_HELD_BLOCKS`` blocks at most held; every ``_SYNC_BYTES`` the writer starts an
+    fdatasync on a third thread and goes on writing, so that the disk, the hash and the
+    network all move at once. :meth:`close` waits for all of it and fsyncs the file whole;
+    the first error of any of them is raised by :meth:`put` or :meth:`close`.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._digest = hashlib.sha256()
+        self._size = self._synced = 0
+        self._held: deque[tuple[Future[None], Future[None]]] = deque()
+        self._sync: Future[None] | None = None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardcache-sink")
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="shardcache-sha")
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="shardcache-sync")
+
+    def __enter__(self) -> _Sink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pool in (self._writer, self._hasher, self._syncer):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def put(self, block: bytes) -> None:
+        while len(self._held) >= _HELD_BLOCKS:
+            self._wait_oldest()
+        self._held.append((self._writer.submit(self._write, block),
+                           self._hasher.submit(self._digest.update, block)))
+
+    def close(self) -> tuple[int, str]:
+        """Wait for every block to be written and hashed; fsync the file. (size, SHA-256)."""
+        while self._held:
+            self._wait_oldest()
+        if self._sync is not None:
+            self._sync.result()
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        return self._size, self._digest.hexdigest()
+
+    def _wait_oldest(self) -> None:
+        for done in self._held.popleft():
+            done.result()
+
+    def _write(self, block: bytes) -> None:  # the writer thread
+        self._f.write(block)
+        self._size += len(block)
+        if self._size - self._synced >= _SYNC_BYTES and (self._sync is None or
+                                                          self._sync.done()):
+            if self._sync is not None:
+                self._sync.result()  # a failed sync's error
+            self._f.flush()
+            self._sync = self._syncer.submit(os.fdatasync, self._f.fileno())
+            self._synced = self._size
 
 
 def _code(exc: Any) -> str:
