@@ -5,7 +5,8 @@
 Each member is a daemon in a network namespace of its own, its link capped at ``--mbit``
 both ways (``tests/fleet.py``), all over one moto store. A cache of ``--mb`` MB of 16 KiB
 elements in ``--shards`` shards is written and published once; each fleet size reads one
-untimed epoch (members pull what they own), then ``--repeat`` timed ones over gRPC with
+untimed epoch (members pull what they own), then ``--repeat`` timed ones, each member's
+shards over its data plane (``SHARDCACHE_DATA_PLANE=off``: over gRPC), with
 ``parallel_shards`` ``--per-member`` times the members. Per size: best and median MB/s, their
 ratio to the links' sum, and the busiest member's bytes against the mean.
 """
