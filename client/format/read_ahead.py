@@ -60,6 +60,8 @@ class ReadAhead:
         pos = index * self._size // self._records
         need = min(self._size, pos + NEED_BYTES)
         with self._cond:
+            if self._closed:  # its file is closed (or the thread's to close)
+                return
             self._want = max(self._want, min(self._size, pos + WINDOW_BYTES))
             if self._thread is None:
                 self._loaded = min(pos, self._size)  # a range read starts mid-file
@@ -71,15 +73,23 @@ class ReadAhead:
                 self._cond.wait()
 
     def close(self) -> None:
+        """Stop reading ahead. Returns at once: a thread in the middle of a step finishes it
+        and closes the file (a request's answer does not wait for it)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-        if self._fd >= 0:
+            started = self._thread is not None
+        if not started and self._fd >= 0:
             os.close(self._fd)
 
     def _run(self) -> None:
+        try:
+            self._walk()
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+
+    def _walk(self) -> None:
         with open(os.devnull, "wb") as null:
             while True:
                 with self._cond:
