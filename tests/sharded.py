@@ -4,7 +4,8 @@ cc.cache() lets the daemon pick the shard size (1 GiB), so small test caches
 have one shard; reads across shard boundaries need several. This writes like
 cc.cache()'s first epoch, with WriteBegin.shard_bytes and a small chunk size:
 one element per stored value (format 1, as earlier versions wrote), or, with
-block_bytes, blocks of about that many raw bytes (format 2).
+block_bytes, blocks of about that many raw bytes (format 2). ids() reads back the
+tests' tagged elements ({"x": i repeated, "i": i}), checking each record is its element.
 """
 
 from __future__ import annotations
@@ -38,3 +39,12 @@ def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
         writer.add(*packer.add(batch, n))
     writer.add(*packer.flush())
     return writer.finish()
+
+
+def ids(ds: Any) -> list[int]:
+    """The "i" of each element of ds, each checked to carry its own record ("x" == i)."""
+    out = []
+    for element in ds.as_numpy_iterator():
+        assert (element["x"] == element["i"]).all()  # the record is the element asked for
+        out.append(int(element["i"]))
+    return out

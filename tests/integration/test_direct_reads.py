@@ -17,7 +17,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from daemon import Daemon  # noqa: E402
-from sharded import write_sharded  # noqa: E402
+from sharded import ids, write_sharded  # noqa: E402
 from waits import wait_until  # noqa: E402
 from wire import reason, records, write_cache  # noqa: E402
 
@@ -35,13 +35,6 @@ def source(n: int = N, offset: int = 0) -> tf.data.Dataset:
     return tf.data.Dataset.range(n).map(
         lambda i: {"x": tf.fill([8], tf.cast(i + offset, tf.float32)), "i": i + offset})
 
-
-def ids(ds: tf.data.Dataset) -> list[int]:
-    out = []
-    for element in ds.as_numpy_iterator():
-        assert (element["x"] == element["i"]).all()
-        out.append(int(element["i"]))
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from daemon import env_without_tf_noise  # noqa: E402
-from sharded import write_sharded  # noqa: E402
+from sharded import ids, write_sharded  # noqa: E402
 
 from client import (  # noqa: E402
     CacheClient,
@@ -47,13 +47,6 @@ def sharded(daemon) -> str:
     assert len(cache.shards) > 5
     return cache.name
 
-
-def ids(ds: tf.data.Dataset) -> list[int]:
-    out = []
-    for element in ds.as_numpy_iterator():
-        assert (element["x"] == element["i"]).all()
-        out.append(int(element["i"]))
-    return out
 
 
 def stop_old_split(cc: CacheClient, read: Any, name: str, opts: dict[str, Any]

@@ -15,7 +15,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from sharded import write_sharded  # noqa: E402
+from sharded import ids, write_sharded  # noqa: E402
 
 from client import (  # noqa: E402
     CacheClient,
@@ -48,13 +48,6 @@ def caches(daemon) -> dict[str, str]:
             names[key] = cache.name
     return {names[key]: w for key, w in WEIGHTS.items()}
 
-
-def ids(ds: tf.data.Dataset) -> list[int]:
-    out = []
-    for element in ds.as_numpy_iterator():
-        assert (element["x"] == element["i"]).all()  # the record is the element asked for
-        out.append(int(element["i"]))
-    return out
 
 
 def by_source(epoch: list[int]) -> dict[str, int]:

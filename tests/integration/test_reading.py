@@ -8,7 +8,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from sharded import write_sharded  # noqa: E402
+from sharded import ids, write_sharded  # noqa: E402
 
 from client import (  # noqa: E402
     CacheClient,
@@ -38,13 +38,6 @@ def sharded(daemon, request) -> str:
     assert (request.param is None) == ('"format":1' in cache.layout_json)
     return cache.name
 
-
-def ids(ds: tf.data.Dataset) -> list[int]:
-    out = []
-    for element in ds.as_numpy_iterator():
-        assert (element["x"] == element["i"]).all()  # the record is the element asked for
-        out.append(int(element["i"]))
-    return out
 
 
 @pytest.mark.parametrize("shuffle", [False, True, "shards"])
