@@ -18,6 +18,8 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
+from client.wire import plane
+
 log = logging.getLogger(__name__)
 
 
@@ -53,19 +55,11 @@ class TlsMaterial:
             [(self.private_key, self.cert_chain)], root_certificates=self.client_ca,
             require_client_auth=self.client_ca is not None)
 
-
     def server_context(self) -> ssl.SSLContext:
         """The same certificate, key and client CA for the data port (cacheserver/plane)."""
-        import tempfile
-
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        with tempfile.NamedTemporaryFile() as chain, tempfile.NamedTemporaryFile() as key:
-            chain.write(self.cert_chain)
-            key.write(self.private_key)
-            chain.flush()
-            key.flush()
-            context.load_cert_chain(chain.name, key.name)
+        plane.load_cert_chain(context, self.cert_chain, self.private_key)
         if self.client_ca is not None:
             context.load_verify_locations(cadata=self.client_ca.decode())
             context.verify_mode = ssl.CERT_REQUIRED

@@ -25,7 +25,6 @@ import logging
 import os
 import socket
 import ssl
-import tempfile
 import threading
 import time
 import weakref
@@ -150,7 +149,7 @@ class DataPlane:
             sock.sendall(plane.hello(ticket))
             kind, n, first, _ = plane.FRAME.unpack(plane.recv_bytes(sock, plane.FRAME.size))
             if kind == plane.ERROR:
-                raise _error(plane.recv_bytes(sock, min(n, plane.MAX_ERROR_TEXT)), first)
+                raise _error(sock, n, first)
             if kind != plane.OK:
                 raise plane.FramingError(f"frame kind {kind} instead of OK")
             return sock
@@ -182,8 +181,9 @@ def keepalive(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, KEEPALIVE_S * 1000)
 
 
-def _error(text: bytes, code: int) -> PlaneStatus:
-    reason, message = plane.parse_error(text)
+def _error(sock: socket.socket, size: int, code: int) -> PlaneStatus:
+    """The status of the ERROR frame whose header said size and code: its text read."""
+    reason, message = plane.parse_error(plane.recv_bytes(sock, min(size, plane.MAX_ERROR_TEXT)))
     return PlaneStatus(_CODES.get(code, grpc.StatusCode.UNKNOWN), reason, message)
 
 
@@ -191,12 +191,7 @@ def _client_context(transport: Transport) -> ssl.SSLContext:
     ca, cert, key = transport.credentials.pems
     context = ssl.create_default_context(cadata=ca.decode() if ca else None)
     if cert is not None and key is not None:
-        with tempfile.NamedTemporaryFile() as chain, tempfile.NamedTemporaryFile() as secret:
-            chain.write(cert)
-            secret.write(key)
-            chain.flush()
-            secret.flush()
-            context.load_cert_chain(chain.name, secret.name)
+        plane.load_cert_chain(context, cert, key)
     return context
 
 
@@ -386,7 +381,7 @@ def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]
         if kind == plane.END:
             return
         if kind == plane.ERROR:
-            raise _error(plane.recv_bytes(sock, min(n, plane.MAX_ERROR_TEXT)), first)
+            raise _error(sock, n, first)
         if kind != plane.CHUNK:
             raise plane.FramingError(f"frame kind {kind} in a response")
         lengths = plane.recv_bytes(sock, 4 * n)

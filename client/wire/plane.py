@@ -25,6 +25,7 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
+import tempfile
 from collections.abc import Sequence
 
 MAGIC = b"SCDP"
@@ -44,6 +45,18 @@ _IOV = 512
 
 class FramingError(Exception):
     """The peer sent bytes that are not this protocol (or closed in the middle of a frame)."""
+
+
+def load_cert_chain(context: ssl.SSLContext, chain: bytes, key: bytes) -> None:
+    """Load a PEM certificate chain and its key, held in memory, into context (the daemon's
+    --tls-cert/--tls-key, a client's tls_cert/tls_key): ssl reads them only from files, so
+    they pass through two private temporary files, deleted at once."""
+    with tempfile.NamedTemporaryFile() as chain_file, tempfile.NamedTemporaryFile() as key_file:
+        chain_file.write(chain)
+        key_file.write(key)
+        chain_file.flush()
+        key_file.flush()
+        context.load_cert_chain(chain_file.name, key_file.name)
 
 
 def hello(ticket: bytes) -> bytes:
