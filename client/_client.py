@@ -169,7 +169,7 @@ class CacheClient:
                 num_workers: int = 1, parallel_shards: int = 0, epoch: int = 0, start: int = 0,
                 resume: plan.Resume = None,
                 reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-                direct: bool | str | None = None, checkpoint: bool = False
+                direct: bool | str | None = None, checkpoint: bool = True
                 ) -> Dataset:
         """A tf.data.Dataset over an existing READY cache; needs no source pipeline.
 
@@ -194,15 +194,16 @@ class CacheClient:
         False always streams over gRPC. None: $SHARDCACHE_DIRECT, else "auto".
         See docs/direct.md.
 
-        checkpoint=True: tf.train.Checkpoint(iterator=it) can save this dataset's
-        iterators and restore them in any process (docs/reading.md, "Checkpoints").
+        tf.train.Checkpoint(iterator=it) saves this dataset's iterators, and
+        restores them in any process (docs/reading.md, "Checkpoints");
+        checkpoint is accepted and ignored (every dataset saves).
         """
         _check_prefetch(prefetch_bytes)
         _check_checkpoint(checkpoint)
         mode = direct_read.resolve_mode(direct)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
-        return self._datasets().dataset(name, options, resume, prefetch_bytes, mode, checkpoint)
+        return self._datasets().dataset(name, options, resume, prefetch_bytes, mode)
 
     def mix(self, weights: Mapping[str, float], *, size: int | None = None,
             seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
@@ -210,7 +211,7 @@ class CacheClient:
             parallel_shards: int = 0, epoch: int = 0, start: int = 0,
             resume: plan.Resume = None,
             reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-            direct: bool | str | None = None, checkpoint: bool = False) -> Dataset:
+            direct: bool | str | None = None, checkpoint: bool = True) -> Dataset:
         """A tf.data.Dataset mixing READY caches of one element spec by weight.
 
         weights maps cache names to positive weights: each epoch of size
@@ -222,7 +223,8 @@ class CacheClient:
         picks a random one (one worker only). The other options are
         cc.dataset()'s: worker shares of each epoch, epoch/start, resume= with
         mix_read_state()'s states (a list of every old worker's: an elastic
-        resume), direct, checkpoint. See docs/reading.md, "Mixing caches".
+        resume), direct. Its iterators save as cc.dataset()'s. See docs/reading.md,
+        "Mixing caches".
         """
         weights = mixing.check_weights(weights)
         _check_prefetch(prefetch_bytes)
@@ -236,8 +238,7 @@ class CacheClient:
             seed = secrets.randbits(63)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
-        return self._datasets().mix(weights, size, options, resume, prefetch_bytes, mode,
-                                    checkpoint)
+        return self._datasets().mix(weights, size, options, resume, prefetch_bytes, mode)
 
     def mix_read_state(self, weights: Mapping[str, float], *, elements_seen: int, seed: int,
                        size: int | None = None, shuffle: bool | str = False,
@@ -258,7 +259,7 @@ class CacheClient:
               resume: plan.Resume = None,
               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
               direct: bool | str | None = None, block_bytes: int | None = None,
-              checkpoint: bool = False) -> Dataset:
+              checkpoint: bool = True) -> Dataset:
         """The drop-in for ``dataset.cache()``, stored by the daemon under name.
 
         The first full iteration runs dataset and writes its elements through to
@@ -269,8 +270,10 @@ class CacheClient:
 
         The read options are cc.dataset()'s. They apply to iterations that read
         the cache; an iteration that writes it yields the whole source in source
-        order (see docs/reading.md); direct and checkpoint are cc.dataset()'s too (an
-        iteration that writes cannot be saved). resume= needs the cache READY.
+        order (see docs/reading.md); direct is cc.dataset()'s too. Iterators save as
+        cc.dataset()'s, a write iteration's too when the source's cardinality is known
+        (restored, it runs the source on uncached: docs/reading.md, "Checkpoints").
+        resume= needs the cache READY.
 
         block_bytes: raw bytes per stored block of small fixed-shape elements
         (default $SHARDCACHE_BLOCK_BYTES, else 256 KiB); 0 stores one element per
@@ -286,7 +289,7 @@ class CacheClient:
         block_bytes = check_block_bytes(block_bytes)
         compress_mode()  # a bad $SHARDCACHE_COMPRESS fails here, not in the write epoch
         return self._datasets().cache(dataset, name, version, options, resume, prefetch_bytes,
-                                      mode, block_bytes, checkpoint)
+                                      mode, block_bytes)
 
     def materialize(self, source: str | Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,

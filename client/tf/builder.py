@@ -61,7 +61,7 @@ class DatasetBuilder:
         return direct_read.DirectReads(self._catalog.home(name), mode, self._local_data_dir)
 
     def dataset(self, name: str, options: plan.ReadOptions, resume: plan.Resume,
-                prefetch_bytes: int, direct: direct_read.Mode, checkpoint: bool) -> Dataset:
+                prefetch_bytes: int, direct: direct_read.Mode) -> Dataset:
         """cc.dataset(): a dataset over an existing READY cache."""
         reads = self._direct(name, direct)
         cache = self._catalog.get(name)
@@ -77,13 +77,11 @@ class DatasetBuilder:
             reads.check(cache)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(
             self._epoch_chunks, cache, fmt.layout, options, prefetch_bytes, reads),
-            plan.Epochs(options), checkpoint, options.parallel_shards)
-        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(cache, options),
-                                 checkpoint)
+            plan.Epochs(options), options.parallel_shards)
+        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(cache, options))
 
     def mix(self, weights: dict[str, Any], size: int | None, options: plan.ReadOptions,
-            resume: plan.Resume, prefetch_bytes: int, direct: direct_read.Mode,
-            checkpoint: bool) -> Dataset:
+            resume: plan.Resume, prefetch_bytes: int, direct: direct_read.Mode) -> Dataset:
         """cc.mix(): a dataset over a weighted mix of READY caches (client/read/mix.py)."""
         caches = [self._catalog.get(name) for name in sorted(weights)]
         for cache in caches:
@@ -113,14 +111,13 @@ class DatasetBuilder:
                                   chunk_bytes, True, reads[cache.name], self._catalog.fleet)
             return MixChunks(mix, options, epoch, start, chunk_bytes, open_source)
 
-        reader = tf_reads.Reader(Wire(fmt), open_chunks, plan.Epochs(options), checkpoint,
+        reader = tf_reads.Reader(Wire(fmt), open_chunks, plan.Epochs(options),
                                  options.parallel_shards)
-        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(mix, options),
-                                 checkpoint)
+        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(mix, options))
 
     def cache(self, dataset: Dataset, name: str, version: str | None,
               options: plan.ReadOptions, resume: plan.Resume, prefetch_bytes: int,
-              direct: direct_read.Mode, block_bytes: int, checkpoint: bool) -> Dataset:
+              direct: direct_read.Mode, block_bytes: int) -> Dataset:
         """cc.cache(): dataset's elements, written through to cache name on the first full
         iteration, read from it once committed."""
         reads = self._direct(name, direct)
@@ -163,7 +160,7 @@ class DatasetBuilder:
                            and existing.state == pb.CACHE_STATE_READY else None)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(
             self._cache_chunks, ready, begin, options, prefetch_bytes, reads), epochs,
-            checkpoint, options.parallel_shards)
+            options.parallel_shards)
         iterations = Iterations(reader, epochs, dataset.options())
         if self._tune_malloc:
             iterations.source_started = malloc.tune
@@ -175,14 +172,14 @@ class DatasetBuilder:
             def tapped(source: Dataset, cardinality: int) -> Dataset:
                 return tf_reads.elements(fmt, lambda per_iteration: convert.tapped_batches(
                     source, fmt, taps, iterations, write_batch_elements(layout),
-                    rebatch_reads=False, per_iteration=per_iteration), cardinality, checkpoint,
+                    rebatch_reads=False, per_iteration=per_iteration), cardinality,
                     functools.partial(convert.tapped_batches, source, fmt, taps, iterations),
                     lambda log_warning: tapped(source.ignore_errors(log_warning), -2))
             return tapped(dataset, cardinality)
         return tf_reads.elements(fmt, functools.partial(
             generated, iterations, decide,
             lambda decision: self._write_through(dataset, fmt, decision.writer),
-            fmt.signature), cardinality, checkpoint)
+            fmt.signature), cardinality)
 
     def _epoch_chunks(self, cache: pb.Cache, layout: Layout, options: plan.ReadOptions,
                       prefetch_bytes: int, direct: direct_read.DirectReads | None,

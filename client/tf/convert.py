@@ -13,7 +13,7 @@ creates them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -26,13 +26,8 @@ from client.errors import InvalidArgumentError
 from client.format.codec import VarLeaf
 from client.format.layout import Layout, Leaf
 from client.tf.datasets import (
-    BatchBuilder,
-    CachedElements,
-    IgnoringBuilder,
-    declared,
     with_spec,
 )
-from client.tf.iterations import unsaved
 from client.tf.reads import Transform
 from client.tf.tap import READ, SOURCE, WRITE
 
@@ -140,37 +135,12 @@ class BatchFormat:
                 leaves.append(tensor)
         return tf.nest.pack_sequence_as(self.spec, leaves, expand_composites=True)
 
-    def dataset(self, batches: Callable[[], Iterator[Any]], cardinality: int) -> tf.data.Dataset:
-        """A dataset over the batches a fresh call of batches() yields, one per epoch."""
-        generated = tf.data.Dataset.from_generator(batches, output_signature=self.signature)
-        return self.elements(generated, cardinality)
-
     def unbatched(self, generated: tf.data.Dataset) -> tf.data.Dataset:
         """The elements of generated, a dataset of batches in the wire form (spec undeclared)."""
         ds = generated.unbatch()
         if not self.direct:
             ds = ds.map(self._assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds
-
-    def elements(self, generated: tf.data.Dataset, cardinality: int,
-                 batched: BatchBuilder | None = None, ignoring: IgnoringBuilder | None = None
-                 ) -> tf.data.Dataset:
-        """The element dataset of generated, a dataset of batches in the wire form.
-
-        Its batch() is batched(size, drop_remainder), by default rebatch on
-        generated, for caches of fixed-shape leaves only; its ignore_errors()
-        is ignoring's (datasets.CachedElements).
-        """
-        ds = self.unbatched(generated)
-        if cardinality >= 0:
-            ds = declared(ds, cardinality)
-        ds = with_spec(ds, self.spec)
-        if not self.direct:
-            return ds if ignoring is None else CachedElements(ds, None, cardinality, ignoring)
-        if batched is None:
-            def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
-                return generated.rebatch(size, drop_remainder=drop_remainder)
-        return CachedElements(ds, batched, cardinality, ignoring)
 
 
 #: Batches the source computes ahead of the write-through generator, which spends
@@ -277,7 +247,8 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
     of known cardinality. iterations (client/tf/iterations.py) runs epochs' control
     generator, one (token, mode) per iteration, in a checkpointable control, and
     reads the READ branch; take(0) never starts the branches the mode does not
-    pick, and an iterator saved in a WRITE or SOURCE branch fails (iterations.unsaved). A
+    pick. An iterator saved in a WRITE or SOURCE branch restores into an uncached
+    run of the source from the saved position (Iterations). A
     write taps every batch of the source, the short last one included, and
     drop_remainder drops that one only after the tap. rebatch_reads=False
     leaves a read's decoded batches as they come (for ``unbatch``), and
@@ -288,14 +259,23 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
                if drop_remainder else batched)
     wire = iterations.reader.wire
 
-    def branch(token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor, start: tf.Tensor
-               ) -> tf.data.Dataset:
+    def tapped(hold: np.ndarray, token: np.int64, *flat: np.ndarray) -> np.int32:
+        if iterations.live(hold):  # a restored iteration's batches pass through: no write
+            epochs.tap(token, *flat)
+        return np.int32(0)
+
+    def branch(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
+               start: tf.Tensor) -> tf.data.Dataset:
         def tap(*args: Any) -> Any:  # map unpacks a tuple into args
             batch = tf.nest.pack_sequence_as(fmt.signature, tf.nest.flatten(args))
-            done = tf.numpy_function(epochs.tap, [token, *wire.flat_of(batch)], tf.int64,
-                                     stateful=True)
-            with tf.control_dependencies([done]):
-                return tf.nest.map_structure(tf.identity, batch, expand_composites=True)
+            # Stateless, so that tf.data saves the iteration (a restored one passes its
+            # batches through): its 0 goes into the first leaf's shape, a reshape that
+            # copies nothing, for TensorFlow prunes a stateless op only ordered by control.
+            done = tf.numpy_function(tapped, [hold, token, *wire.flat_of(batch)], tf.int32,
+                                     stateful=False)
+            leaves = tf.nest.flatten(batch, expand_composites=True)
+            leaves[0] = tf.reshape(leaves[0], tf.shape(leaves[0]) + done)
+            return tf.nest.pack_sequence_as(batch, leaves, expand_composites=True)
 
         def full(*args: Any) -> tf.Tensor:
             return tf.equal(tf.shape(tf.nest.flatten(args)[0], out_type=tf.int64)[0], size)
@@ -326,11 +306,9 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
         reads = iterations.reader.batches(epoch, start)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
-        source = (only(written, tf.equal(mode, WRITE))
-                  .concatenate(only(dropped, tf.equal(mode, SOURCE))))
-        reading = tf.equal(mode, READ)  # one guard for both source runs (a from_generator)
-        return (only(unsaved(source, iterations.source_started), tf.logical_not(reading))
-                .concatenate(only(reads, reading)))
+        return (only(written, tf.equal(mode, WRITE))
+                .concatenate(only(dropped, tf.equal(mode, SOURCE)))
+                .concatenate(only(reads, tf.equal(mode, READ))))
 
     iterations.controlled_by(epochs.control)
     return iterations.dataset(branch, per_iteration)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from client.tf.reads import Ids, Reader, Transform, new_hold, quietly
+from client.tf.reads import Holds, Reader, Transform
 from client.tf.tap import READ
 
 
@@ -21,21 +21,22 @@ class Iterations:
     generator that decides, yields (token, mode) once, and commits a write when
     asked again; closing it early cancels the write. begin() runs it up to its
     yield, finish() asks again (after the iteration's batches), and the hold's
-    finalizer closes it however the iteration ends.
+    finalizer closes it however the iteration ends. A restored iteration's hold
+    is not live: it finishes nothing, and a tap of its source passes the
+    batches through (convert.tapped_batches): the write it belonged to is gone
+    with its process or iterator, and the source runs on uncached.
     """
 
     def __init__(self, reader: Reader, epochs: Any, options: tf.data.Options) -> None:
         self.reader = reader
         self._epochs = epochs
         self._options = options  # the source's: cc.cache(src).options() has them
-        self._ids = Ids()
-        self._lock = threading.Lock()
-        self._live: dict[int, Iterator[Any]] = {}
+        self._holds = Holds(lambda generator: generator.close())
         self._taken = threading.local()
         self._control: Callable[[], Iterator[tuple[Any, Any]]] | None = None
         self.decisions: dict[int, Any] = {}  # the generator path's, by token
-        self.tokens = Ids()
-        self.source_started: Callable[[], object] = lambda: None  # see unsaved()
+        self.tokens = itertools.count(1)
+        self.source_started: Callable[[], object] = lambda: None  # see started()
 
     def deciding(self, begin_epoch: Callable[[], Any]) -> Callable[[], Any]:
         """decide() for the control: takes the next (epoch, start), noted for begin()."""
@@ -47,74 +48,59 @@ class Iterations:
     def controlled_by(self, control: Callable[[], Iterator[tuple[Any, Any]]]) -> None:
         self._control = control
 
-    def begin(self) -> list[Any]:
+    def begin(self, _: np.int64) -> list[Any]:
         """numpy_function body of the control: [hold, token, mode, epoch, start]."""
         assert self._control is not None
         self._taken.value = (0, 0)
         generator = self._control()
         token, mode = next(generator)  # type: ignore[call-overload]
         epoch, start = self._taken.value
-        ident = next(self._ids)
-        hold = new_hold(ident)
-        with self._lock:
-            self._live[ident] = generator
-        weakref.finalize(hold, self._close, ident)
+        hold = self._holds.new(generator)
         return [hold, np.int64(token), np.int64(mode), np.int64(epoch), np.int64(start)]
+
+    def live(self, hold: np.ndarray) -> bool:
+        """Whether hold is a live iteration's here (not a restored one)."""
+        return self._holds.live(hold) is not None
 
     def finish(self, hold: np.ndarray) -> np.bool_:
         """numpy_function body after an iteration's batches: commit a write. Drops all."""
-        with self._lock:
-            generator = self._live.pop(int(hold[0]), None)
+        generator = self._holds.pop(hold)
         if generator is not None:  # None: a restored iteration's hold names nothing here
             try:
                 next(generator, None)
             finally:
-                generator.close()  # type: ignore[attr-defined]
+                generator.close()
         return np.bool_(False)
 
-    def _close(self, ident: int) -> None:
-        with self._lock:
-            generator = self._live.pop(ident, None)
-        if generator is not None:  # cancels an unfinished write
-            quietly(generator.close)  # type: ignore[attr-defined]
+    def started(self, epoch: np.int64) -> np.int64:
+        """numpy_function body run when an iteration is built, or rebuilt by a restore: a
+        restored iteration moves the epoch counter past its epoch, as reads do
+        (client/tf/reads.py). source_started() runs here too: a CacheClient tunes
+        glibc's thresholds (client/tf/malloc.py) before a source runs."""
+        self.source_started()
+        self._epochs.seen(int(epoch))
+        return np.int64(0)
 
     def dataset(self, branch: Callable[..., tf.data.Dataset],
                 per_iteration: Transform = lambda ds: ds) -> tf.data.Dataset:
-        """control.flat_map(per_iteration(branch) + finish): branch(token, mode, epoch,
-        start) gives an iteration's batches."""
+        """control.flat_map(per_iteration(branch) + finish): branch(hold, token, mode,
+        epoch, start) gives an iteration's batches."""
         @tf.autograph.experimental.do_not_convert  # and what it traces: plain TF ops
         def iteration(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
                       start: tf.Tensor) -> tf.data.Dataset:
-            batches = per_iteration(branch(token, mode, epoch, start))
-            finish = tf.data.Dataset.from_tensors(np.int64(0)).filter(
-                lambda _: tf.numpy_function(self.finish, [hold], tf.bool, stateful=True)
+            batches = per_iteration(branch(hold, token, mode, epoch, start))
+            started = tf.numpy_function(self.started, [epoch], tf.int64, stateful=False)
+            finish = tf.data.Dataset.from_tensors(started).filter(
+                lambda _: tf.numpy_function(self.finish, [hold], tf.bool, stateful=False)
             ).flat_map(lambda _: batches.take(0))  # none, like batches: take(0) never starts it
             return batches.concatenate(finish)
 
         @tf.autograph.experimental.do_not_convert
-        def begin(_: tf.Tensor) -> tuple[tf.Tensor, ...]:
-            return tuple(tf.numpy_function(self.begin, [], [tf.int64] * 5, stateful=True))
+        def begin(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            return tuple(tf.numpy_function(self.begin, [x], [tf.int64] * 5, stateful=False))
 
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
-        return self.reader.options(control.flat_map(iteration).with_options(self._options))
-
-
-def unsaved(ds: tf.data.Dataset, started: Callable[[], object]) -> tf.data.Dataset:
-    """ds, iterated inside a generator's flat_map: an iterator saved while it runs fails.
-
-    For the iterations that run the source pipeline (a write epoch): tf.data
-    saves a running from_generator with UnimplementedError ("GeneratorDataset
-    does not support checkpointing"), at the save, not at a later restore.
-    started() runs in the generator, after from_generator has set glibc's
-    thresholds its own way (client/tf/malloc.py): a CacheClient tunes them
-    again there, or a JPEG-decoding source costs twice its CPU in page faults.
-    """
-    def once() -> Iterator[np.int64]:
-        started()
-        yield np.int64(0)
-
-    guard = tf.data.Dataset.from_generator(once, output_signature=tf.TensorSpec((), tf.int64))
-    return guard.flat_map(lambda _: ds)
+        return control.flat_map(iteration).with_options(self._options)
 
 
 def generated(iterations: Iterations, decide: Callable[[], Any],
@@ -124,7 +110,10 @@ def generated(iterations: Iterations, decide: Callable[[], Any],
 
     decide() returns a tap.Decision per iteration; a WRITE or SOURCE iteration
     yields source(decision) through from_generator (which cannot be saved), a
-    READ iteration the reader's checkpointable batches.
+    READ iteration the reader's checkpointable batches. from_generator's PyFunc
+    is stateful and sits in every iteration's graph, so these datasets set the
+    external state policy IGNORE: a save then fails only inside a from_generator
+    run ("GeneratorDataset does not support checkpointing") and read iterations save.
     """
     decisions, tokens = iterations.decisions, iterations.tokens  # shared by every build
 
@@ -143,8 +132,8 @@ def generated(iterations: Iterations, decide: Callable[[], Any],
             raise RuntimeError(f"shardcache: no write was begun for iteration {int(token)}")
         yield from source(decision)
 
-    def branch(token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor, start: tf.Tensor
-               ) -> tf.data.Dataset:
+    def branch(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
+               start: tf.Tensor) -> tf.data.Dataset:
         read = tf.equal(mode, READ)
         written = tf.data.Dataset.from_generator(run, args=(token,), output_signature=signature)
         reads = iterations.reader.batches(epoch, start)
@@ -152,4 +141,7 @@ def generated(iterations: Iterations, decide: Callable[[], Any],
                 .concatenate(reads.take(tf.where(read, np.int64(-1), np.int64(0)))))
 
     iterations.controlled_by(control)
-    return iterations.dataset(branch, per_iteration)
+    options = tf.data.Options()
+    options.experimental_external_state_policy = (
+        tf.data.experimental.ExternalStatePolicy.IGNORE)
+    return iterations.dataset(branch, per_iteration).with_options(options)

@@ -14,12 +14,28 @@ chunk's index: ``tf.train.Checkpoint(iterator=it)`` saves both, and a restored
 iterator, in any process, rebuilds the inner dataset from the saved element
 (``open`` runs again) and asks the chunks from the saved index on. A chunk's
 batch is a function of its index alone (client/read/chunks.py); the elements
-after unbatch (or ``rebatch``) do not depend on how they were cut.
+after unbatch (or ``rebatch``) do not depend on how they were cut. Every
+dataset is checkpointable: there is no other read path.
 
-With checkpoint, each iteration's ``unbatch`` (and a ``batch()``'s ``rebatch``)
-runs inside its flat_map, so the flat_map holds the iteration until its last
-element leaves it; restoring it runs ``open`` again, which moves the dataset's
-epoch counter (plan.Epochs) past that epoch: the next iteration reads the next one.
+The numpy_functions are declared stateless: what each returns is a function
+of its inputs and the immutable cache, as a file read by offset is
+(``begin`` takes the control element as an input, so nothing folds it into a
+constant). tf.data saves an iterator over them under its default external
+state policy, and refuses, as for ``ds.cache()``, only a stateful function of
+the user's own after the cache.
+
+Restoring rebuilds the iteration from the saved (epoch, start), which runs
+``seen`` in the flat_map's function: it moves the dataset's epoch counter
+(plan.Epochs) past that epoch, and the next iteration reads the next one. So
+the flat_map must still hold the iteration when its last element is delivered:
+nothing between it and the consumer may ask it past the iteration's last
+batch. The cardinality's ``take(n)`` (datasets.declared) never asks for
+element n + 1, and ``unbatch`` asks for a batch only when its current one is
+used up, so the elements of a cache of fixed-shape leaves are unbatched after
+the flat_map, as tf.data's own ops and at their speed; what buffers or looks
+ahead runs inside it (the assembling map of variable-shape caches, the
+``rebatch`` of ``batch()``, which asks past a short last batch), and so does
+the unbatch of a dataset of unknown cardinality.
 
 The iteration's Python objects (the epoch's chunks, a write's state) are owned
 by a *hold*: a small 64-byte-aligned array that ``begin``/``open`` return and
@@ -27,12 +43,9 @@ that TensorFlow keeps without a copy for as long as the iteration's iterator
 lives (the flat_map's saved element, the inner dataset's captured input). A
 ``weakref.finalize`` on it closes the chunks (ending a read lease, cancelling
 calls in flight), or cancels an unfinished write, when the iterator goes:
-finished, stopped early, or replaced by a restore. A restored hold is a copy,
-never one of ours, so it names nothing live here.
-
-With checkpoint, the returned dataset sets
-``experimental_external_state_policy=IGNORE``: the numpy_functions are stateful
-only in the way of a cache (what they return is a function of the saved position).
+finished, stopped early, or replaced by a restore. A restored hold is a copy:
+in another process its number names nothing live, and in this one its
+address is not the live hold's (``Holds.live``).
 """
 
 from __future__ import annotations
@@ -69,29 +82,51 @@ OpenChunks = Callable[[int, int], Any]
 READ_THREADS = 8
 
 
-def with_checkpoint_options(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """ds with the option its iterator's checkpoint needs (see the module docstring)."""
-    options = tf.data.Options()
-    options.experimental_external_state_policy = (
-        tf.data.experimental.ExternalStatePolicy.IGNORE)
-    return ds.with_options(options)
+class Holds:
+    """Live iterations' Python objects, by hold: what ``begin``/``open`` hand to TensorFlow.
 
+    A hold's number is unique across processes (a random start), and the live
+    hold is known by its buffer's address too: TensorFlow keeps the aligned
+    array without a copy, so an input that is the live hold views that very
+    buffer, while a restored one (a copy, in this process or another) does not.
+    ``close(obj)`` runs when the live hold goes (finalizer, logged on error).
+    """
 
-def new_hold(ident: int) -> np.ndarray:
-    """A one-word array TensorFlow takes without a copy (aligned), holding ident."""
-    hold = aligned_empty((1,), np.dtype(np.int64))
-    hold[0] = ident
-    return hold
-
-
-class Ids:
-    """Identifiers unique across processes: a restored hold never names a live one."""
-
-    def __init__(self) -> None:
+    def __init__(self, close: Callable[[Any], None]) -> None:
         self._count = itertools.count(secrets.randbits(62) + 1)
+        self._close = close
+        self._lock = threading.Lock()
+        self._live: dict[int, tuple[Any, int]] = {}
 
-    def __next__(self) -> int:
-        return next(self._count)
+    def new(self, obj: Any) -> np.ndarray:
+        """A hold owning obj: a one-word array TensorFlow takes without a copy."""
+        hold = aligned_empty((1,), np.dtype(np.int64))
+        ident = hold[0] = next(self._count)
+        with self._lock:
+            self._live[ident] = (obj, hold.ctypes.data)
+        weakref.finalize(hold, self._drop, ident)
+        return hold
+
+    def live(self, hold: np.ndarray) -> Any:
+        """The object hold owns; None for a restored hold, or once the iteration is gone."""
+        with self._lock:
+            obj, address = self._live.get(int(hold[0]), (None, 0))
+        return obj if hold.ctypes.data == address else None
+
+    def pop(self, hold: np.ndarray) -> Any:
+        """live(hold), no longer owned: its finalizer will not close it."""
+        with self._lock:
+            obj, address = self._live.get(int(hold[0]), (None, 0))
+            if obj is None or hold.ctypes.data != address:
+                return None
+            del self._live[int(hold[0])]
+        return obj
+
+    def _drop(self, ident: int) -> None:
+        with self._lock:
+            obj, _ = self._live.pop(ident, (None, 0))
+        if obj is not None:
+            quietly(lambda: self._close(obj))
 
 
 def quietly(close: Callable[[], None]) -> None:
@@ -120,10 +155,9 @@ class Reader:
     iteration reads the next epoch).
     """
 
-    def __init__(self, wire: Wire, open_chunks: OpenChunks, epochs: Any, checkpoint: bool,
+    def __init__(self, wire: Wire, open_chunks: OpenChunks, epochs: Any,
                  parallel: int = 0) -> None:
         self.wire = wire
-        self.checkpoint = checkpoint
         self._open_chunks = open_chunks
         self._parallel = parallel or tf.data.AUTOTUNE
         # A chunk's call blocks on I/O (a daemon, a fleet member, the disk) for most of its
@@ -131,91 +165,83 @@ class Reader:
         # in flight, whatever num_parallel_calls says (docs/design.md, "Read threads").
         self._threads = max(parallel, READ_THREADS)
         self._epochs = epochs
-        self._ids = Ids()
-        self._lock = threading.Lock()
-        self._live: dict[int, Any] = {}
+        self._holds = Holds(lambda chunks: chunks.close())
 
-    def begin(self) -> tuple[np.int64, np.int64]:
+    def begin(self, _: np.int64) -> tuple[np.int64, np.int64]:
         """numpy_function body of cc.dataset()'s control: this iteration's (epoch, start)."""
         epoch, start = self._epochs.take()
         return np.int64(epoch), np.int64(start)
 
-    def open(self, epoch: np.int64, start: np.int64) -> tuple[np.ndarray, np.int64]:
-        """numpy_function body run when an iteration's batches are built (or restored): the
-        epoch's chunks from start, as (hold, chunk count)."""
+    def seen(self, epoch: np.int64) -> np.int64:
+        """numpy_function body run when an iteration is built, or rebuilt by a restore."""
         self._epochs.seen(int(epoch))
-        chunks = self._open_chunks(int(epoch), int(start))
-        ident = next(self._ids)
-        hold = new_hold(ident)
-        with self._lock:
-            self._live[ident] = chunks
-        weakref.finalize(hold, self._drop, ident)
-        return hold, np.int64(chunks.count)
+        return np.int64(0)
 
-    def _drop(self, ident: int) -> None:
-        with self._lock:
-            chunks = self._live.pop(ident, None)
-        if chunks is not None:
-            quietly(chunks.close)
+    def open(self, epoch: np.int64, start: np.int64) -> tuple[np.ndarray, np.int64]:
+        """numpy_function body run when an iteration's batches are asked (or restored): the
+        epoch's chunks from start, as (hold, chunk count)."""
+        chunks = self._open_chunks(int(epoch), int(start))
+        return self._holds.new(chunks), np.int64(chunks.count)
 
     def chunk(self, hold: np.ndarray, i: np.int64) -> list[Any]:
         """numpy_function body: the arrays of chunk i (read.chunks.EpochChunks.chunk)."""
-        with self._lock:
-            chunks = self._live.get(int(hold[0]))
+        chunks = self._holds.live(hold)
         if chunks is None:  # the iterator is gone; tf.data does not ask then
             raise RuntimeError(f"shardcache: no read is open for chunk {int(i)}")
         return self.wire.arrays(*chunks.chunk(int(i)))
 
-    def options(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        return with_checkpoint_options(ds) if self.checkpoint else ds
-
-    def batches(self, epoch: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
+    def batches(self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0
+                ) -> tf.data.Dataset:
         """The batches of epoch from start, in fmt.signature's form: range(count).map(chunk)
-        with tf.data's parallelism, on a pool of the read's own, checkpointable as it is."""
+        with tf.data's parallelism, on a pool of the read's own, checkpointable as it is.
+        after: an int64 scalar computed first (the dataset is built on it)."""
         def chunks(_: tf.Tensor) -> tf.data.Dataset:  # opened once the batches are asked
             hold, count = tf.numpy_function(self.open, [epoch, start], [tf.int64, tf.int64],
-                                            stateful=True)
+                                            stateful=False)
 
             def chunk(i: tf.Tensor) -> Any:
                 flat = tf.numpy_function(self.chunk, [hold, i], self.wire.dtypes,
-                                         stateful=True)
+                                         stateful=False)
                 return self.wire.signature_of(flat)
 
             return own_threads(tf.data.Dataset.range(count).map(
                 chunk, num_parallel_calls=self._parallel, deterministic=True), self._threads)
 
-        return tf.data.Dataset.from_tensors(np.int64(0)).flat_map(chunks)
+        return tf.data.Dataset.from_tensors(tf.cast(after, tf.int64)).flat_map(chunks)
 
     def dataset(self, per_iteration: Transform) -> tf.data.Dataset:
         """cc.dataset()'s iterations, one epoch each, checkpointable: per_iteration of the
-        batches (client/tf/reads.py's docstring says why inside the flat_map)."""
+        batches (client/tf/reads.py's docstring says what runs inside the flat_map)."""
         @tf.autograph.experimental.do_not_convert
-        def begin(_: tf.Tensor) -> tuple[tf.Tensor, ...]:
-            return tuple(tf.numpy_function(self.begin, [], [tf.int64, tf.int64], stateful=True))
+        def begin(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            return tuple(tf.numpy_function(self.begin, [x], [tf.int64, tf.int64],
+                                           stateful=False))
 
         @tf.autograph.experimental.do_not_convert  # and what it traces: plain TF ops
         def iteration(epoch: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
-            return per_iteration(self.batches(epoch, start))
+            # runs when flat_map builds the iteration, and when a restore rebuilds it from
+            # the saved (epoch, start), whatever its inner datasets had used up
+            seen = tf.numpy_function(self.seen, [epoch], tf.int64, stateful=False)
+            return per_iteration(self.batches(epoch, start, seen))
 
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
-        return self.options(control.flat_map(iteration))
+        return control.flat_map(iteration)
 
 
 def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],
-             cardinality: int, checkpoint: bool, batched: BatchBuilder | None = None,
+             cardinality: int, batched: BatchBuilder | None = None,
              ignoring: IgnoringBuilder | None = None) -> tf.data.Dataset:
-    """fmt.elements() for a checkpointable dataset: iterations(per_iteration) builds it.
+    """The element dataset of a cache read: iterations(per_iteration) builds it.
 
-    The elements are unbatched, and batch(B)'s batches rebatched, inside each
-    iteration's flat_map: an iteration whose last batches are still in a buffer
-    of its own (the assembling map, a partial rebatch) keeps its flat_map alive,
-    and a restore of it reruns open(), which moves the next iteration's epoch on.
-    Without checkpoint, they run after it, as on fmt.elements(). batched and
-    ignoring are fmt.elements()'s (a tapped cc.cache() gives its own).
+    The elements of a cache of fixed-shape leaves with a known cardinality are
+    unbatched after the iterations' flat_map; the others inside each iteration,
+    and batch(B)'s batches are rebatched inside it (the module docstring says
+    why). batched and ignoring are datasets.CachedElements' (a tapped
+    cc.cache() gives its own).
     """
-    if not checkpoint:
-        return fmt.elements(iterations(lambda batches: batches), cardinality, batched, ignoring)
-    ds = iterations(fmt.unbatched)
+    outside = fmt.direct and cardinality >= 0
+    ds = iterations(fmt.unbatched) if not outside else fmt.unbatched(
+        iterations(lambda batches: batches))
     if cardinality >= 0:
         ds = declared(ds, cardinality)
     ds = with_spec(ds, fmt.spec)
@@ -223,4 +249,6 @@ def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],
         def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
             return iterations(lambda batches: batches.rebatch(size,
                                                               drop_remainder=drop_remainder))
-    return CachedElements(ds, batched if fmt.direct else None, cardinality, ignoring)
+    if not fmt.direct:
+        return ds if ignoring is None else CachedElements(ds, None, cardinality, ignoring)
+    return CachedElements(ds, batched, cardinality, ignoring)

@@ -96,13 +96,17 @@ def test_a_restored_read_continues_with_exactly_the_undelivered_elements(
     assert there == here
 
 
-@pytest.mark.parametrize("skip", [16, 18], ids=["after-an-epochs-last-batch", "mid-epoch"])
+@pytest.mark.parametrize("skip,unprefetched", [(16, False), (16, True), (18, False)],
+                         ids=["after-an-epochs-last-batch", "after-it-unprefetched",
+                              "mid-epoch"])
 def test_batches_of_a_restored_read_are_the_uninterrupted_ones(daemon, sharded, tmp_path,
-                                                              skip) -> None:
+                                                              skip, unprefetched) -> None:
     """batch() on the cache's dataset (rebatch) saves and restores too; saved right after
-    an epoch's short last batch, the restored read goes on with the next epoch."""
+    an epoch's short last batch, the restored read goes on with the next epoch, also when
+    nothing read ahead into it (the rebatch has let go of the epoch's chunks)."""
     opts = {"shuffle": True, "seed": 3}
-    case = {"kind": "dataset", "name": sharded, "opts": opts, "batch": 64}
+    case = {"kind": "dataset", "name": sharded, "opts": opts, "batch": 64,
+            "unprefetched": unprefetched}
     with CacheClient(daemon.unix_target) as cc:
         expected = epochs_of(cc, sharded, 2, **opts)
     before, here, there = save_and_restore(daemon, case, tmp_path, skip, 10)  # 16 an epoch
@@ -128,9 +132,35 @@ def test_a_cache_read_epoch_restores_in_a_new_process(daemon, tmp_path, name, ra
     assert there == here
 
 
-def test_saving_in_a_write_epoch_fails_at_the_save_and_the_write_goes_on(cc, name,
-                                                                         tmp_path) -> None:
-    ds = cc.cache(checkpoints.source(300), name=name, version="v", checkpoint=True)
+def test_a_write_epoch_restores_into_the_rest_of_the_source_uncached(daemon, cc, name,
+                                                                    tmp_path) -> None:
+    """As ds.cache() allows: the restored iteration runs the source on from the saved
+    position without writing (here, beside the live write, and in a new process); the
+    live one commits the cache alone, and the next epoch reads it."""
+    n, skip = 300, 120
+    case = {"kind": "cache", "name": name, "n": n, "opts": {"shuffle": True, "seed": 5}}
+    it = iter(checkpoints.build(cc, case))
+    assert consume(it, skip) == list(range(skip))
+    path = tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
+    beside = iter(checkpoints.build(cc, case))
+    tf.train.Checkpoint(iterator=beside).read(path).assert_consumed()
+    assert consume(beside, n - skip) == list(range(skip, n))  # taps nothing of its own
+    del beside
+    here = consume(it, n)  # the write's rest, committed, then the first read epoch
+    assert cc.info(name).num_elements == n
+    assert here[:n - skip] == list(range(skip, n))
+    assert here[n - skip:] == epochs_of(cc, name, 2, shuffle=True, seed=5)[n:n + skip]
+    there = run("restore", daemon.unix_target, json.dumps(case), path, n)
+    assert there == here
+    assert cc.info(name).num_elements == n
+
+
+def test_saving_in_a_write_epoch_of_the_generator_path_fails_and_the_write_goes_on(
+        cc, name, tmp_path) -> None:
+    """A source of unknown cardinality is read in Python (from_generator), which cannot
+    be saved; the read epochs of the same dataset save."""
+    ds = cc.cache(checkpoints.source(300, ragged=True).filter(lambda e: True), name=name,
+                  version="v")
     it = iter(ds)
     first = consume(it, 10)
     with pytest.raises(tf.errors.UnimplementedError, match="does not support checkpointing"):
@@ -144,7 +174,7 @@ def test_saving_in_a_write_epoch_fails_at_the_save_and_the_write_goes_on(cc, nam
 
 def test_an_iterator_dropped_mid_epoch_stops_its_stream(cc, sharded, no_thread_leak) -> None:
     it = iter(cc.dataset(sharded, shuffle=True, seed=1, parallel_shards=3,
-                         prefetch_bytes=16 << 10, checkpoint=True))
+                         prefetch_bytes=16 << 10))
     consume(it, 5)
     del it  # the stream's threads end with the iterator, not with the dataset
 
@@ -166,10 +196,16 @@ def test_keras_backup_and_restore_resumes_the_interrupted_epoch_from_its_start(
     assert np.array_equal(np.concatenate(steps[10:]), np.arange(N))
 
 
-def test_without_checkpoint_the_save_fails_and_the_read_goes_on(cc, sharded, tmp_path
-                                                                ) -> None:
-    it = iter(cc.dataset(sharded))
-    first = consume(it, 10)
-    with pytest.raises(tf.errors.FailedPreconditionError, match="stateful"):
-        tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
-    assert first + [int(e["i"]) for e in it] == list(range(N))
+def test_a_stateful_function_of_the_users_fails_the_save_as_after_ds_cache(cc, sharded,
+                                                                         tmp_path) -> None:
+    """The cache's dataset saves with no flag and sets no state policy: a py_function after
+    it is refused at the save, as after ds.cache(), and the read goes on."""
+    def mapped(ds: tf.data.Dataset) -> tf.data.Dataset:
+        return ds.map(lambda e: {**e, "i": tf.py_function(lambda i: i, [e["i"]], tf.int64)})
+
+    for ds in (mapped(cc.dataset(sharded)), mapped(checkpoints.source(N).cache())):
+        it = iter(ds)
+        first = consume(it, 10)
+        with pytest.raises(tf.errors.FailedPreconditionError, match="stateful"):
+            tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
+        assert first + [int(e["i"]) for e in it] == list(range(N))

@@ -144,11 +144,11 @@ def test_resume_with_another_seed_or_mix_is_refused(cc, caches) -> None:
 
 def test_an_iterator_checkpoint_restores_the_mix_position(cc, caches, tmp_path) -> None:
     whole = ids(cc.mix(caches, seed=2, shuffle=True))
-    it = iter(cc.mix(caches, seed=2, shuffle=True, checkpoint=True))
+    it = iter(cc.mix(caches, seed=2, shuffle=True))
     for _ in range(150):
         next(it)
     path = tf.train.Checkpoint(iterator=it).save(str(tmp_path / "ckpt"))
-    restored = iter(cc.mix(caches, seed=2, shuffle=True, checkpoint=True))
+    restored = iter(cc.mix(caches, seed=2, shuffle=True))
     tf.train.Checkpoint(iterator=restored).restore(path)
     assert [int(e["i"]) for e in restored] == whole[150:]
 

@@ -87,21 +87,21 @@ def test_ragged_sparse_and_variable_shape_sources_are_tapped_too(
 
 
 @PATHS
-@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "checkpoint"])
 def test_the_cached_dataset_has_the_sources_options_as_ds_cache_has(
-        cc, name, monkeypatch, tap, checkpoint) -> None:
+        cc, name, monkeypatch, tap) -> None:
     monkeypatch.setenv(TAP_ENV, tap)
     options = tf.data.Options()
     options.deterministic = False
     options.threading.private_threadpool_size = 3
     src = tf.data.Dataset.range(10).with_options(options)
-    for ds in (cc.cache(src, name=name, checkpoint=checkpoint),
-               cc.cache(src, name=name, checkpoint=checkpoint).batch(4)):
+    for ds in (cc.cache(src, name=name), cc.cache(src, name=name).batch(4)):
         assert ds.options().deterministic is False
         assert ds.options().threading.private_threadpool_size == 3
-        assert (ds.options().experimental_external_state_policy
-                == (tf.data.experimental.ExternalStatePolicy.IGNORE if checkpoint
-                    else src.options().experimental_external_state_policy))
+        # tapped, no policy of its own: a stateful function of the user's fails a save, as
+        # with ds.cache() (test_checkpoints.py); the generator path's from_generator needs
+        # IGNORE for its read epochs to save (client/tf/iterations.py)
+        assert ds.options().experimental_external_state_policy == (
+            None if tap == "1" else tf.data.experimental.ExternalStatePolicy.IGNORE)
     assert [int(x) for x in cc.cache(src, name=name)] == list(range(10))
 
 

@@ -37,15 +37,20 @@ def source(n: int, ragged: bool = False) -> tf.data.Dataset:
 
 def build(cc: CacheClient, case: dict[str, Any]) -> tf.data.Dataset:
     """The case's dataset: cc.dataset() or cc.cache(), repeated, batched if asked."""
-    opts = {"prefetch_bytes": 16 << 10, "checkpoint": True, **case.get("opts", {})}
+    opts = {"prefetch_bytes": 16 << 10, **case.get("opts", {})}
     if case["kind"] == "dataset":
         ds = cc.dataset(case["name"], **opts)
     else:
         ds = cc.cache(source(case["n"], case.get("ragged", False)), name=case["name"],
                       version="v", **opts)
-    if case.get("batch"):
-        return ds.batch(case["batch"]).repeat()  # batch() on the cache's dataset: rebatch
-    return ds.repeat()
+    ds = ds.batch(case["batch"]) if case.get("batch") else ds  # batch(): rebatch
+    ds = ds.repeat()
+    if case.get("unprefetched"):  # nothing reads ahead of the consumer
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        options.experimental_optimization.inject_prefetch = False
+        ds = ds.with_options(options)
+    return ds
 
 
 def ids(element: dict[str, Any]) -> list[int]:

@@ -35,7 +35,7 @@ def ids(ds: tf.data.Dataset) -> list[int]:
 def read(target: str, name: str, worker: int, workers: int, count: int, checkpoint: str
          ) -> dict[str, object]:
     with CacheClient(target) as cc:
-        ds = cc.dataset(name, worker_index=worker, num_workers=workers, checkpoint=True,
+        ds = cc.dataset(name, worker_index=worker, num_workers=workers,
                         **OPTS).repeat()
         it, step = iter(ds), tf.Variable(0, dtype=tf.int64)
         seen = []
