@@ -5,6 +5,11 @@
     .venv/bin/python bench/read_ab.py --parallel 0,2,8 --repeat 5
     .venv/bin/python bench/read_ab.py --modes direct,grpc ...   # some of the three reads
     taskset -c 0 .venv/bin/python bench/read_ab.py ...      # on one core
+    .venv/bin/python bench/read_ab.py --map ...             # elements through a map
+
+``--map`` reads ``ds.map(identity).batch(B)`` instead of ``ds.batch(B)``: elements one by
+one through tf.data's ``unbatch``, the path of a pipeline that maps the cache's elements,
+instead of the cache's own ``batch()`` (``rebatch`` of its decoded batches).
 
 The daemon listens on a unix socket and on 127.0.0.1. ``direct``: a client on the socket
 reading the shard files under a read lease (``direct=True``); ``plane``: a client on the TCP
@@ -70,8 +75,13 @@ def local_arm(ds: Any, n: int) -> Arm:
     return read
 
 
+def batched(ds: Any, batch: int, mapped: bool) -> Any:
+    """ds.batch(batch), through an identity map first when mapped (``--map``)."""
+    return (ds.map(lambda *e: e[0] if len(e) == 1 else e) if mapped else ds).batch(batch)
+
+
 def shardcache_reads(clients: dict[str, Any], src: Any, batch: int, parallel: list[int],
-                     modes: list[str]) -> dict[str, Any]:
+                     modes: list[str], mapped: bool = False) -> dict[str, Any]:
     """The cache written through ``clients["unix"]`` (once), and its reads per parallel and
     mode (:data:`MODES`); ``clients["tcp"]`` reads remotely."""
     for _ in clients["unix"].cache(src, name="ab"):
@@ -81,8 +91,8 @@ def shardcache_reads(clients: dict[str, Any], src: Any, batch: int, parallel: li
         tag = "auto" if p == 0 else str(p)
         for mode in modes:
             client, direct = MODES[mode]
-            reads[f"{mode} p={tag}"] = clients[client].dataset(
-                "ab", direct=direct, parallel_shards=p).batch(batch)
+            reads[f"{mode} p={tag}"] = batched(clients[client].dataset(
+                "ab", direct=direct, parallel_shards=p), batch, mapped)
     return reads
 
 
@@ -94,7 +104,7 @@ def parse_modes(text: str) -> list[str]:
     return modes
 
 
-def tf_data_reads(src: Any, tmp: Path, batch: int) -> dict[str, Any]:
+def tf_data_reads(src: Any, tmp: Path, batch: int, mapped: bool = False) -> dict[str, Any]:
     """tf.data's caches of ``src``, written once: the baselines."""
     import tensorflow as tf
 
@@ -104,9 +114,10 @@ def tf_data_reads(src: Any, tmp: Path, batch: int) -> dict[str, Any]:
     for _ in src.snapshot(str(tmp / "snapshot"), compression=None):
         pass
     src.save(str(tmp / "saved"))
-    return {"cache(filename)": cached.batch(batch),
-            "snapshot": src.snapshot(str(tmp / "snapshot"), compression=None).batch(batch),
-            "Dataset.load": tf.data.Dataset.load(str(tmp / "saved")).batch(batch)}
+    return {"cache(filename)": batched(cached, batch, mapped),
+            "snapshot": batched(src.snapshot(str(tmp / "snapshot"), compression=None), batch,
+                                mapped),
+            "Dataset.load": batched(tf.data.Dataset.load(str(tmp / "saved")), batch, mapped)}
 
 
 class ChildArms:
@@ -117,7 +128,8 @@ class ChildArms:
         cmd = [sys.executable, str(BENCH_DIR / "read_ab.py"), "--child", daemon.target,
                "--child-tcp", str(daemon.tcp_target), "--workload", args.workload,
                "--elements", str(args.elements), "--batch", str(args.batch),
-               "--parallel", args.parallel, "--modes", args.modes]
+               "--parallel", args.parallel, "--modes", args.modes,
+               *(["--map"] if args.map else [])]
         self.label = label
         self.proc = subprocess.Popen(cmd, cwd=root, env=child_env(root), text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -157,7 +169,7 @@ def child(args: argparse.Namespace) -> int:
         src = make_source(WORKLOADS[args.workload], args.elements)
         reads = shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch,
                                  [int(p) for p in args.parallel.split(",")],
-                                 parse_modes(args.modes))
+                                 parse_modes(args.modes), args.map)
         arms = {name: local_arm(ds, args.elements) for name, ds in reads.items()}
         for arm in arms.values():  # warm-up
             arm()
@@ -177,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                          help="comma-separated chunks in flight (0: AUTOTUNE)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated shardcache reads (default {','.join(MODES)})")
+    parser.add_argument("--map", action="store_true",
+                        help="read ds.map(identity).batch(B): elements through unbatch")
     parser.add_argument("--child", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--child-tcp", metavar="TARGET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -199,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         with CacheClient(daemons["head"].target) as cc, \
                 CacheClient(str(daemons["head"].tcp_target)) as remote:
             src = make_source(WORKLOADS[args.workload], args.elements)
-            reads = tf_data_reads(src, tmp, args.batch)
+            reads = tf_data_reads(src, tmp, args.batch, args.map)
             reads |= shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch, parallel,
-                                      modes)
+                                      modes, args.map)
             arms: dict[str, tuple[Arm, BenchDaemon | None]] = {
                 name: (local_arm(ds, args.elements),
                        daemons["head"] if name not in BASELINES else None)

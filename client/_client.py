@@ -169,8 +169,9 @@ class CacheClient:
                 num_workers: int = 1, parallel_shards: int = 0, epoch: int = 0, start: int = 0,
                 resume: plan.Resume = None,
                 reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-                direct: bool | str | None = None, checkpoint: bool = True
-                ) -> Dataset:
+                direct: bool | str | None = None, checkpoint: bool = True,
+                resume_from: str | os.PathLike[str] | None = None,
+                batch_size: int | None = None) -> Dataset:
         """A tf.data.Dataset over an existing READY cache; needs no source pipeline.
 
         shuffle=True visits every element once per epoch in an order over the
@@ -197,13 +198,23 @@ class CacheClient:
         tf.train.Checkpoint(iterator=it) saves this dataset's iterators, and
         restores them in any process (docs/reading.md, "Checkpoints");
         checkpoint is accepted and ignored (every dataset saves).
+
+        resume_from: the backup_dir of Keras's BackupAndRestore (client.keras's,
+        under Keras 3): a fit run again after an interruption continues its
+        interrupted epoch at the next unseen batch of batch_size elements (this
+        worker's); no backup there: epoch= (docs/reading.md, "Keras fit").
         """
         _check_prefetch(prefetch_bytes)
         _check_checkpoint(checkpoint)
+        if resume_from is not None and (resume is not None or start):
+            raise InvalidArgumentError(
+                "pass either resume_from= (a Keras backup's position) or resume=/start=, not "
+                "both")
         mode = direct_read.resolve_mode(direct)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
-        return self._datasets().dataset(name, options, resume, prefetch_bytes, mode)
+        fit = None if resume_from is None else (resume_from, batch_size)
+        return self._datasets().dataset(name, options, resume, prefetch_bytes, mode, fit)
 
     def mix(self, weights: Mapping[str, float], *, size: int | None = None,
             seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,

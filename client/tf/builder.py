@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from client.read import plan
 from client.read.chunks import CacheReads, EpochChunks, chunk_target
 from client.read.mix_chunks import MixChunks
 from client.tf import convert, graphs, malloc, tap
+from client.tf import fit as keras_fit
 from client.tf import reads as tf_reads
 from client.tf.iterations import Iterations, generated
 from client.tf.wire import Wire
@@ -61,8 +63,10 @@ class DatasetBuilder:
         return direct_read.DirectReads(self._catalog.home(name), mode, self._local_data_dir)
 
     def dataset(self, name: str, options: plan.ReadOptions, resume: plan.Resume,
-                prefetch_bytes: int, direct: direct_read.Mode) -> Dataset:
-        """cc.dataset(): a dataset over an existing READY cache."""
+                prefetch_bytes: int, direct: direct_read.Mode,
+                fit: tuple[Any, Any] | None = None) -> Dataset:
+        """cc.dataset(): a dataset over an existing READY cache; fit: (backup_dir,
+        batch_size) of resume_from= (client/tf/fit.py)."""
         reads = self._direct(name, direct)
         cache = self._catalog.get(name)
         if cache.state != pb.CACHE_STATE_READY:
@@ -72,13 +76,17 @@ class DatasetBuilder:
         fmt = convert.BatchFormat(convert.decode_spec(cache.element_spec),
                                   Layout.from_json(cache.layout_json))
         options = plan.apply_resume(cache, options, resume).with_seed()
+        cardinality = plan.cardinality(cache, options)
+        if fit is not None and (at := keras_fit.resume_at(*fit, cardinality)) is not None:
+            # every epoch declares a whole share: Keras keeps its steps an epoch
+            options = dataclasses.replace(options, epoch=at[0], start=at[1])
         plan.check_start(cache, options)
         if self._catalog.fleet is None:  # a fleet's members on this host are found per pass
             reads.check(cache)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(
             self._epoch_chunks, cache, fmt.layout, options, prefetch_bytes, reads),
             plan.Epochs(options), options.parallel_shards)
-        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(cache, options))
+        return tf_reads.elements(fmt, reader.dataset, cardinality)
 
     def mix(self, weights: dict[str, Any], size: int | None, options: plan.ReadOptions,
             resume: plan.Resume, prefetch_bytes: int, direct: direct_read.Mode) -> Dataset:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -177,23 +176,6 @@ def test_an_iterator_dropped_mid_epoch_stops_its_stream(cc, sharded, no_thread_l
                          prefetch_bytes=16 << 10))
     consume(it, 5)
     del it  # the stream's threads end with the iterator, not with the dataset
-
-
-def test_keras_backup_and_restore_resumes_the_interrupted_epoch_from_its_start(
-        daemon, sharded, tmp_path) -> None:
-    """BackupAndRestore restores the weights and Keras's epoch, not the data iterator."""
-    case = {"kind": "dataset", "name": sharded, "batch": 100, "epochs": 3, "save_freq": 3}
-    backup = tmp_path / "backup"
-    first = run("fit", daemon.unix_target, json.dumps(case), backup, 1, 4)  # raises at step 5
-    assert first["epochs"] == [0, 1]
-    assert len(first["steps"]) >= 10 + 5  # the pipeline may have prefetched a batch more
-    second = run("fit", daemon.unix_target, json.dumps(case), backup, -1, -1)
-    assert second["epochs"] == [1, 2]  # the interrupted epoch again, then the last
-    steps = second["steps"]
-    assert len(steps) == 20  # the whole interrupted epoch, not its 5 remaining steps
-    # its first iteration in the new process reads the cache's first epoch, from its start
-    assert [i for s in steps[:10] for i in s] == list(range(N))
-    assert np.array_equal(np.concatenate(steps[10:]), np.arange(N))
 
 
 def test_a_stateful_function_of_the_users_fails_the_save_as_after_ds_cache(cc, sharded,

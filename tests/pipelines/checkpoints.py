@@ -3,15 +3,10 @@
     python checkpoints.py restore TARGET CASE_JSON CHECKPOINT COUNT
         builds the case's dataset afresh, restores an iterator of it from CHECKPOINT
         and prints the ids of its next COUNT elements (batches flattened) as JSON.
-    python checkpoints.py fit TARGET CASE_JSON BACKUP_DIR STOP_EPOCH STOP_BATCH
-        runs model.fit over the case's dataset with BackupAndRestore(BACKUP_DIR),
-        raising at (STOP_EPOCH, STOP_BATCH) unless STOP_EPOCH < 0, and prints as
-        JSON the Keras epochs begun and the ids each training step got.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -67,49 +62,10 @@ def restore(target: str, case: dict[str, Any], checkpoint: str, count: int) -> l
             lambda t: t.numpy(), next(it)))]
 
 
-class Stop(Exception):
-    """The interruption of the first fit."""
-
-
-def fit(target: str, case: dict[str, Any], backup_dir: str, stop: tuple[int, int]
-        ) -> dict[str, Any]:
-    seen: list[list[int]] = []
-    epochs: list[int] = []
-
-    def note(i: tf.Tensor) -> tf.Tensor:
-        seen.append(i.numpy().tolist())
-        return tf.cast(i, tf.float32)
-
-    def to_xy(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        y = tf.py_function(note, [batch["i"]], tf.float32)
-        return batch["x"], tf.ensure_shape(y, [None])
-
-    def interrupt(batch: int, logs: Any) -> None:
-        if (epochs[-1], batch) == stop:
-            raise Stop()
-
-    with CacheClient(target) as cc:
-        opts = {"prefetch_bytes": 16 << 10, **case.get("opts", {})}
-        ds = cc.dataset(case["name"], **opts).batch(case["batch"]).map(to_xy)
-        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        callbacks = [
-            tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=case["save_freq"]),
-            tf.keras.callbacks.LambdaCallback(
-                on_epoch_begin=lambda epoch, logs: epochs.append(epoch),
-                on_train_batch_end=interrupt)]
-        with contextlib.suppress(Stop):
-            model.fit(ds, epochs=case["epochs"], verbose=0, shuffle=False, callbacks=callbacks)
-    return {"epochs": epochs, "steps": seen}
-
-
 def main(argv: list[str]) -> None:
     command, target, case = argv[0], argv[1], json.loads(argv[2])
-    if command == "restore":
-        out: Any = restore(target, case, argv[3], int(argv[4]))
-    else:
-        out = fit(target, case, argv[3], (int(argv[4]), int(argv[5])))
-    print(json.dumps(out))
+    assert command == "restore", command
+    print(json.dumps(restore(target, case, argv[3], int(argv[4]))))
 
 
 if __name__ == "__main__":
