@@ -1,7 +1,8 @@
 """CacheClient: the public entry point of the client library, a facade over its parts.
 
 The catalog's calls are client/_catalog.py's, the datasets client/tf/builder.py's
-(loaded with TensorFlow on first use), materialization client/_materialize.py's.
+(loaded with TensorFlow on first use), NumPy reads client/numpy/'s (no TensorFlow),
+materialization client/_materialize.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gc
 import os
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from client.tf import malloc
 from client.write.spare_cpu import compress_mode
 
 if TYPE_CHECKING:
+    from client.numpy.reader import ArrayReader
     from client.tf.builder import Dataset, DatasetBuilder
 
 
@@ -204,6 +206,42 @@ class CacheClient:
                                     epoch, start, reconnect_timeout)
         return self._datasets().dataset(name, options, resume, prefetch_bytes, mode, checkpoint)
 
+    def numpy(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
+              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
+              seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
+              parallel_shards: int = 0, epoch: int = 0, start: int = 0,
+              resume: plan.Resume = None,
+              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+              direct: bool | str | None = None) -> ArrayReader:
+        """A READY cache's elements as NumPy arrays, without TensorFlow: an iterable whose
+        every iter() reads the next epoch, as cc.dataset()'s iterations do.
+
+        Elements come in the stored structure (dicts, tuples, named tuples) of
+        NumPy arrays; strings as bytes (object arrays of bytes). batch_size=B
+        yields batches of B elements instead (the last shorter unless
+        drop_remainder), fixed-shape components stacked, variable-shape ones a
+        list of one array per element. The read options are cc.dataset()'s, with
+        the same orders, shares and resume (parallel_shards: chunks in flight; 0:
+        as many as prefetch_bytes holds, at most 16). reader.state() is the
+        ReadState after the elements handed out so far: cc.numpy() and
+        cc.dataset() both take it as resume=. See docs/frameworks.md.
+        """
+        from client.numpy.reader import ArrayReader
+
+        _check_prefetch(prefetch_bytes)
+        if batch_size is not None and (isinstance(batch_size, bool)
+                                       or not isinstance(batch_size, int) or batch_size < 1):
+            raise InvalidArgumentError(f"batch_size must be a positive int or None, got "
+                                       f"{batch_size!r}")
+        if not isinstance(drop_remainder, bool):
+            raise InvalidArgumentError(f"drop_remainder must be True or False, got "
+                                       f"{drop_remainder!r}")
+        mode = direct_read.resolve_mode(direct)
+        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
+                                    epoch, start, reconnect_timeout)
+        return ArrayReader(self._catalog, self._local_data_dir, name, options, resume,
+                           prefetch_bytes, mode, batch_size, drop_remainder)
+
     def mix(self, weights: Mapping[str, float], *, size: int | None = None,
             seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
             num_workers: int = 1, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
@@ -287,6 +325,34 @@ class CacheClient:
         compress_mode()  # a bad $SHARDCACHE_COMPRESS fails here, not in the write epoch
         return self._datasets().cache(dataset, name, version, options, resume, prefetch_bytes,
                                       mode, block_bytes, checkpoint)
+
+    def write(self, name: str, elements: Iterable[Any], *, version: str | None = None,
+              block_bytes: int | None = None, direct: bool | str | None = None) -> CacheInfo:
+        """Build READY cache name from an iterable of nested NumPy structures, without
+        TensorFlow; returns its CacheInfo.
+
+        Each element is a dict (str keys), tuple or named tuple of arrays, scalars
+        or bytes (strings), nested as deep as needed, every element of one
+        structure and dtype. The stored element spec (what cc.dataset() in
+        TensorFlow yields) takes each component's dtype from the first element
+        and its shape from the first 1024: a dimension that differs among them
+        is stored as unknown (None). Lists are stored as tuples. version= keys
+        the cache as cc.cache() does: a READY cache of that name and version is
+        returned as it is, without iterating elements; without version= an
+        existing cache of that name raises CacheExistsError. block_bytes and
+        direct: as cc.cache(). See docs/frameworks.md.
+        """
+        from client.numpy import writer
+
+        if version is not None and not isinstance(version, str):
+            raise InvalidArgumentError(f"version must be a str or None, got {version!r}")
+        if isinstance(elements, (str, bytes, Mapping)) or not isinstance(elements, Iterable):
+            raise InvalidArgumentError(f"elements must be an iterable of elements, got "
+                                       f"{type(elements).__name__}")
+        mode = direct_read.resolve_mode(direct)
+        return CacheInfo.from_proto(writer.write(
+            self._catalog, name, elements, version, check_block_bytes(block_bytes), mode,
+            self._local_data_dir))
 
     def materialize(self, source: str | Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
