@@ -22,7 +22,7 @@ from client._catalog import CacheInfo, Catalog
 from client._fleet import TARGETS_ENV, Fleet, parse_targets
 from client._materialize import MaterializeOperation
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
-from client.errors import InvalidArgumentError
+from client.errors import CacheNotReadyError, InvalidArgumentError
 from client.format.blocks import check_block_bytes
 from client.read import direct as direct_read
 from client.read import mix as mixing
@@ -33,6 +33,7 @@ from client.write.spare_cpu import compress_mode
 
 if TYPE_CHECKING:
     from client.numpy.reader import ArrayReader
+    from client.numpy.source import CacheSource
     from client.tf.builder import Dataset, DatasetBuilder
 
 
@@ -87,6 +88,11 @@ class CacheClient:
                  tls_cert: Pem | None = None, tls_key: Pem | None = None,
                  local_data_dir: str | Path | None = None) -> None:
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
+        #: How a worker process opens a client like this one (cc.source()'s pickles).
+        self._opened_with = {"target": target, "targets": targets,
+                             "connect_timeout": connect_timeout, "token": token,
+                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key,
+                             "local_data_dir": local_data_dir}
         if target is not None and targets is not None:
             raise InvalidArgumentError("give target (one daemon) or targets (a fleet), not both")
         if targets is None and target is None:
@@ -242,6 +248,27 @@ class CacheClient:
         return ArrayReader(self._catalog, self._local_data_dir, name, options, resume,
                            prefetch_bytes, mode, batch_size, drop_remainder)
 
+    def source(self, name: str, *, direct: bool | str | None = None,
+               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT) -> CacheSource:
+        """A READY cache as a random-access data source: len(), source[i] (the element at
+        index i of the stored order, as cc.numpy() yields it) and a batched fetch of a list
+        of indices in one request (__getitems__; Grain's _getitems). It is Grain's
+        RandomAccessDataSource and a PyTorch map-style Dataset: their samplers, sharding and
+        worker processes apply. Picklable: each process connects on its first read, to the
+        daemon(s) this client connects to. See docs/frameworks.md.
+        """
+        from client.numpy.source import CacheSource
+
+        plan.ReadOptions(reconnect_timeout=reconnect_timeout)  # checks it
+        mode = direct_read.resolve_mode(direct)
+        cache = self._get(name)
+        if cache.state != pb.CACHE_STATE_READY:
+            raise CacheNotReadyError(
+                f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
+                "wait until its writer finishes, then call source() again")
+        return CacheSource(name, functools.partial(_reopen, self._opened_with), mode,
+                           reconnect_timeout, cache.num_elements)
+
     def mix(self, weights: Mapping[str, float], *, size: int | None = None,
             seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
             num_workers: int = 1, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
@@ -395,6 +422,12 @@ class CacheClient:
             raise InvalidArgumentError("a shuffled read's state needs its seed=")
         cache = self._get(name)
         return plan.state_of(cache, plan.apply_resume(cache, options, resume), elements_seen)
+
+
+def _reopen(opened_with: dict[str, Any]) -> tuple[Catalog, Path | None]:
+    """The catalog and local data dir of a new client opened as one was (cc.source())."""
+    client = CacheClient(**opened_with)
+    return client._catalog, client._local_data_dir
 
 
 def _check_prefetch(prefetch_bytes: int) -> None:

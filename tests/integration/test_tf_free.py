@@ -1,7 +1,8 @@
 """NumPy reads and writes in a process where ``import tensorflow`` fails, against TF's own.
 
 One process without TensorFlow (tests/pipelines/tf_free.py) reads two caches
-TensorFlow wrote and writes one; the tests compare what it got with what
+TensorFlow wrote (one also through Grain's DataLoader, with worker processes) and
+writes one; the tests compare what it got with what
 cc.dataset() yields here, element for element, and read its cache back in TF.
 """
 
@@ -100,6 +101,15 @@ def test_an_elastic_resume_reads_what_three_workers_left_with_two_exactly_once(r
     assert [len(f) for f in firsts] == [50, 0, 120]
     read = [i for part in firsts + rests for i in part]
     assert sorted(read) == list(range(N))
+
+
+def test_grain_reads_a_source_with_worker_processes_and_restores_mid_epoch(run) -> None:
+    grain = run["grain"]
+    assert grain["len"] == N and grain["item"] == 7
+    assert grain["some"] == [5, 2, 2, N - 1]
+    assert len(grain["first"]) == 160
+    assert sorted(grain["first"] + grain["rest"]) == list(range(N))
+    assert grain["restored"] == grain["rest"]
 
 
 def plain(value: Any) -> Any:

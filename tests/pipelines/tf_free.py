@@ -55,6 +55,33 @@ def written(n: int) -> list[Any]:
              "tuple": (np.float64(i) / 3, np.ones((2, i % 3), np.bool_))} for i in range(n)]
 
 
+def grain_reads(cc: CacheClient, name: str) -> dict[str, Any]:
+    """cc.source() through Grain's DataLoader: 2 worker processes, shuffled, batched,
+    and an iterator restored from a checkpoint taken mid-epoch."""
+    import grain.python as gp
+
+    source = cc.source(name)
+    some = source.__getitems__([5, 2, 2, -1])
+    sampler = gp.IndexSampler(num_records=len(source), shard_options=gp.NoSharding(),
+                              shuffle=True, num_epochs=1, seed=3)
+    loader = gp.DataLoader(data_source=source, sampler=sampler, operations=[gp.Batch(32)],
+                           worker_count=2)
+    it = iter(loader)
+    first = [i for _ in range(5) for i in ids(unbatched(next(it)))]
+    state = it.get_state()
+    rest = [i for batch in it for i in ids(unbatched(batch))]
+    restored = iter(loader)
+    restored.set_state(state)
+    again = [i for batch in restored for i in ids(unbatched(batch))]
+    source.close()
+    return {"len": len(source), "some": ids(some), "item": int(source[7]["i"]),
+            "first": first, "rest": rest, "restored": again}
+
+
+def unbatched(batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    return [{"x": x, "i": i} for x, i in zip(batch["x"], batch["i"])]
+
+
 def main(target: str, dense: str, mixed: str, write_name: str, out: str) -> None:
     results: dict[Any, Any] = {}
     with CacheClient(target) as cc:
@@ -92,6 +119,7 @@ def main(target: str, dense: str, mixed: str, write_name: str, out: str) -> None
         info = cc.write(write_name, elements, version="1", block_bytes=4096)
         results["write"] = (plain(elements), info.num_elements,
                               plain(list(cc.numpy(write_name))))
+        results["grain"] = grain_reads(cc, dense)
     results["tensorflow"] = sys.modules.get("tensorflow", "missing")
     with open(out, "wb") as f:
         pickle.dump(results, f)
