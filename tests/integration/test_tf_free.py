@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 tf = pytest.importorskip("tensorflow")
 
@@ -26,6 +28,7 @@ from sharded import ids, write_sharded  # noqa: E402
 
 from client import CacheClient, InvalidArgumentError, ReadState  # noqa: E402
 from client.format import spec  # noqa: E402
+from client.format.layout import Leaf  # noqa: E402
 
 N, MIXED = 600, 60
 PROGRAM = Path(__file__).parents[1] / "pipelines" / "tf_free.py"
@@ -167,6 +170,48 @@ def test_the_numpy_spec_coder_makes_tensorflows_bytes(element_spec) -> None:
 
     data = convert.encode_spec(element_spec)
     assert spec.encode(spec.decode(data)) == data
+
+
+DTYPES = sorted(spec.DTYPES)
+Named = collections.namedtuple("Named", ["first", "second"])
+
+
+def both(node: Any) -> tuple[Any, Any]:
+    """A description drawn by specs() as (TensorFlow's spec, client.format.spec's structure)."""
+    kind, value = node
+    if kind == "leaf":
+        dtype, shape = value
+        return tf.TensorSpec(shape, dtype), Leaf(dtype, None if shape is None else tuple(shape))
+    pairs = [both(v) for v in (value.values() if kind == "dict" else value)]
+    tfs, ours = [p[0] for p in pairs], [p[1] for p in pairs]
+    if kind == "dict":
+        return dict(zip(value, tfs)), dict(zip(value, ours))
+    if kind == "named":
+        return Named(*tfs), spec.Named("Named", tuple(zip(Named._fields, ours)))
+    return tuple(tfs), tuple(ours)
+
+
+def specs() -> st.SearchStrategy[Any]:
+    dims = st.lists(st.none() | st.integers(0, 5), max_size=3)
+    leaves = st.tuples(st.just("leaf"), st.tuples(st.sampled_from(DTYPES), st.none() | dims))
+    return st.recursive(leaves, lambda inner: st.one_of(
+        st.tuples(st.just("dict"), st.dictionaries(st.text("abc_", min_size=1, max_size=3),
+                                                    inner, max_size=3)),
+        st.tuples(st.just("tuple"), st.lists(inner, max_size=3)),
+        st.tuples(st.just("named"), st.lists(inner, min_size=2, max_size=2))), max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(node=specs())
+def test_any_dense_spec_encodes_to_tensorflows_bytes_and_back(node) -> None:
+    tf_spec, structure = both(node)
+    from client.tf import convert
+
+    data = convert.encode_spec(tf_spec)
+    assert spec.encode(structure) == data  # what cc.write() stores is what TF would
+    assert spec.decode(data) == structure
+    leaves = [leaf for _, leaf in spec.flatten(structure)]
+    assert leaves == list(convert.layout_of(tf_spec).leaves)  # tf.nest's order
 
 
 def test_a_stopped_numpy_read_ends_its_threads_and_lease(cc, run, no_thread_leak) -> None:
