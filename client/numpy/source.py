@@ -11,13 +11,19 @@ cut into elements of the stored structure (client/numpy/batches.py).
 
 The source connects lazily, in the process that first reads: pickling keeps the
 cache's name, the read options and ``opener`` (which makes the client's catalog
-anew), never a channel or a lease, which do not survive a fork. Random access
+anew), never a channel or a lease, which do not survive a fork. Worker processes
+are to be spawned (Grain's are; PyTorch: ``multiprocessing_context="spawn"`` or
+"forkserver"): gRPC aborts a forked child that opens a channel while a thread of
+the parent was in a gRPC call at the fork (``ev_epoll1_linux.cc: Check failed``),
+which a reading parent's lease renewal or prefetch can be at any time. A forked
+copy of an open source still opens its own channels rather than use the parent's. Random access
 to a cache of small elements stored in blocks decodes a whole block (~256 KiB)
 per element; write such caches with ``block_bytes=0`` for random access.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +49,7 @@ class _Open:
 
     def __init__(self, opener: Opener, name: str, direct: direct_read.Mode,
                  reconnect_timeout: float) -> None:
+        self.pid = os.getpid()
         self.catalog, local_data_dir = opener()
         self.cache = self.catalog.get(name)
         if self.cache.state != pb.CACHE_STATE_READY:
@@ -86,6 +93,8 @@ class CacheSource:
 
     def _opened(self) -> _Open:
         with self._lock:
+            if self._open is not None and self._open.pid != os.getpid():
+                self._open = None  # a forked copy: the parent's channels and lease stay its own
             if self._open is None:
                 self._open = _Open(self._opener, self.name, self._direct,
                                    self._reconnect_timeout)
