@@ -37,6 +37,19 @@ SPEC_BYTES = 64 << 20
 _KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
 
 
+def infer(head: list[Any]) -> Any:
+    """The spec structure of elements whose first ones are head: dtypes of the first, each
+    dimension None where head's elements differ in it."""
+    structure = _structure(head[0])
+    for i, element in enumerate(head[1:], 1):
+        try:
+            structure = _general(structure, _structure(element))
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"element {i} differs from element 0: {exc}; make "
+                                       "every element of one structure and dtype") from exc
+    return structure
+
+
 def _structure(element: Any, path: str = "") -> Any:
     """The spec structure of one element, each component a Leaf of its own shape."""
     if isinstance(element, dict):
@@ -107,11 +120,21 @@ def _general(a: Any, b: Any, path: str = "") -> Any:
 
 
 def _misfit(path: str, want: Any, got: Any) -> InvalidArgumentError:
-    return InvalidArgumentError(f"element component {path} is {got}, where the first "
-                                f"elements had {want}")
+    return InvalidArgumentError(f"element component {path} is {_describe(got)}, where "
+                                f"element 0 has {_describe(want)}")
 
 
-class _Flattener:
+def _describe(node: Any) -> str:
+    if isinstance(node, Leaf):
+        return f"{node.dtype} of shape {node.shape}"
+    if isinstance(node, dict):
+        return f"a dict of keys {sorted(node)}"
+    if isinstance(node, spec.Named):
+        return f"a {node.name} of fields {[k for k, _ in node.fields]}"
+    return f"a sequence of {len(node)}"
+
+
+class Flattener:
     """An element's components in the layout's order, checked against the spec: one
     Python step per component, no per-element spec objects."""
 
@@ -220,16 +243,13 @@ def write(catalog: Catalog, name: str, elements: Iterable[Any], version: str | N
     if not head:
         raise InvalidArgumentError(f"cannot write cache {name!r}: the iterable yielded no "
                                    "elements, so there is no element spec to store")
-    structure = _structure(head[0])
-    for i, element in enumerate(head[1:], 1):
-        try:
-            structure = _general(structure, _structure(element))
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"element {i} differs from element 0: {exc}; make "
-                                       "every element of one structure and dtype") from exc
+    structure = infer(head)
     element_spec = spec.encode(structure)
-    layout = blocked(Layout(tuple(leaf for _, leaf in spec.flatten(structure))),  # type: ignore[misc]
-                     block_bytes)
+    try:
+        layout = blocked(Layout(tuple(leaf for _, leaf in spec.flatten(structure))),  # type: ignore[misc]
+                         block_bytes)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"cannot write cache {name!r}: {exc}") from exc
     fingerprint = (f"version:{version}" if version is not None
                    else f"numpy:{hashlib.sha256(element_spec).hexdigest()[:16]}")
     begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
@@ -246,7 +266,7 @@ def write(catalog: Catalog, name: str, elements: Iterable[Any], version: str | N
                                "for it, then read it")
     try:
         packer = BlockPacker(layout)
-        flatten = _Flattener(structure)
+        flatten = Flattener(structure)
         for n, batch in _batches(layout, flatten, itertools.chain(head, it),
                                  write_batch_elements(layout)):
             writer.add(*packer.add(batch, n))
@@ -257,7 +277,7 @@ def write(catalog: Catalog, name: str, elements: Iterable[Any], version: str | N
         raise
 
 
-def _batches(layout: Layout, flatten: _Flattener, elements: Iterator[Any], size: int
+def _batches(layout: Layout, flatten: Flattener, elements: Iterator[Any], size: int
              ) -> Iterator[tuple[int, list[Any]]]:
     """(n, batch) of up to size elements, in BlockPacker's form: one stacked array per leaf
     of a fixed-numeric layout, else one list of per-element arrays per leaf."""
