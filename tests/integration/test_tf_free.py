@@ -152,6 +152,8 @@ def test_a_cache_written_by_numpy_reads_back_in_tf_element_for_element(cc, run) 
     assert plain(ds.element_spec) == want
     assert [canon(plain(e)) for e in ds.as_numpy_iterator()] == [canon(e) for e in elements]
     assert cc.info(run["written"]).num_elements == 150
+    sent, got = run["write_grpc"]  # written over the WriteCache stream, not directly
+    assert [canon(e) for e in got] == [canon(e) for e in sent]
 
 
 Point = collections.namedtuple("Point", ["x", "label"])

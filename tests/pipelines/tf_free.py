@@ -119,6 +119,9 @@ def main(target: str, dense: str, mixed: str, write_name: str, out: str) -> None
         info = cc.write(write_name, elements, version="1", block_bytes=4096)
         results["write"] = (plain(elements), info.num_elements,
                               plain(list(cc.numpy(write_name))))
+        few = written(20)
+        cc.write(write_name + "-grpc", few, direct=False)  # the WriteCache stream
+        results["write_grpc"] = plain(few), plain(list(cc.numpy(write_name + "-grpc")))
         results["grain"] = grain_reads(cc, dense)
     results["tensorflow"] = sys.modules.get("tensorflow", "missing")
     with open(out, "wb") as f:
