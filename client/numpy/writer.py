@@ -143,7 +143,8 @@ class Flattener:
         self.paths = [path for path, _ in spec.flatten(structure)]
         self._structure = structure
 
-    def __call__(self, index: int, element: Any) -> list[np.ndarray]:
+    def values(self, index: int, element: Any) -> list[Any]:
+        """The element's components in the layout's order, as given (its structure checked)."""
         flat: list[Any] = []
         try:
             _flat(self._structure, element, flat, "")
@@ -152,8 +153,12 @@ class Flattener:
                 f"element {index} does not fit the cache's spec, taken from the first "
                 f"elements: component {exc.args[0] or 'the element'} {exc.args[1]}; make "
                 "every element of one structure and dtype") from None
+        return flat
+
+    def arrays(self, index: int, values: list[Any]) -> list[np.ndarray]:
+        """values() as arrays, each checked against its leaf's dtype and shape."""
         out = []
-        for value, leaf, path in zip(flat, self.leaves, self.paths):
+        for value, leaf, path in zip(values, self.leaves, self.paths):
             arr = _array(value, path)
             if not _fits(arr, leaf):
                 raise InvalidArgumentError(
@@ -163,6 +168,26 @@ class Flattener:
                     f"that dtype, and let dimensions that vary vary among the first "
                     f"{SPEC_ELEMENTS} elements")
             out.append(arr)
+        return out
+
+    def __call__(self, index: int, element: Any) -> list[np.ndarray]:
+        return self.arrays(index, self.values(index, element))
+
+    def stacked(self, index: int, rows: list[list[Any]]) -> list[np.ndarray]:
+        """rows (values() of consecutive elements from index) of a fixed-numeric layout as
+        one stacked array per leaf, checked once per leaf; a row that does not fit is named
+        by arrays()."""
+        out = []
+        for column, leaf in zip(zip(*rows), self.leaves):
+            try:
+                arr = np.asarray(column)
+            except ValueError:  # components of different shapes
+                arr = None
+            if arr is None or arr.shape[1:] != leaf.fixed_shape or arr.dtype.kind not in (
+                    "biufc") or not np.can_cast(arr.dtype, leaf.np_dtype, "safe"):
+                for i, row in enumerate(rows):
+                    self.arrays(index + i, row)  # raises, naming the element
+            out.append(np.asarray(arr, leaf.np_dtype))
         return out
 
 
@@ -280,18 +305,19 @@ def write(catalog: Catalog, name: str, elements: Iterable[Any], version: str | N
 def _batches(layout: Layout, flatten: Flattener, elements: Iterator[Any], size: int
              ) -> Iterator[tuple[int, list[Any]]]:
     """(n, batch) of up to size elements, in BlockPacker's form: one stacked array per leaf
-    of a fixed-numeric layout, else one list of per-element arrays per leaf."""
+    of a fixed-numeric layout (checked once per leaf and batch), else one list of
+    per-element arrays per leaf."""
     index = 0
     while True:
-        rows = [flatten(index + i, e) for i, e in enumerate(itertools.islice(elements, size))]
+        rows = [flatten.values(index + i, e)
+                for i, e in enumerate(itertools.islice(elements, size))]
         if not rows:
             return
-        columns = [list(col) for col in zip(*rows)] if rows[0] else []
-        if layout.fixed_numeric and columns:
-            batch: list[Any] = [np.stack(col).astype(leaf.np_dtype, copy=False)
-                                for col, leaf in zip(columns, layout.leaves)]
+        if layout.fixed_numeric:
+            batch: list[Any] = flatten.stacked(index, rows)
         else:
+            arrays = [flatten.arrays(index + i, row) for i, row in enumerate(rows)]
             batch = [[np.asarray(v, leaf.np_dtype) for v in col]
-                     for col, leaf in zip(columns, layout.leaves)]
+                     for col, leaf in zip(zip(*arrays), layout.leaves)]
         yield len(rows), batch
         index += len(rows)

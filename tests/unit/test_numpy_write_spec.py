@@ -58,3 +58,17 @@ def test_a_later_element_that_does_not_fit_names_its_index_and_component() -> No
         flatten(8, {"x": np.zeros((2, 3)), "s": b""})
     with pytest.raises(InvalidArgumentError, match=r"element 9 .*lacks key 'x'"):
         flatten(9, {"y": 1, "s": b""})
+
+
+def test_a_batch_is_checked_once_per_component_and_a_misfit_still_names_its_element() -> None:
+    flatten = Flattener(infer([(np.zeros(3, np.float32), 0)]))
+    rows = [flatten.values(10 + i, (np.full(3, i, np.float16), i)) for i in range(4)]
+    x, i = flatten.stacked(10, rows)
+    assert x.dtype == np.float32 and x.shape == (4, 3) and i.tolist() == [0, 1, 2, 3]
+    rows[2] = flatten.values(12, (np.zeros(4, np.float32), 2))
+    with pytest.raises(InvalidArgumentError, match=r"element 12 .*component \[0\] is float32 "
+                       r"of shape \(4,\)"):
+        flatten.stacked(10, rows)
+    rows[2] = flatten.values(12, (np.zeros(3, np.float32), 2.5))
+    with pytest.raises(InvalidArgumentError, match=r"element 12 .*component \[1\] is float64"):
+        flatten.stacked(10, rows)
