@@ -5,6 +5,8 @@
     ds = cc.cache(ds, name="imagenet-train")     # instead of ds.cache()
 
 Importing this package does not import TensorFlow; it loads on first use.
+cc.numpy(), cc.write() and cc.source() read and write caches as NumPy arrays
+without it (docs/frameworks.md).
 """
 
 from client._catalog import CacheInfo

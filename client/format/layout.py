@@ -10,6 +10,7 @@ the row-delta filter (client/format/blocks.py). It travels as JSON with the cach
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
@@ -89,7 +90,7 @@ class Leaf:
     def is_string(self) -> bool:
         return self.dtype == "string"
 
-    @property
+    @functools.cached_property  # per chunk decoded: a random access decodes one element
     def np_dtype(self) -> np.dtype:
         return _numpy_dtype(self.dtype)
 
@@ -100,12 +101,12 @@ class Leaf:
             raise ValueError(f"a leaf of shape {self.shape} has no fixed shape")
         return self.shape  # type: ignore[return-value]
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         """Number of items of a fixed leaf."""
         return math.prod(self.fixed_shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Payload bytes of a fixed numeric leaf."""
         return self.size * self.np_dtype.itemsize
@@ -176,7 +177,7 @@ class Layout:
         """True when every record has the same size and no per-record header."""
         return all(leaf.fixed and not leaf.is_string for leaf in self.leaves)
 
-    @property
+    @functools.cached_property
     def record_size(self) -> int:
         return sum(leaf.nbytes for leaf in self.leaves)
 

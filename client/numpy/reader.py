@@ -1,0 +1,117 @@
+"""ArrayReader: what cc.numpy() returns, a cache's epochs as NumPy arrays, no TensorFlow.
+
+The same read path as cc.dataset(): the epoch's share cut into chunks
+(client/read/chunks.py's EpochChunks: direct reads, the data plane, gRPC, a
+fleet's owners), the same plan (client/read/plan.py: shuffle, worker shares,
+epochs, resume and elastic resume), run ahead on a few threads
+(client/numpy/prefetch.py) and turned into the stored structure
+(client/numpy/batches.py). Each ``iter()`` reads the next epoch, as each
+iteration of cc.dataset()'s dataset does; ``state()`` is the ReadState after the
+elements handed out so far, which cc.dataset() and cc.numpy() both resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from client._catalog import Catalog
+from client._transport import pb
+from client.errors import CacheNotReadyError
+from client.format.layout import Layout
+from client.numpy.batches import Columns, format_of
+from client.numpy.prefetch import MAX_AHEAD, Prefetch
+from client.read import direct as direct_read
+from client.read import plan
+from client.read.chunks import EpochChunks, chunk_target
+
+
+class ArrayReader:
+    """A READY cache's elements as nested structures of NumPy arrays, one epoch per iter().
+
+    Without batch_size, each element as stored (a dict, tuple or named tuple of
+    arrays; a scalar string as bytes, a string array as an object array of bytes).
+    With batch_size, batches of that many elements: fixed-shape components
+    stacked, variable-shape ones a list of one array per element.
+    """
+
+    def __init__(self, catalog: Catalog, local_data_dir: Path | None, name: str,
+                 options: plan.ReadOptions, resume: plan.Resume, prefetch_bytes: int,
+                 direct: direct_read.Mode, batch_size: int | None,
+                 drop_remainder: bool) -> None:
+        self._catalog = catalog
+        self._reads = direct_read.DirectReads(catalog.home(name), direct, local_data_dir)
+        cache = catalog.get(name)
+        if cache.state != pb.CACHE_STATE_READY:
+            raise CacheNotReadyError(
+                f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
+                "wait until its writer finishes, then call numpy() again")
+        self.cache = cache
+        self._layout = Layout.from_json(cache.layout_json)
+        self.structure = format_of(name, cache.element_spec, self._layout)
+        self._columns = Columns(self.structure)
+        self.options = plan.apply_resume(cache, options, resume).with_seed()
+        plan.check_start(cache, self.options)
+        if catalog.fleet is None:  # a fleet's members on this host are found per pass
+            self._reads.check(cache)
+        self._epochs = plan.Epochs(self.options)
+        self._prefetch_bytes = prefetch_bytes
+        self._batch_size = batch_size
+        self._drop_remainder = drop_remainder
+        self._lock = threading.Lock()
+        # where the last iteration began (epoch, start) and how many elements it handed out
+        self._at: tuple[int, int, int] = (self.options.epoch, self.options.start, 0)
+
+    @property
+    def element_count(self) -> int:
+        """Elements of each whole epoch of this worker's share; -2 when the first
+        iteration is resumed mid-epoch (it yields fewer)."""
+        return plan.cardinality(self.cache, self.options)
+
+    def state(self) -> plan.ReadState:
+        """Where this reader stands: the ReadState after the elements handed out by the
+        latest iteration; pass it as resume= to cc.numpy() or cc.dataset()."""
+        with self._lock:
+            epoch, start, seen = self._at
+        options = self.options
+        if epoch != options.epoch:  # a later epoch: the whole share, from its start
+            options = dataclasses.replace(options, epoch=epoch, start=0, remaining=None)
+        return plan.state_of(self.cache, options, start - options.start + seen)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, start = self._epochs.take()
+        with self._lock:
+            self._at = (epoch, start, 0)
+        chunks = self._open(epoch, start)
+        try:
+            if self._batch_size is None:
+                for element in self._columns.elements(chunks):
+                    self._seen(1)
+                    yield element
+            else:
+                for n, batch in self._columns.batches(chunks, self._batch_size,
+                                                      self._drop_remainder):
+                    self._seen(n)
+                    yield batch
+        finally:  # an early stop ends the read's lease and threads now
+            chunks.close()
+
+    def _seen(self, n: int) -> None:
+        with self._lock:
+            epoch, start, seen = self._at
+            self._at = (epoch, start, seen + n)
+
+    def _open(self, epoch: int, start: int) -> Prefetch:
+        chunks = EpochChunks(self._catalog.home(self.cache.name), self.cache, self._layout,
+                             self.options, epoch, start, self._prefetch_bytes, self._reads,
+                             self._catalog.fleet)
+        parallel = self.options.parallel_shards
+        return Prefetch(chunks, parallel or min(
+            MAX_AHEAD, self._prefetch_bytes // chunk_target(self._prefetch_bytes)))
+
+    def __repr__(self) -> str:
+        return (f"ArrayReader({self.cache.name!r}, epoch={self._at[0]}, "
+                f"batch_size={self._batch_size})")

@@ -1,0 +1,140 @@
+"""CacheSource: a READY cache as a random-access data source of NumPy elements (cc.source()).
+
+Grain's ``RandomAccessDataSource`` protocol and PyTorch's map-style ``Dataset``
+ask the same of a source: ``len()``, ``source[i]`` for the element at index i of
+the stored order, and a batched fetch of a list of indices (``__getitems__``,
+PyTorch's name; ``_getitems``, Grain's), thread-safe, picklable so that worker
+processes reopen it. A batched fetch is one request for all its indices (the
+records' ReadElements call, the data plane's, a fleet's owners', or reads of the
+leased shard files: client/read/chunks.py's CacheReads), decoded chunk-wide and
+cut into elements of the stored structure (client/numpy/batches.py).
+
+The source connects lazily, in the process that first reads: pickling keeps the
+cache's name, the read options and ``opener`` (which makes the client's catalog
+anew), never a channel or a lease, which do not survive a fork. Worker processes
+are to be spawned (Grain's are; PyTorch: ``multiprocessing_context="spawn"`` or
+"forkserver"): gRPC aborts a forked child that opens a channel while a thread of
+the parent was in a gRPC call at the fork (``ev_epoll1_linux.cc: Check failed``),
+which a reading parent's lease renewal or prefetch can be at any time. A forked
+copy of an open source still opens its own channels rather than use the parent's. Random access
+to a cache of small elements stored in blocks decodes a whole block (~256 KiB)
+per element; write such caches with ``block_bytes=0`` for random access.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client._catalog import Catalog
+from client._transport import pb
+from client.errors import CacheNotReadyError
+from client.format.layout import Layout
+from client.numpy.batches import Columns, format_of
+from client.read import direct as direct_read
+from client.read import plan
+from client.read.chunks import CHUNK_BYTES, CacheReads
+
+#: Makes the catalog of a client like the one the source came from, and its local data dir.
+Opener = Callable[[], tuple[Catalog, Path | None]]
+
+
+class _Open:
+    """What a process reads the source with: the catalog, the cache, its reads."""
+
+    def __init__(self, opener: Opener, name: str, direct: direct_read.Mode,
+                 reconnect_timeout: float) -> None:
+        self.pid = os.getpid()
+        self.catalog, local_data_dir = opener()
+        self.cache = self.catalog.get(name)
+        if self.cache.state != pb.CACHE_STATE_READY:
+            raise CacheNotReadyError(
+                f"cache {name!r} is WRITING ({self.cache.num_elements} elements committed so "
+                "far); wait until its writer finishes, then make the source again")
+        layout = Layout.from_json(self.cache.layout_json)
+        self.columns = Columns(format_of(name, self.cache.element_spec, layout))
+        reads = direct_read.DirectReads(self.catalog.home(name), direct, local_data_dir)
+        if self.catalog.fleet is None:
+            reads.check(self.cache)
+        options = plan.ReadOptions(reconnect_timeout=reconnect_timeout)
+        self.reads = CacheReads(self.catalog.home(name), self.cache, layout, options,
+                                CHUNK_BYTES, True, reads, self.catalog.fleet)
+
+    def close(self) -> None:
+        self.reads.close()
+        self.catalog.close()
+
+
+class CacheSource:
+    """A READY cache's elements by index (its stored order), for Grain and PyTorch."""
+
+    def __init__(self, name: str, opener: Opener, direct: direct_read.Mode,
+                 reconnect_timeout: float, num_elements: int) -> None:
+        self.name = name
+        self._opener = opener
+        self._direct = direct
+        self._reconnect_timeout = reconnect_timeout
+        self._len = num_elements
+        self._lock = threading.Lock()
+        self._open: _Open | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "opener": self._opener, "direct": self._direct,
+                "reconnect_timeout": self._reconnect_timeout, "len": self._len}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["name"], state["opener"], state["direct"],  # type: ignore[misc]
+                      state["reconnect_timeout"], state["len"])
+
+    def _opened(self) -> _Open:
+        with self._lock:
+            if self._open is not None and self._open.pid != os.getpid():
+                self._open = None  # a forked copy: the parent's channels and lease stay its own
+            if self._open is None:
+                self._open = _Open(self._opener, self.name, self._direct,
+                                   self._reconnect_timeout)
+            return self._open
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The elements at indices, in their order: one request for all of them."""
+        keys = np.asarray(indices, np.int64).reshape(-1)
+        if keys.size and (keys.min() < -self._len or keys.max() >= self._len):
+            bad = int(keys[(keys < -self._len) | (keys >= self._len)][0])
+            raise IndexError(f"index {bad} is out of range for cache {self.name!r} of "
+                             f"{self._len} elements")
+        keys = np.where(keys < 0, keys + self._len, keys)
+        if not keys.size:
+            return []
+        opened = self._opened()
+        return list(opened.columns.elements([opened.reads(keys)]))
+
+    #: Grain's name for a batched fetch (SupportsBatchedReadRandomAccessDataSource).
+    _getitems = __getitems__
+
+    def close(self) -> None:
+        """End this process's lease and channels; the source reopens on its next read."""
+        with self._lock:
+            opened, self._open = self._open, None
+        if opened is not None:
+            opened.close()
+
+    def __enter__(self) -> CacheSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CacheSource({self.name!r}, {self._len} elements)"
+
