@@ -25,9 +25,7 @@ from tensorflow.python.saved_model import nested_structure_coder
 from client.errors import InvalidArgumentError
 from client.format.codec import VarLeaf
 from client.format.layout import Layout, Leaf
-from client.tf.datasets import (
-    with_spec,
-)
+from client.tf.datasets import with_spec
 from client.tf.reads import Transform
 from client.tf.tap import READ, SOURCE, WRITE
 

@@ -23,9 +23,12 @@ The cache's elements, without ``batch()``, come from ~4 MiB batches
 The control generator makes the per-iteration choice when the iteration
 starts, as the generator path does: begin a write (mode WRITE), read the
 committed cache (READ), or run the source alone when the daemon refuses or is
-down, or another process is writing (SOURCE). The tap is a stateful
-``numpy_function`` on each source batch that hands the batch (its tensors'
-buffers, no copy) to the iteration's :class:`WriteBehind` and returns at once.
+down, or another process is writing (SOURCE). The tap is a ``numpy_function``
+on each source batch that hands the batch (its tensors' buffers, no copy) to
+the iteration's :class:`WriteBehind` and returns at once; it is declared
+stateless, so that tf.data saves a write epoch with the source's own state, and
+the tap of a restored iteration passes its batches through (client/tf/reads.py,
+``Holds``): its write ended with the iterator that began it.
 The tap that sees the source's last element commits the write, before that
 batch goes on: the dataset declares its cardinality by ``take`` (datasets.declared),
 which stops at the last element without asking for more. An iteration stopped
@@ -137,8 +140,8 @@ class TapEpochs:
             if behind is not None:
                 behind.close()  # an uncommitted write is cancelled; the thread is joined
 
-    def tap(self, token: np.int64, *flat: np.ndarray) -> np.int64:
-        """numpy_function body: queue one source batch for writing; it passes on unchanged.
+    def tap(self, token: np.int64, *flat: np.ndarray) -> None:
+        """Queue one source batch of a live iteration for writing; it passes on unchanged.
 
         The arrays (the batch's flat wire arrays, wire.Wire) are views of its
         tensors (numpy_function does not copy them) and keep those alive until
@@ -152,4 +155,3 @@ class TapEpochs:
             if iteration.tapped == self._elements:  # the last batch: commit before it goes on
                 iteration.committed = True
                 committed(iteration.behind)
-        return np.int64(0)
