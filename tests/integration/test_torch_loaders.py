@@ -11,6 +11,7 @@ element multiset against the cache's.
 from __future__ import annotations
 
 import collections
+import itertools
 import pickle
 import subprocess
 import sys
@@ -23,9 +24,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
-from daemon import Daemon, env_without_tf_noise  # noqa: E402
+from daemon import Daemon, env_without_tf_noise
 
-from client import CacheClient, InvalidArgumentError, ReadState  # noqa: E402
+from client import CacheClient, InvalidArgumentError, ReadState
 
 N = 400
 PROGRAM = Path(__file__).parents[1] / "pipelines" / "torch_reads.py"
@@ -84,13 +85,10 @@ def test_a_stateful_dataloader_with_two_workers_resumes_mid_epoch(run) -> None:
 
 
 def test_a_state_dict_of_a_dataset_read_by_worker_processes_is_refused(cc, name) -> None:
-    pytest.importorskip("torch")
-    import pickle as pickling
-
     cc.write(name, ({"i": np.int64(i)} for i in range(10)))
     ds = cc.torch(name)
     assert ds.state_dict() == {"epoch": 0}
-    pickling.dumps(ds)  # what a DataLoader does to send it to its workers
+    pickle.dumps(ds)  # what a DataLoader does to send it to its workers
     with pytest.raises(InvalidArgumentError, match="StatefulDataLoader"):
         ds.state_dict()
     assert [int(e["i"]) for e in ds] == list(range(10))  # read here: its own state again
@@ -105,3 +103,16 @@ def test_shuffling_across_ranks_without_a_seed_is_refused(cc, name) -> None:
         cc.torch(name, rank=0)
     with pytest.raises(InvalidArgumentError, match="state_dict"):
         cc.torch(name).load_state_dict({"position": 3})
+
+
+def test_the_states_of_two_ranks_resume_in_one_elastically(cc, name) -> None:
+    cc.write(name, ({"i": np.int64(i)} for i in range(100)))
+    ranks = [cc.torch(name, shuffle=True, seed=5, rank=r, world_size=2) for r in range(2)]
+    firsts = [[int(e["i"]) for e in itertools.islice(ds, n)] for ds, n in zip(ranks, (10, 30))]
+    states = [ds.state_dict()["read_state"] for ds in ranks]
+    one = cc.torch(name, shuffle=True, seed=5)
+    one.load_state_dict({"read_states": states})
+    assert one.state_dict() == {"read_states": states}
+    rest = [int(e["i"]) for e in one]
+    assert sorted(firsts[0] + firsts[1] + rest) == list(range(100))
+    assert ReadState.from_json(one.state_dict()["read_state"]).epoch == 1
