@@ -3,18 +3,22 @@
     .venv/bin/python bench/torch_read.py --shape 224,224,3 --elements 600
     .venv/bin/python bench/torch_read.py --shape 256 --elements 20000 --workers 0,2
 
-The elements are ``{"x": float32 array of --shape, "i": int64}``: written once with
-``cc.write(block_bytes=0)`` and once into two ``.npy`` files read through ``np.load(...,
-mmap_mode="r")`` (in the page cache after the warm-up, as the cache's files are). Two loaders
-read each, shuffled, in batches of ``--batch``, with each ``--workers`` count (workers from a
-forkserver):
+The elements are ``{"x": float32 array of --shape, "i": int64}``: written twice with
+``cc.write()``, with ``block_bytes=0`` (one stored value per element: for random access, the
+map-style loader's and ``shuffle=True``'s) and with the default blocks (small elements packed
+in ~256 KiB blocks: for ``shuffle="shards"``), and once into two ``.npy`` files read through
+``np.load(..., mmap_mode="r")`` (in the page cache after the warm-up, as the cache's files
+are). Two loaders
+read each, shuffled, in batches of ``--batch``, with each ``--workers`` count (persistent
+workers from a forkserver, started by the warm-up, so that epochs time reads, not starts):
 
 * map-style: ``DataLoader(source, batch_size=B, shuffle=True)``; the cache's source is
   ``cc.source()``, the memmap's a Dataset whose ``__getitems__`` gathers the batch's rows
   with one fancy index (the cache's fetches its batch in one request);
 * iterable: ``DataLoader(dataset, batch_size=None)``; the cache's is ``cc.torch(shuffle=True,
-  batch_size=B)``, the memmap's an IterableDataset yielding batches of B rows of one shuffled
-  permutation per epoch, each worker its contiguous share (as the cache's shares are).
+  batch_size=B)`` (``--shuffle shards``: ``shuffle="shards"``), the memmap's an IterableDataset
+  yielding batches of B rows of one shuffled permutation per epoch, each worker its
+  contiguous share (as the cache's shares are).
 
 The cache is read directly (a client on the daemon's unix socket, the shard files under a
 read lease) or over the data plane (``--modes``). Every arm is read once to warm up, then
@@ -95,9 +99,8 @@ def elements(shape: tuple[int, ...], n: int) -> Iterator[dict[str, Any]]:
         yield {"x": pool[i % 16], "i": np.int64(i)}
 
 
-def epoch(make: Callable[[], DataLoader], n: int) -> Callable[[], float]:  # type: ignore[type-arg]
+def epoch(loader: DataLoader, n: int) -> Callable[[], float]:  # type: ignore[type-arg]
     def read() -> float:
-        loader = make()
         start = time.perf_counter()
         seen = 0
         for batch in loader:
@@ -119,7 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts")
     parser.add_argument("--modes", default="direct,plane")
     parser.add_argument("--loaders", default="map,iterable")
+    parser.add_argument("--shuffle", default="elements", choices=["elements", "shards"],
+                        help="cc.torch()'s shuffle: every element (shuffle=True) or blocks of "
+                        "~1 MiB of stored order (shuffle='shards'); the memmap's is a "
+                        "permutation of rows either way")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads() in the loader's process (DataLoader "
+                        "workers use 1): more threads on a busy machine make default_collate's "
+                        "stack spin-wait, 0.68 s for a batch of 64 602 KB images at 2 against "
+                        "0.07 s at 1")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     from client import CacheClient
 
     shape = tuple(int(d) for d in args.shape.split(","))
@@ -137,31 +150,33 @@ def main(argv: list[str] | None = None) -> int:
         del x
         np.save(tmp / "i.npy", np.arange(n, dtype=np.int64))
         with CacheClient(daemon.target) as cc, CacheClient(str(daemon.tcp_target)) as remote:
-            cc.write("torch", elements(shape, n), block_bytes=0)
+            cc.write("torch", elements(shape, n), block_bytes=0)  # for random access
+            cc.write("torch-blocks", elements(shape, n))  # as written by default
             clients = {"unix": cc, "tcp": remote}
             arms: dict[str, Callable[[], float]] = {}
             for w in workers:
                 kw: dict[str, Any] = {"num_workers": w}
-                if w:
-                    kw["multiprocessing_context"] = "forkserver"
+                if w:  # started once per loader: the epochs time the reads, not the starts
+                    kw.update(multiprocessing_context="forkserver", persistent_workers=True)
                 if "map" in args.loaders:
-                    arms[f"map memmap, {w} workers"] = epoch(lambda kw=kw: DataLoader(
+                    arms[f"map memmap, {w} workers"] = epoch(DataLoader(
                         MemmapSource(tmp), batch_size=b, shuffle=True, **kw), n)
                     for mode in args.modes.split(","):
                         client, direct = MODES[mode]
                         source = clients[client].source("torch", direct=direct)
-                        arms[f"map cache {mode}, {w} workers"] = epoch(
-                            lambda kw=kw, s=source: DataLoader(s, batch_size=b, shuffle=True,
-                                                               **kw), n)
+                        arms[f"map cache {mode}, {w} workers"] = epoch(DataLoader(
+                            source, batch_size=b, shuffle=True, **kw), n)
                 if "iterable" in args.loaders:
-                    arms[f"iterable memmap, {w} workers"] = epoch(lambda kw=kw: DataLoader(
+                    arms[f"iterable memmap, {w} workers"] = epoch(DataLoader(
                         MemmapBatches(tmp, b, 1), batch_size=None, **kw), n)
                     for mode in args.modes.split(","):
                         client, direct = MODES[mode]
-                        ds = clients[client].torch("torch", shuffle=True, seed=1, batch_size=b,
-                                                   direct=direct)
-                        arms[f"iterable cache {mode}, {w} workers"] = epoch(
-                            lambda kw=kw, d=ds: DataLoader(d, batch_size=None, **kw), n)
+                        ds = clients[client].torch(
+                            "torch" if args.shuffle == "elements" else "torch-blocks",
+                            shuffle=args.shuffle == "elements" or "shards", seed=1,
+                            batch_size=b, direct=direct)
+                        arms[f"iterable cache {mode}, {w} workers"] = epoch(DataLoader(
+                            ds, batch_size=None, **kw), n)
             for arm in arms.values():  # warm-up
                 arm()
             for i in range(args.repeat):
