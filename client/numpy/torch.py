@@ -93,8 +93,13 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
 
         Call it before each epoch when the DataLoader's workers are not persistent:
         each epoch's workers get a fresh copy of this dataset. A state loaded with
-        load_state_dict() still applies to the next iteration."""
+        load_state_dict() still applies to the next iteration, unless epoch is past
+        the state's (its copies in the workers of an earlier epoch resumed it)."""
         plan.ReadOptions(epoch=epoch)  # checks it
+        resume = self._resume
+        if resume is not None and epoch > (resume.epoch if isinstance(resume, plan.ReadState)
+                                           else min(s.epoch for s in resume)):
+            self._resume = None
         self._epoch = epoch
 
     def shard(self) -> tuple[int, int]:

@@ -116,3 +116,18 @@ def test_the_states_of_two_ranks_resume_in_one_elastically(cc, name) -> None:
     rest = [int(e["i"]) for e in one]
     assert sorted(firsts[0] + firsts[1] + rest) == list(range(100))
     assert ReadState.from_json(one.state_dict()["read_state"]).epoch == 1
+
+
+def test_a_loaded_state_holds_for_its_epoch_and_yields_to_a_later_one(cc, name) -> None:
+    """A plain DataLoader's workers resume copies of the loaded dataset, which never reads
+    in the loader's process: set_epoch() past the state's epoch must drop it there."""
+    cc.write(name, ({"i": np.int64(i)} for i in range(10)))
+    ds = cc.torch(name, shuffle=True, seed=2)
+    state = {"read_state": ReadState(name, cc.info(name).fingerprint, "elements", 2, 0, 1, 3,
+                                     4).to_json()}
+    ds.load_state_dict(state)
+    ds.set_epoch(3)
+    assert ds.state_dict() == state
+    assert len(list(pickle.loads(pickle.dumps(ds)))) == 6  # a worker's copy resumes
+    ds.set_epoch(4)
+    assert len(list(pickle.loads(pickle.dumps(ds)))) == 10  # the next epoch's, whole
