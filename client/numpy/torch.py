@@ -102,7 +102,7 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
             self._resume = None
         self._epoch = epoch
 
-    def shard(self) -> tuple[int, int]:
+    def _shard(self) -> tuple[int, int]:
         """(worker_index, num_workers) of this process's share: from the DataLoader worker
         and the rank and world size."""
         info = get_worker_info()
@@ -114,7 +114,7 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
         return self._placement or _distributed() or self._distributed or (0, 1)
 
     def __iter__(self) -> Iterator[Any]:
-        worker_index, num_workers = self.shard()
+        worker_index, num_workers = self._shard()
         if self._random_seed and self._rank_world()[1] > 1:
             raise InvalidArgumentError(
                 "shuffling across ranks needs seed=: every rank must compute the same order, "
