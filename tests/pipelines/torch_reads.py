@@ -51,7 +51,8 @@ def epoch(loader: Any, batches: int | None = None) -> list[int]:
 
 def rank_reads(rank: int, target: str, name: str, rendezvous: str, out: str) -> None:
     """One of two gloo ranks: a DistributedSampler over the source, then the iterable dataset
-    sharded by rank and DataLoader worker; both with two spawned workers."""
+    sharded by rank and DataLoader worker; each loader with two workers (spawned for the
+    sampler's, from a forkserver for the iterable's)."""
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=2)
     try:
@@ -98,8 +99,10 @@ def main(target: str, name: str, out: str) -> None:
         results["stateful"] = first, epoch(restored)
 
     with tempfile.TemporaryDirectory() as tmp:
-        torch.multiprocessing.spawn(rank_reads, args=(target, name, f"{tmp}/rendezvous", out),
-                                    nprocs=2)
+        # the ranks fork from this process's forkserver, which has imported torch
+        torch.multiprocessing.start_processes(
+            rank_reads, args=(target, name, f"{tmp}/rendezvous", out), nprocs=2,
+            start_method="forkserver")
     for rank in range(2):
         with open(f"{out}.rank{rank}", "rb") as f:
             results[f"rank{rank}"] = pickle.load(f)
