@@ -34,6 +34,7 @@ from client.write.spare_cpu import compress_mode
 if TYPE_CHECKING:
     from client.numpy.reader import ArrayReader
     from client.numpy.source import CacheSource
+    from client.numpy.torch import CacheIterable
     from client.tf.builder import Dataset, DatasetBuilder
 
 
@@ -246,14 +247,7 @@ class CacheClient:
         """
         from client.numpy.reader import ArrayReader
 
-        _check_prefetch(prefetch_bytes)
-        if batch_size is not None and (isinstance(batch_size, bool)
-                                       or not isinstance(batch_size, int) or batch_size < 1):
-            raise InvalidArgumentError(f"batch_size must be a positive int or None, got "
-                                       f"{batch_size!r}")
-        if not isinstance(drop_remainder, bool):
-            raise InvalidArgumentError(f"drop_remainder must be True or False, got "
-                                       f"{drop_remainder!r}")
+        _check_reader_args(prefetch_bytes, batch_size, drop_remainder)
         mode = direct_read.resolve_mode(direct)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
                                     epoch, start, reconnect_timeout)
@@ -273,13 +267,46 @@ class CacheClient:
 
         plan.ReadOptions(reconnect_timeout=reconnect_timeout)  # checks it
         mode = direct_read.resolve_mode(direct)
+        cache = self._ready(name, "source")
+        return CacheSource(name, functools.partial(_reopen, self._opened_with), mode,
+                           reconnect_timeout, cache.num_elements)
+
+    def _ready(self, name: str, call: str) -> pb.Cache:
         cache = self._get(name)
         if cache.state != pb.CACHE_STATE_READY:
             raise CacheNotReadyError(
                 f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
-                "wait until its writer finishes, then call source() again")
-        return CacheSource(name, functools.partial(_reopen, self._opened_with), mode,
-                           reconnect_timeout, cache.num_elements)
+                f"wait until its writer finishes, then call {call}() again")
+        return cache
+
+    def torch(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
+              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
+              seed: int | None = None, rank: int | None = None, world_size: int | None = None,
+              parallel_shards: int = 0, epoch: int = 0,
+              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+              direct: bool | str | None = None) -> CacheIterable:
+        """A READY cache as a PyTorch IterableDataset of tensors (needs torch; no TensorFlow).
+
+        Each iteration reads one epoch through cc.numpy()'s reader, as the share of
+        worker rank * W + worker_id of world_size * W, W the DataLoader's workers;
+        rank and world_size default to torch.distributed's. set_epoch(e) as with
+        DistributedSampler; state_dict()/load_state_dict() resume mid-epoch (in
+        each worker under torchdata's StatefulDataLoader). batch_size and the
+        other options are cc.numpy()'s. Spawn the workers. See docs/frameworks.md.
+        """
+        from client.numpy.torch import CacheIterable
+
+        if (rank is None) != (world_size is None):
+            raise InvalidArgumentError("give rank and world_size together, or neither (then "
+                                       "torch.distributed's are used)")
+        _check_reader_args(prefetch_bytes, batch_size, drop_remainder)
+        options = plan.ReadOptions(shuffle, seed, rank or 0, world_size or 1, parallel_shards,
+                                   epoch, 0, reconnect_timeout)
+        mode = direct_read.resolve_mode(direct)
+        self._ready(name, "torch")
+        placement = None if rank is None or world_size is None else (rank, world_size)
+        return CacheIterable(name, functools.partial(_reopen, self._opened_with), options,
+                             placement, prefetch_bytes, mode, batch_size, drop_remainder)
 
     def mix(self, weights: Mapping[str, float], *, size: int | None = None,
             seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
@@ -442,6 +469,18 @@ def _reopen(opened_with: dict[str, Any]) -> tuple[Catalog, Path | None]:
     """The catalog and local data dir of a new client opened as one was (cc.source())."""
     client = CacheClient(**opened_with)
     return client._catalog, client._local_data_dir
+
+
+def _check_reader_args(prefetch_bytes: int, batch_size: int | None,
+                       drop_remainder: bool) -> None:
+    _check_prefetch(prefetch_bytes)
+    if batch_size is not None and (isinstance(batch_size, bool)
+                                   or not isinstance(batch_size, int) or batch_size < 1):
+        raise InvalidArgumentError(f"batch_size must be a positive int or None, got "
+                                   f"{batch_size!r}")
+    if not isinstance(drop_remainder, bool):
+        raise InvalidArgumentError(f"drop_remainder must be True or False, got "
+                                   f"{drop_remainder!r}")
 
 
 def _check_prefetch(prefetch_bytes: int) -> None:
