@@ -254,7 +254,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
             cache.store.CopyFrom(pb.StoreStatus(
                 state=_STORE_STATES[status.state], done_bytes=status.done_bytes,
                 total_bytes=status.total_bytes, done_shards=status.done_shards,
-                detail=status.detail))
+                detail=status.detail, requests=status.cost.requests,
+                bytes_in=status.cost.bytes_in, bytes_out=status.cost.bytes_out))
         return cache
 
     @_translating
