@@ -96,6 +96,10 @@ STORE_BYTES = Counter("shardcache_store_bytes",
                       "Bytes to and from the object store, retries included: out (request "
                       "bodies), in (answers, by their Content-Length).", ["direction"],
                       unit="bytes", registry=REGISTRY)
+READERS_DROPPED = Counter("shardcache_readers_dropped",
+                          "Readers forgotten before their expiry to keep at most 256 "
+                          "(cacheserver/readers.py): the one reported longest ago first.",
+                          registry=REGISTRY)
 STORE_UNPUBLISHED = Gauge("shardcache_store_unpublished_caches",
                           "Committed caches waiting to be published (or retrying).",
                           registry=REGISTRY)

@@ -27,6 +27,7 @@ from client.read import direct as direct_read
 from client.read import mix as mixing
 from client.read import plan
 from client.read.chunks import DEFAULT_PREFETCH_BYTES
+from client.read.report import Reports
 from client.tf import malloc
 from client.write.spare_cpu import compress_mode
 
@@ -77,13 +78,19 @@ class CacheClient:
     token is the daemon's bearer token (default: $CACHESERVER_TOKEN). tls_ca
     (a CA to trust), tls_cert and tls_key (a client certificate, for mutual
     TLS) are PEM file paths or PEM bytes; any of them turns TLS on.
+
+    job and rank name this process's reads in the figures it reports to the daemon
+    every few seconds (elements, bytes, input stall; `cacheserver top`, /metrics):
+    default $SHARDCACHE_JOB, else the program's name, and $SHARDCACHE_RANK, else
+    TF_CONFIG's task index, else 0. report=False sends none (docs/operations.md, "Readers").
     """
 
     def __init__(self, target: str | None = None, *, targets: str | Sequence[str] | None = None,
                  connect_timeout: float = 5.0,
                  tune_malloc: bool = True, token: str | None = None, tls_ca: Pem | None = None,
                  tls_cert: Pem | None = None, tls_key: Pem | None = None,
-                 local_data_dir: str | Path | None = None) -> None:
+                 local_data_dir: str | Path | None = None, job: str | None = None,
+                 rank: int | None = None, report: bool = True) -> None:
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
         if target is not None and targets is not None:
             raise InvalidArgumentError("give target (one daemon) or targets (a fleet), not both")
@@ -100,6 +107,7 @@ class CacheClient:
         self._catalog = Catalog(self._transport, self._fleet)
         self._tune_malloc = malloc.enabled(tune_malloc)
         self._local_data_dir = direct_read.resolve_local_data_dir(local_data_dir)
+        self._reports = Reports.make(job, rank, self._catalog.home) if report else None
         _exit_hook()
 
     def __enter__(self) -> CacheClient:
@@ -109,6 +117,8 @@ class CacheClient:
         self.close()
 
     def close(self) -> None:
+        if self._reports is not None:
+            self._reports.close()
         self._catalog.close()
 
     def __repr__(self) -> str:
@@ -162,7 +172,8 @@ class CacheClient:
     def _datasets(self) -> DatasetBuilder:
         from client.tf.builder import DatasetBuilder  # imports tensorflow
 
-        return DatasetBuilder(self._catalog, self._local_data_dir, self._tune_malloc)
+        return DatasetBuilder(self._catalog, self._local_data_dir, self._tune_malloc,
+                              self._reports)
 
     def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                 shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,

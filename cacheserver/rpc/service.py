@@ -26,6 +26,7 @@ from cacheserver.catalog.retention import Retention
 from cacheserver.catalog.writes import CacheWrite
 from cacheserver.logs import shown
 from cacheserver.materialize.materializer import Materializer
+from cacheserver.readers import READERS
 from cacheserver.rpc import validate
 from cacheserver.rpc.operations import operation_to_proto
 from cacheserver.rpc.streams import BegunGuard
@@ -362,3 +363,12 @@ class CacheService(pb_grpc.CacheServiceServicer):
         validate.lease_id(request.lease_id)
         self.leases.release(request.lease_id)
         return pb.ReleaseReadLeaseResponse()
+
+    # ------------------------------------------------------------ readers' figures
+
+    @_translating
+    def ReportReads(self, request: pb.ReportReadsRequest,
+                    context: grpc.ServicerContext) -> pb.ReportReadsResponse:
+        READERS.report(request.reporter, validate.report_reads(request.reporter,
+                                                               request.readers))
+        return pb.ReportReadsResponse(expiry_seconds=READERS.expiry)

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from client.format.fixed_decode import aligned_empty
+from client.read.report import Pace, ReadFigures
 from client.tf.datasets import (
     BatchBuilder,
     CachedElements,
@@ -121,8 +122,9 @@ class Reader:
     """
 
     def __init__(self, wire: Wire, open_chunks: OpenChunks, epochs: Any, checkpoint: bool,
-                 parallel: int = 0) -> None:
+                 parallel: int = 0, figures: ReadFigures | None = None) -> None:
         self.wire = wire
+        self._figures = figures  # what the read reports (client/read/report.py), if anything
         self.checkpoint = checkpoint
         self._open_chunks = open_chunks
         self._parallel = parallel or tf.data.AUTOTUNE
@@ -134,6 +136,7 @@ class Reader:
         self._ids = Ids()
         self._lock = threading.Lock()
         self._live: dict[int, Any] = {}
+        self._paces: dict[int, Pace] = {}
 
     def begin(self) -> tuple[np.int64, np.int64]:
         """numpy_function body of cc.dataset()'s control: this iteration's (epoch, start)."""
@@ -149,12 +152,17 @@ class Reader:
         hold = new_hold(ident)
         with self._lock:
             self._live[ident] = chunks
+            if self._figures is not None:
+                self._paces[ident] = Pace(self._figures)
         weakref.finalize(hold, self._drop, ident)
         return hold, np.int64(chunks.count)
 
     def _drop(self, ident: int) -> None:
         with self._lock:
             chunks = self._live.pop(ident, None)
+            pace = self._paces.pop(ident, None)
+        if pace is not None:
+            pace.close()
         if chunks is not None:
             quietly(chunks.close)
 
@@ -162,9 +170,27 @@ class Reader:
         """numpy_function body: the arrays of chunk i (read.chunks.EpochChunks.chunk)."""
         with self._lock:
             chunks = self._live.get(int(hold[0]))
+            pace = self._paces.get(int(hold[0]))
         if chunks is None:  # the iterator is gone; tf.data does not ask then
             raise RuntimeError(f"shardcache: no read is open for chunk {int(i)}")
-        return self.wire.arrays(*chunks.chunk(int(i)))
+        if pace is None:
+            return self.wire.arrays(*chunks.chunk(int(i)))
+        began = pace.now()
+        n, batch = chunks.chunk(int(i))
+        arrays = self.wire.arrays(n, batch)
+        done = pace.now()
+        pace.figures.chunk(getattr(chunks, "path", "mix"), n,
+                           sum(getattr(a, "nbytes", 0) for a in arrays), done - began)
+        pace.ready(int(i), done)
+        return arrays
+
+    def asked(self, hold: np.ndarray, i: np.int64) -> np.int64:
+        """numpy_function body, in the consumer's thread: it asks for chunk i now."""
+        with self._lock:
+            pace = self._paces.get(int(hold[0]))
+        if pace is not None:
+            pace.asked(int(i))
+        return i
 
     def options(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         return with_checkpoint_options(ds) if self.checkpoint else ds
@@ -181,8 +207,16 @@ class Reader:
                                          stateful=True)
                 return self.wire.signature_of(flat)
 
-            return own_threads(tf.data.Dataset.range(count).map(
+            ds = own_threads(tf.data.Dataset.range(count).map(
                 chunk, num_parallel_calls=self._parallel, deterministic=True), self._threads)
+            if self._figures is None:
+                return ds
+            # zip asks its inputs in order: the consumer's ask for chunk i is timed in its
+            # thread, before it waits on the chunk (the input stall, client/read/report.py).
+            # One ask more than chunks: the chunks' end is reached as without the asks.
+            asks = tf.data.Dataset.range(count + 1).map(lambda i: tf.numpy_function(
+                self.asked, [hold, i], tf.int64, stateful=True))
+            return tf.data.Dataset.zip((asks, ds)).map(lambda _, batch: batch)
 
         return tf.data.Dataset.from_tensors(np.int64(0)).flat_map(chunks)
 

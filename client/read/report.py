@@ -1,0 +1,243 @@
+"""What this process's readers tell their daemon: per cache, how much they read and how long
+the consumer waited (ReportReads; the daemon side is cacheserver/readers.py).
+
+A read (an iteration of ``cc.dataset()`` or of a READY ``cc.cache()``) counts, per chunk it
+hands to tf.data, the chunk's elements and decoded bytes and the seconds it took to fetch
+and decode (:meth:`ReadFigures.chunk`), and the **input stall**: how long the consumer
+asked for the chunk before it was ready (:class:`Pace`). The consumer's asks are seen by a
+sequential map zipped before the chunks' parallel map (client/tf/reads.py): tf.data's zip
+asks its inputs in order, so the ask is timed in the consumer's own thread, just before it
+waits on the chunk. Everything is counted per chunk (a chunk holds thousands of small
+elements or a few large ones), under one short lock: nothing per element.
+
+:class:`Reports` sends every reader's running totals to its cache's daemon every
+``REPORT_SECONDS`` from one thread per CacheClient while any of its iterations is alive,
+and once more when the last ends or the client closes; the labels are
+the training job and rank (``CacheClient(job=, rank=)``, else ``$SHARDCACHE_JOB`` and
+``$SHARDCACHE_RANK``, else the program's name and ``TF_CONFIG``'s task index, else 0).
+A failed report (a daemon down, or one without ReportReads) is logged once per daemon and
+sent again at the next; reading goes on regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from client._transport import Transport, pb
+from client.errors import InvalidArgumentError, ShardcacheError
+
+log = logging.getLogger("client")
+
+REPORT_SECONDS = 5.0
+JOB_ENV = "SHARDCACHE_JOB"
+RANK_ENV = "SHARDCACHE_RANK"
+_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_MAX_PER_REQUEST = 64  # the daemon's limit (cacheserver/rpc/validate.py)
+
+
+def check_job(job: str) -> str:
+    if not _LABEL.fullmatch(job):
+        raise InvalidArgumentError(f"job {job!r} must be 1-64 of A-Z a-z 0-9 _ . - "
+                                   f"(CacheClient(job=...) or ${JOB_ENV})")
+    return job
+
+
+def default_job() -> str:
+    """$SHARDCACHE_JOB, else the program's name (a script's, or the package's run with
+    python -m; characters outside the label's set replaced by -), else "python"."""
+    if os.environ.get(JOB_ENV):
+        return check_job(os.environ[JOB_ENV])
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    program = program.parent if program.stem == "__main__" else program  # python -m NAME
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", program.stem)[:64].strip("-") or "python"
+
+
+def default_rank() -> int:
+    """$SHARDCACHE_RANK, else TF_CONFIG's task index (a multi-worker job's), else 0."""
+    if os.environ.get(RANK_ENV):
+        try:
+            return check_rank(int(os.environ[RANK_ENV]))
+        except ValueError:
+            raise InvalidArgumentError(f"${RANK_ENV}={os.environ[RANK_ENV]!r} is not a "
+                                       "number") from None
+    try:
+        return check_rank(int(json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["index"]))
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def check_rank(rank: int) -> int:
+    if not 0 <= rank <= 1 << 20:
+        raise InvalidArgumentError(f"rank {rank} must be between 0 and {1 << 20}")
+    return rank
+
+
+class ReadFigures:
+    """One cache's running totals in this process (counters); thread-safe, per chunk."""
+
+    def __init__(self, cache: str, reports: Reports | None = None) -> None:
+        self.cache = cache
+        self.reports = reports
+        self.path = "grpc"
+        self.elements = self.bytes = self.chunks = 0
+        self.chunk_seconds = self.stall_seconds = 0.0
+        self._lock = threading.Lock()
+
+    def chunk(self, path: str, elements: int, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.path = path
+            self.elements += elements
+            self.bytes += nbytes
+            self.chunks += 1
+            self.chunk_seconds += seconds
+
+    def stalled(self, seconds: float) -> None:
+        with self._lock:
+            self.stall_seconds += seconds
+
+    def proto(self, job: str, rank: int) -> pb.ReaderFigures:
+        with self._lock:
+            return pb.ReaderFigures(
+                training_job=job, rank=rank, cache=self.cache, path=self.path,
+                elements=self.elements, bytes=self.bytes, chunks=self.chunks,
+                chunk_seconds=self.chunk_seconds, stall_seconds=self.stall_seconds)
+
+
+class Pace:
+    """One iteration's chunks: when the consumer asked for each, when each was ready; the
+    stall is the time between, when the ask came first."""
+
+    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.figures = figures
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._asked: dict[int, float] = {}
+        self._ready: dict[int, float] = {}
+        if figures.reports is not None:
+            figures.reports.began()
+
+    def close(self) -> None:
+        """The iteration ended (its iterator went)."""
+        if self.figures.reports is not None:
+            self.figures.reports.ended()
+
+    def asked(self, i: int) -> None:
+        """The consumer asks for chunk i (called in its thread, before it waits)."""
+        now = self._clock()
+        with self._lock:
+            ready = self._ready.pop(i, None)
+            if ready is None:
+                self._asked[i] = now
+                return
+        if ready > now:  # not possible with one clock; kept for clarity
+            self.figures.stalled(ready - now)
+
+    def ready(self, i: int, when: float) -> None:
+        """Chunk i is ready (decoded) at when."""
+        with self._lock:
+            asked = self._asked.pop(i, None)
+            if asked is None:
+                self._ready[i] = when
+                return
+        self.figures.stalled(max(0.0, when - asked))
+
+    def now(self) -> float:
+        return self._clock()
+
+
+class Reports:
+    """A CacheClient's readers' figures, sent to each cache's daemon every REPORT_SECONDS."""
+
+    def __init__(self, job: str, rank: int, home: Callable[[str], Transport],
+                 every: float = REPORT_SECONDS) -> None:
+        self.job, self.rank = job, rank
+        self.reporter = secrets.token_hex(8)
+        self._home, self._every = home, every
+        self._lock = threading.Condition()
+        self._figures: dict[str, ReadFigures] = {}
+        self._warned: set[str] = set()
+        self._open = 0  # iterations alive: the thread runs while there are any
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport]
+             ) -> Reports:
+        """CacheClient's: job and rank checked, or their defaults."""
+        return cls(check_job(job) if job is not None else default_job(),
+                   check_rank(rank) if rank is not None else default_rank(), home)
+
+    def reader(self, cache: str) -> ReadFigures:
+        """The figures of cache in this process (made on first use)."""
+        with self._lock:
+            figures = self._figures.get(cache)
+            if figures is None:
+                figures = self._figures[cache] = ReadFigures(cache, self)
+            return figures
+
+    def began(self) -> None:
+        """An iteration started: report every REPORT_SECONDS while any is alive."""
+        with self._lock:
+            self._open += 1
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="shardcache-report")
+                self._thread.start()
+
+    def ended(self) -> None:
+        """An iteration ended: the last one's figures are reported at once."""
+        with self._lock:
+            self._open -= 1
+            self._lock.notify_all()
+
+    def send(self) -> None:
+        """Report every reader now, one request per daemon."""
+        with self._lock:
+            figures = list(self._figures.values())
+        by_daemon: dict[str, tuple[Transport, list[pb.ReaderFigures]]] = {}
+        for f in figures:
+            transport = self._home(f.cache)
+            by_daemon.setdefault(transport.target, (transport, []))[1].append(
+                f.proto(self.job, self.rank))
+        for target, (transport, readers) in by_daemon.items():
+            for i in range(0, len(readers), _MAX_PER_REQUEST):
+                request = pb.ReportReadsRequest(reporter=self.reporter,
+                                                readers=readers[i:i + _MAX_PER_REQUEST])
+                try:
+                    transport.call(transport.stub.ReportReads, request, timeout=5)
+                except ShardcacheError as exc:
+                    if target not in self._warned:
+                        self._warned.add(target)
+                        log.warning("shardcache: could not report reads to %s (%s); "
+                                    "retrying every %gs", target, exc, self._every)
+                    break
+
+    def _loop(self) -> None:
+        """Report every REPORT_SECONDS; once no iteration is alive, report and end."""
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._open <= 0 or self._closed, self._every)
+            self.send()
+            with self._lock:
+                if self._open <= 0 or self._closed:
+                    self._thread = None
+                    return
+
+    def close(self) -> None:
+        """Stop reporting, once the figures of the iterations alive are sent."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
