@@ -1,4 +1,5 @@
-"""The ``cacheserver`` command line: serve, ls, info, rm, pin, unpin, ttl, demo, materialize."""
+"""The ``cacheserver`` command line: serve, ls, info, rm, pin, unpin, ttl, demo, materialize,
+top."""
 
 from __future__ import annotations
 
@@ -270,5 +271,7 @@ def ttl(name: str, seconds: float, target: str | None) -> None:
 
 
 from cacheserver.cli.materialize import materialize  # noqa: E402 - registered last
+from cacheserver.cli.top import top  # noqa: E402
 
 main.add_command(materialize)
+main.add_command(top)
