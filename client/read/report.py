@@ -103,6 +103,7 @@ class ReadFigures:
     def stalled(self, seconds: float) -> None:
         with self._lock:
             self.stall_seconds += seconds
+        _PROCESS.stalled(seconds)
 
     def proto(self, job: str, rank: int) -> pb.ReaderFigures:
         with self._lock:
@@ -110,6 +111,56 @@ class ReadFigures:
                 training_job=job, rank=rank, cache=self.cache, path=self.path,
                 elements=self.elements, bytes=self.bytes, chunks=self.chunks,
                 chunk_seconds=self.chunk_seconds, stall_seconds=self.stall_seconds)
+
+
+class _ProcessStall:
+    """Seconds every read of this process kept its consumer waiting, since it started."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def stalled(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+
+_PROCESS = _ProcessStall()
+
+
+class InputStall:
+    """How much of the time this process's shardcache reads kept the training loop waiting.
+
+    For a custom training loop (Keras: client.InputStallCallback)::
+
+        stall = client.InputStall()
+        for step, batch in enumerate(ds):
+            train_step(batch)
+            if step % 100 == 99:
+                print(f"waiting on input {stall.fraction():.0%}")
+
+    :meth:`fraction` is the share of the wall time since the previous call (or since
+    the meter was made) that the consumers of this process's ``cc.dataset()`` and
+    ``cc.cache()`` reads asked for a chunk that was not ready: near 1, the loop waits on
+    its input; near 0, the cache keeps ahead. Reads made with ``checkpoint=True`` are not
+    timed (docs/reading.md, "Is the job waiting on input?").
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._when, self._stalled = clock(), _PROCESS.seconds
+
+    def lap(self) -> tuple[float, float]:
+        """(seconds waited, wall seconds) since the previous call, and start a new lap."""
+        now, stalled = self._clock(), _PROCESS.seconds
+        lap = (stalled - self._stalled, now - self._when)
+        self._when, self._stalled = now, stalled
+        return lap
+
+    def fraction(self) -> float:
+        """The share of the wall time since the previous call spent waiting, 0 to 1."""
+        waited, wall = self.lap()
+        return min(1.0, waited / wall) if wall > 0 else 0.0
 
 
 class Pace:

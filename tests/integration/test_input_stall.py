@@ -1,0 +1,60 @@
+"""The training process's own view of input stall: a Keras callback and a meter for custom
+loops, over real reads; the callback's TensorBoard event files read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import client
+from client import CacheClient, InputStall
+
+tf = pytest.importorskip("tensorflow")
+
+
+def source() -> tf.data.Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 8)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True)))
+
+
+def scalars(log_dir: Path, tag: str) -> dict[int, float]:
+    """{step: value} of tag in the TensorBoard event files under log_dir."""
+    found = {}
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    found[event.step] = float(tf.make_ndarray(value.tensor))
+    return found
+
+
+def test_keras_fit_reports_the_input_stall_per_epoch_to_logs_and_tensorboard(
+        daemon, name, tmp_path) -> None:
+    with CacheClient(daemon.unix_target) as cc:
+        list(cc.cache(source(), name))  # written
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        history = model.fit(cc.dataset(name).batch(32), epochs=2, verbose=0, shuffle=False, callbacks=[
+            client.InputStallCallback(tmp_path, every_n_batches=8)])
+    stall = history.history["input_stall"]
+    assert len(stall) == 2 and all(0 <= s <= 1 for s in stall)
+    assert stall[0] > 0  # the epoch's first chunk is asked for before it is ready
+    written = scalars(tmp_path, "input_stall")
+    assert sorted(written) == [0, 1]
+    assert [round(v, 5) for v in written.values()] == [round(s, 5) for s in stall]
+    assert sorted(scalars(tmp_path, "batch_input_stall")) == [8, 16, 24, 32]
+
+
+def test_a_custom_loop_reads_the_stall_of_its_laps(daemon, name) -> None:
+    stall = InputStall()
+    with CacheClient(daemon.unix_target) as cc:
+        list(cc.cache(source(), name))
+        stall.lap()
+        for _ in cc.dataset(name).batch(64):
+            pass
+        waited, wall = stall.lap()
+    assert 0 < waited <= wall
+    assert 0 <= stall.fraction() <= 1
