@@ -29,13 +29,15 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from client._transport import Transport, pb
 from client.errors import InvalidArgumentError, ShardcacheError
 
 log = logging.getLogger("client")
+T = TypeVar("T")
 
 REPORT_SECONDS = 5.0
 JOB_ENV = "SHARDCACHE_JOB"
@@ -134,25 +136,47 @@ class InputStall:
     For a custom training loop (Keras: client.InputStallCallback)::
 
         stall = client.InputStall()
-        for step, batch in enumerate(ds):
+        for step, batch in enumerate(stall.timed(ds)):
             train_step(batch)
             if step % 100 == 99:
                 print(f"waiting on input {stall.fraction():.0%}")
 
     :meth:`fraction` is the share of the wall time since the previous call (or since
-    the meter was made) that the consumers of this process's ``cc.dataset()`` and
-    ``cc.cache()`` reads asked for a chunk that was not ready: near 1, the loop waits on
-    its input; near 0, the cache keeps ahead. Reads made with ``checkpoint=True`` are not
-    timed (docs/reading.md, "Is the job waiting on input?").
+    the meter was made) spent waiting on input: near 1, the loop waits on its input; near
+    0, the input keeps ahead. Over :meth:`timed`, the loop's own waits in ``next()``,
+    exactly; without it, the time the consumers of this process's ``cc.dataset()`` and
+    ``cc.cache()`` reads asked for a chunk that was not ready (an estimate: the pipeline's
+    own work above the chunks is not in it, and a ``prefetch()`` may absorb a wait;
+    docs/reading.md, "Is the job waiting on input?").
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._when, self._stalled = clock(), _PROCESS.seconds
+        self._waited = 0.0  # in timed()'s next()
+        self._timed = False
+        self._when, self._stalled = clock(), self._total()
+
+    def _total(self) -> float:
+        return self._waited if self._timed else _PROCESS.seconds
+
+    def timed(self, iterable: Iterable[T]) -> Iterator[T]:
+        """iterable's items, each next() timed: fraction() is then the loop's own wait."""
+        if not self._timed:
+            self._timed, self._stalled = True, 0.0
+        it = iter(iterable)
+        while True:
+            asked = self._clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                self._waited += self._clock() - asked
+            yield item
 
     def lap(self) -> tuple[float, float]:
         """(seconds waited, wall seconds) since the previous call, and start a new lap."""
-        now, stalled = self._clock(), _PROCESS.seconds
+        now, stalled = self._clock(), self._total()
         lap = (stalled - self._stalled, now - self._when)
         self._when, self._stalled = now, stalled
         return lap

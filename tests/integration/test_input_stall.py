@@ -48,6 +48,18 @@ def test_keras_fit_reports_the_input_stall_per_epoch_to_logs_and_tensorboard(
     assert sorted(scalars(tmp_path, "batch_input_stall")) == [8, 16, 24, 32]
 
 
+def test_a_custom_loop_times_its_own_waits_with_timed(daemon, name) -> None:
+    ticks = iter(range(1000))
+    stall = InputStall(clock=lambda: float(next(ticks)))  # every clock reading one second on
+    with CacheClient(daemon.unix_target) as cc:
+        list(cc.cache(source(), name))
+        stall.lap()
+        batches = sum(1 for _ in stall.timed(cc.dataset(name).batch(64)))
+        waited, wall = stall.lap()
+    # each next() (8 batches and the StopIteration) read the clock twice: 1 s each
+    assert batches == 8 and waited == 9 and wall == 2 * 9 + 1
+
+
 def test_a_custom_loop_reads_the_stall_of_its_laps(daemon, name) -> None:
     stall = InputStall()
     with CacheClient(daemon.unix_target) as cc:
