@@ -6,9 +6,10 @@ hands to tf.data, the chunk's elements and decoded bytes and the seconds it took
 and decode (:meth:`ReadFigures.chunk`), and the **input stall**: how long the consumer
 asked for the chunk before it was ready (:class:`Pace`). The consumer's asks are seen by a
 sequential map zipped before the chunks' parallel map (client/tf/reads.py): tf.data's zip
-asks its inputs in order, so the ask is timed in the consumer's own thread, just before it
-waits on the chunk. Everything is counted per chunk (a chunk holds thousands of small
-elements or a few large ones), under one short lock: nothing per element.
+asks its inputs in order, so the ask is timed (tf.timestamp) in the consumer's own thread,
+just before it waits on the chunk; every ``SAMPLE``-th chunk's ask reaches Python once the
+chunk is there. Everything is counted per chunk (a chunk holds thousands of small elements
+or a few large ones), under one short lock: nothing per element.
 
 :class:`Reports` sends every reader's running totals to its cache's daemon every
 ``REPORT_SECONDS`` from one thread per CacheClient while any of its iterations is alive,
@@ -40,6 +41,9 @@ log = logging.getLogger("client")
 T = TypeVar("T")
 
 REPORT_SECONDS = 5.0
+#: One chunk in SAMPLE has its stall timed (and counted SAMPLE times): the others cost a
+#: few TensorFlow ops, and no Python call.
+SAMPLE = 4
 JOB_ENV = "SHARDCACHE_JOB"
 RANK_ENV = "SHARDCACHE_RANK"
 _LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -188,15 +192,17 @@ class InputStall:
 
 
 class Pace:
-    """One iteration's chunks: when the consumer asked for each, when each was ready; the
-    stall is the time between, when the ask came first."""
+    """One iteration's chunks: when the consumer asked for each SAMPLE-th one, and when it
+    was ready; the stall is the time between when the ask came first, SAMPLE times over.
 
-    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.monotonic
+    The ask's time comes from TensorFlow's clock (tf.timestamp: seconds since the epoch),
+    so the ready times are read from the same one (time.time)."""
+
+    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.time
                  ) -> None:
         self.figures = figures
         self._clock = clock
         self._lock = threading.Lock()
-        self._asked: dict[int, float] = {}
         self._ready: dict[int, float] = {}
         if figures.reports is not None:
             figures.reports.began()
@@ -206,25 +212,18 @@ class Pace:
         if self.figures.reports is not None:
             self.figures.reports.ended()
 
-    def asked(self, i: int) -> None:
-        """The consumer asks for chunk i (called in its thread, before it waits)."""
-        now = self._clock()
+    def asked(self, i: int, when: float) -> None:
+        """The consumer, which now has chunk i (a multiple of SAMPLE), asked for it at when."""
         with self._lock:
             ready = self._ready.pop(i, None)
-            if ready is None:
-                self._asked[i] = now
-                return
-        if ready > now:  # not possible with one clock; kept for clarity
-            self.figures.stalled(ready - now)
+        if ready is not None:
+            self.figures.stalled(SAMPLE * max(0.0, ready - when))
 
     def ready(self, i: int, when: float) -> None:
         """Chunk i is ready (decoded) at when."""
-        with self._lock:
-            asked = self._asked.pop(i, None)
-            if asked is None:
+        if i % SAMPLE == 0:
+            with self._lock:
                 self._ready[i] = when
-                return
-        self.figures.stalled(max(0.0, when - asked))
 
     def now(self) -> float:
         return self._clock()

@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from client.format.fixed_decode import aligned_empty
-from client.read.report import Pace, ReadFigures
+from client.read.report import SAMPLE, Pace, ReadFigures
 from client.tf.datasets import (
     BatchBuilder,
     CachedElements,
@@ -184,12 +184,13 @@ class Reader:
         pace.ready(int(i), done)
         return arrays
 
-    def asked(self, hold: np.ndarray, i: np.int64) -> np.int64:
-        """numpy_function body, in the consumer's thread: it asks for chunk i now."""
+    def asked(self, hold: np.ndarray, i: np.int64, when: np.float64) -> np.int64:
+        """numpy_function body, for every SAMPLE-th chunk once the consumer has it: it
+        asked for chunk i at when."""
         with self._lock:
             pace = self._paces.get(int(hold[0]))
         if pace is not None:
-            pace.asked(int(i))
+            pace.asked(int(i), float(when))
         return i
 
     def options(self, ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -212,12 +213,20 @@ class Reader:
             if self._figures is None or self.checkpoint:
                 return ds
             # zip asks its inputs in order: the consumer's ask for chunk i is timed in its
-            # thread, before it waits on the chunk (the input stall, client/read/report.py).
-            # Not with checkpoint: a restore right after an epoch's last batch then reads
-            # that epoch again (tests/integration/test_checkpoints.py).
-            asks = tf.data.Dataset.range(count).map(lambda i: tf.numpy_function(
-                self.asked, [hold, i], tf.int64, stateful=True))
-            return tf.data.Dataset.zip((asks, ds)).map(lambda _, batch: batch)
+            # thread, before it waits on the chunk (the input stall, client/read/report.py);
+            # every SAMPLE-th ask goes to Python, once the chunk is here. Not with
+            # checkpoint: a restore right after an epoch's last batch then reads that epoch
+            # again (tests/integration/test_checkpoints.py).
+            asks = tf.data.Dataset.range(count).map(lambda i: (i, tf.timestamp()))
+
+            def handed(ask: tuple[tf.Tensor, tf.Tensor], batch: Any) -> Any:
+                i, when = ask
+                noted = tf.cond(i % SAMPLE == 0, lambda: tf.numpy_function(
+                    self.asked, [hold, i, when], tf.int64, stateful=True), lambda: i)
+                with tf.control_dependencies([noted]):
+                    return tf.nest.map_structure(tf.identity, batch)
+
+            return tf.data.Dataset.zip((asks, ds)).map(handed)
 
         return tf.data.Dataset.from_tensors(np.int64(0)).flat_map(chunks)
 

@@ -37,8 +37,8 @@ def test_keras_fit_reports_the_input_stall_per_epoch_to_logs_and_tensorboard(
         list(cc.cache(source(), name))  # written
         model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-        history = model.fit(cc.dataset(name).batch(32), epochs=2, verbose=0, shuffle=False, callbacks=[
-            client.InputStallCallback(tmp_path, every_n_batches=8)])
+        history = model.fit(cc.dataset(name).batch(32), epochs=2, verbose=0, shuffle=False,
+                            callbacks=[client.InputStallCallback(tmp_path, every_n_batches=8)])
     stall = history.history["input_stall"]
     assert len(stall) == 2 and all(0 <= s <= 1 for s in stall)
     assert stall[0] > 0  # the epoch's first chunk is asked for before it is ready
