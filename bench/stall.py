@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             path, _, step = case.partition(":")
             step_ms = float(step or 0)
             target = str(daemon.tcp_target) if path == "plane" else daemon.target
-            with CacheClient(target, job=f"{path}-{step_ms:g}ms") as cc:
+            with CacheClient(target, job=f"{path}-{step_ms:g}ms", time_stall=True) as cc:
                 ds = cc.dataset("stall", direct=path == "direct").batch(args.batch).prefetch(
                     tf.data.AUTOTUNE)
                 for _ in ds:  # a warm-up epoch

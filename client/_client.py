@@ -83,6 +83,9 @@ class CacheClient:
     every few seconds (elements, bytes, input stall; `cacheserver top`, /metrics):
     default $SHARDCACHE_JOB, else the program's name, and $SHARDCACHE_RANK, else
     TF_CONFIG's task index, else 0. report=False sends none (docs/operations.md, "Readers").
+    time_stall=True also times the input stall (how long the consumer asked for data not
+    ready yet: client.InputStallCallback, `cacheserver top`), at some cost in read speed
+    (docs/reading.md, "Is the job waiting on input?").
     """
 
     def __init__(self, target: str | None = None, *, targets: str | Sequence[str] | None = None,
@@ -90,7 +93,8 @@ class CacheClient:
                  tune_malloc: bool = True, token: str | None = None, tls_ca: Pem | None = None,
                  tls_cert: Pem | None = None, tls_key: Pem | None = None,
                  local_data_dir: str | Path | None = None, job: str | None = None,
-                 rank: int | None = None, report: bool = True) -> None:
+                 rank: int | None = None, report: bool = True, time_stall: bool = False
+                 ) -> None:
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
         if target is not None and targets is not None:
             raise InvalidArgumentError("give target (one daemon) or targets (a fleet), not both")
@@ -107,7 +111,8 @@ class CacheClient:
         self._catalog = Catalog(self._transport, self._fleet)
         self._tune_malloc = malloc.enabled(tune_malloc)
         self._local_data_dir = direct_read.resolve_local_data_dir(local_data_dir)
-        self._reports = Reports.make(job, rank, self._catalog.home) if report else None
+        self._reports = (Reports.make(job, rank, self._catalog.home, time_stall, report)
+                         if report or time_stall else None)
         _exit_hook()
 
     def __enter__(self) -> CacheClient:

@@ -90,9 +90,11 @@ def check_rank(rank: int) -> int:
 class ReadFigures:
     """One cache's running totals in this process (counters); thread-safe, per chunk."""
 
-    def __init__(self, cache: str, reports: Reports | None = None) -> None:
+    def __init__(self, cache: str, reports: Reports | None = None,
+                 time_stall: bool = False) -> None:
         self.cache = cache
         self.reports = reports
+        self.time_stall = time_stall  # whether its reads time the consumer's asks
         self.path = "grpc"
         self.elements = self.bytes = self.chunks = 0
         self.chunk_seconds = self.stall_seconds = 0.0
@@ -124,6 +126,7 @@ class _ProcessStall:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.timed = False  # whether any read has timed its stall (time_stall=True)
         self._lock = threading.Lock()
 
     def stalled(self, seconds: float) -> None:
@@ -149,9 +152,9 @@ class InputStall:
     the meter was made) spent waiting on input: near 1, the loop waits on its input; near
     0, the input keeps ahead. Over :meth:`timed`, the loop's own waits in ``next()``,
     exactly; without it, the time the consumers of this process's ``cc.dataset()`` and
-    ``cc.cache()`` reads asked for a chunk that was not ready (an estimate: the pipeline's
-    own work above the chunks is not in it, and a ``prefetch()`` may absorb a wait;
-    docs/reading.md, "Is the job waiting on input?").
+    ``cc.cache()`` reads asked for a chunk that was not ready, where their CacheClient has
+    ``time_stall=True`` (an estimate: the pipeline's own work above the chunks is not in it,
+    and a ``prefetch()`` may absorb a wait; docs/reading.md, "Is the job waiting on input?").
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -185,6 +188,11 @@ class InputStall:
         self._when, self._stalled = now, stalled
         return lap
 
+    @property
+    def measured(self) -> bool:
+        """Whether fraction() measures anything: timed() was used, or a read timed its stall."""
+        return self._timed or _PROCESS.timed
+
     def fraction(self) -> float:
         """The share of the wall time since the previous call spent waiting, 0 to 1."""
         waited, wall = self.lap()
@@ -206,6 +214,8 @@ class Pace:
         self._ready: dict[int, float] = {}
         if figures.reports is not None:
             figures.reports.began()
+        if figures.time_stall:
+            _PROCESS.timed = True
 
     def close(self) -> None:
         """The iteration ended (its iterator went)."""
@@ -221,7 +231,7 @@ class Pace:
 
     def ready(self, i: int, when: float) -> None:
         """Chunk i is ready (decoded) at when."""
-        if i % SAMPLE == 0:
+        if i % SAMPLE == 0 and self.figures.time_stall:
             with self._lock:
                 self._ready[i] = when
 
@@ -233,8 +243,11 @@ class Reports:
     """A CacheClient's readers' figures, sent to each cache's daemon every REPORT_SECONDS."""
 
     def __init__(self, job: str, rank: int, home: Callable[[str], Transport],
-                 every: float = REPORT_SECONDS) -> None:
+                 every: float = REPORT_SECONDS, time_stall: bool = False,
+                 send: bool = True) -> None:
         self.job, self.rank = job, rank
+        self.time_stall = time_stall
+        self._send = send  # False: the figures are kept here only (InputStall)
         self.reporter = secrets.token_hex(8)
         self._home, self._every = home, every
         self._lock = threading.Condition()
@@ -245,18 +258,19 @@ class Reports:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport]
-             ) -> Reports:
+    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport],
+             time_stall: bool, send: bool) -> Reports:
         """CacheClient's: job and rank checked, or their defaults."""
         return cls(check_job(job) if job is not None else default_job(),
-                   check_rank(rank) if rank is not None else default_rank(), home)
+                   check_rank(rank) if rank is not None else default_rank(), home,
+                   time_stall=time_stall, send=send)
 
     def reader(self, cache: str) -> ReadFigures:
         """The figures of cache in this process (made on first use)."""
         with self._lock:
             figures = self._figures.get(cache)
             if figures is None:
-                figures = self._figures[cache] = ReadFigures(cache, self)
+                figures = self._figures[cache] = ReadFigures(cache, self, self.time_stall)
             return figures
 
     def began(self) -> None:
@@ -276,6 +290,8 @@ class Reports:
 
     def send(self) -> None:
         """Report every reader now, one request per daemon."""
+        if not self._send:
+            return
         with self._lock:
             figures = list(self._figures.values())
         by_daemon: dict[str, tuple[Transport, list[pb.ReaderFigures]]] = {}

@@ -208,27 +208,35 @@ class Reader:
                                          stateful=True)
                 return self.wire.signature_of(flat)
 
-            ds = own_threads(tf.data.Dataset.range(count).map(
-                chunk, num_parallel_calls=self._parallel, deterministic=True), self._threads)
-            if self._figures is None or self.checkpoint:
-                return ds
-            # zip asks its inputs in order: the consumer's ask for chunk i is timed in its
-            # thread, before it waits on the chunk (the input stall, client/read/report.py);
-            # every SAMPLE-th ask goes to Python, once the chunk is here. Not with
-            # checkpoint: a restore right after an epoch's last batch then reads that epoch
-            # again (tests/integration/test_checkpoints.py).
-            asks = tf.data.Dataset.range(count).map(lambda i: (i, tf.timestamp()))
-
-            def handed(ask: tuple[tf.Tensor, tf.Tensor], batch: Any) -> Any:
-                i, when = ask
-                noted = tf.cond(i % SAMPLE == 0, lambda: tf.numpy_function(
-                    self.asked, [hold, i, when], tf.int64, stateful=True), lambda: i)
-                with tf.control_dependencies([noted]):
-                    return tf.nest.map_structure(tf.identity, batch)
-
-            return tf.data.Dataset.zip((asks, ds)).map(handed)
+            ds = tf.data.Dataset.range(count).map(chunk, num_parallel_calls=self._parallel,
+                                                  deterministic=True)
+            if self._figures is not None and self._figures.time_stall and not self.checkpoint:
+                ds = self._timed(ds, hold, count)
+            return own_threads(ds, self._threads)
 
         return tf.data.Dataset.from_tensors(np.int64(0)).flat_map(chunks)
+
+    def _timed(self, ds: tf.data.Dataset, hold: tf.Tensor, count: tf.Tensor
+               ) -> tf.data.Dataset:
+        """ds (the chunks) with the consumer's asks timed: the input stall.
+
+        zip asks its inputs in order: the ask for chunk i is timed (tf.timestamp) in the
+        consumer's thread, before it waits on the chunk (client/read/report.py); every
+        SAMPLE-th ask goes to Python once the chunk is here. Only where asked for
+        (CacheClient(time_stall=True)): it costs a direct read of images 5-15% of its speed
+        (docs/benchmarks.md). Inside the read's own thread pool: outside it, the zip alone
+        costs a fifth. Not with checkpoint: a restore right after an epoch's last batch then
+        reads that epoch again (tests/integration/test_checkpoints.py)."""
+        asks = tf.data.Dataset.range(count).map(lambda i: (i, tf.timestamp()))
+
+        def handed(ask: tuple[tf.Tensor, tf.Tensor], batch: Any) -> Any:
+            i, when = ask
+            noted = tf.cond(i % SAMPLE == 0, lambda: tf.numpy_function(
+                self.asked, [hold, i, when], tf.int64, stateful=True), lambda: i)
+            with tf.control_dependencies([noted]):
+                return tf.nest.map_structure(tf.identity, batch)
+
+        return tf.data.Dataset.zip((asks, ds)).map(handed)
 
     def dataset(self, per_iteration: Transform) -> tf.data.Dataset:
         """cc.dataset()'s iterations, one epoch each, checkpointable: per_iteration of the

@@ -2,10 +2,11 @@
 
 The figure is :class:`client.InputStall`'s (client/read/report.py): the seconds this
 process's shardcache reads kept their consumer waiting for a chunk, over the epoch's wall
-time. It goes into the epoch's ``logs`` as ``input_stall`` (History, CSVLogger, and a
-TensorBoard callback placed after this one show it), to the ``client`` logger, and, with
-``log_dir``, to TensorBoard as the scalar ``input_stall`` per epoch (and
-``batch_input_stall`` every ``every_n_batches`` batches) under ``log_dir/train``.
+time; reads time it where their CacheClient has ``time_stall=True``. It goes into the
+epoch's ``logs`` as ``input_stall`` (History, CSVLogger, and a TensorBoard callback placed
+after this one show it), to the ``client`` logger, and, with ``log_dir``, to TensorBoard as
+the scalar ``input_stall`` per epoch (and ``batch_input_stall`` every ``every_n_batches``
+batches) under ``log_dir/train``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class InputStallCallback(tf.keras.callbacks.Callback):
         self._epoch, self._batches = InputStall(), InputStall()
         self._writer: Any = None
         self._batch_step = 0
+        self._warned = False
 
     def _scalar(self, name: str, value: float, step: int) -> None:
         if self._log_dir is None:
@@ -56,6 +58,11 @@ class InputStallCallback(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         stall = self._epoch.fraction()
+        if not self._epoch.measured and not self._warned:
+            self._warned = True
+            log.warning("shardcache: no read in this process times its input stall, so "
+                        "InputStallCallback reports 0; make the CacheClient with "
+                        "time_stall=True")
         if logs is not None:
             logs["input_stall"] = stall
         log.info("epoch %d: waited on input %.1f%% of the time", epoch + 1, 100 * stall)

@@ -33,7 +33,7 @@ def scalars(log_dir: Path, tag: str) -> dict[int, float]:
 
 def test_keras_fit_reports_the_input_stall_per_epoch_to_logs_and_tensorboard(
         daemon, name, tmp_path) -> None:
-    with CacheClient(daemon.unix_target) as cc:
+    with CacheClient(daemon.unix_target, time_stall=True, report=False) as cc:
         list(cc.cache(source(), name))  # written
         model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
@@ -60,9 +60,9 @@ def test_a_custom_loop_times_its_own_waits_with_timed(daemon, name) -> None:
     assert batches == 8 and waited == 9 and wall == 2 * 9 + 1
 
 
-def test_a_custom_loop_reads_the_stall_of_its_laps(daemon, name) -> None:
+def test_a_custom_loop_reads_the_stall_its_reads_timed(daemon, name) -> None:
     stall = InputStall()
-    with CacheClient(daemon.unix_target) as cc:
+    with CacheClient(daemon.unix_target, time_stall=True, report=False) as cc:
         list(cc.cache(source(), name))
         stall.lap()
         for _ in cc.dataset(name).batch(64):

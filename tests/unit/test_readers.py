@@ -48,7 +48,7 @@ def test_past_the_cap_the_reader_reported_longest_ago_is_dropped() -> None:
 
 
 def test_the_stall_is_the_time_from_the_ask_to_the_chunk_being_ready_per_sample() -> None:
-    figures = ReadFigures("imgs")
+    figures = ReadFigures("imgs", time_stall=True)
     pace = Pace(figures)
     pace.ready(0, 1.5)              # chunk 0 ready half a second after ...
     pace.asked(0, 1.0)              # ... the consumer asked for it
