@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.data.ops import map_op
 
 from client.format.fixed_decode import aligned_empty
 from client.read.report import SAMPLE, Pace, ReadFigures
@@ -223,11 +224,15 @@ class Reader:
         zip asks its inputs in order: the ask for chunk i is timed (tf.timestamp) in the
         consumer's thread, before it waits on the chunk (client/read/report.py); every
         SAMPLE-th ask goes to Python once the chunk is here. Only where asked for
-        (CacheClient(time_stall=True)): it costs a direct read of images 5-15% of its speed
-        (docs/benchmarks.md). Inside the read's own thread pool: outside it, the zip alone
-        costs a fifth. Not with checkpoint: a restore right after an epoch's last batch then
-        reads that epoch again (tests/integration/test_checkpoints.py)."""
-        asks = tf.data.Dataset.range(count).map(lambda i: (i, tf.timestamp()))
+        (CacheClient(time_stall=True)): it costs a direct read of images 12-25% of its speed
+        (docs/design.md). Inside the read's own thread pool: outside it, the zip alone costs
+        a fifth. Not with checkpoint: a restore right after an epoch's last batch then reads
+        that epoch again (tests/integration/test_checkpoints.py)."""
+        # run on the consumer's own thread, not scheduled on the pool (busy with chunks):
+        # there the ask would be timed once a chunk's call let go of a thread
+        asks = map_op._MapDataset(tf.data.Dataset.range(count),
+                                  lambda i: (i, tf.timestamp()),
+                                  use_inter_op_parallelism=False)
 
         def handed(ask: tuple[tf.Tensor, tf.Tensor], batch: Any) -> Any:
             i, when = ask
