@@ -88,6 +88,18 @@ STORE_PULLED_BYTES = Counter("shardcache_store_pulled_bytes",
 STORE_ERRORS = Counter("shardcache_store_errors",
                        "Object store operations that failed (publish: retried with backoff).",
                        ["op"], registry=REGISTRY)
+STORE_REQUESTS = Counter("shardcache_store_requests",
+                         "Requests sent to the object store, retries included, by kind as the "
+                         "store's price list counts them: GET, PUT (every write: PutObject, "
+                         "multipart parts), HEAD, LIST, DELETE.", ["op"], registry=REGISTRY)
+STORE_BYTES = Counter("shardcache_store_bytes",
+                      "Bytes to and from the object store, retries included: out (request "
+                      "bodies), in (answers, by their Content-Length).", ["direction"],
+                      unit="bytes", registry=REGISTRY)
+READERS_DROPPED = Counter("shardcache_readers_dropped",
+                          "Readers forgotten before their expiry to keep at most 256 "
+                          "(cacheserver/readers.py): the one reported longest ago first.",
+                          registry=REGISTRY)
 STORE_UNPUBLISHED = Gauge("shardcache_store_unpublished_caches",
                           "Committed caches waiting to be published (or retrying).",
                           registry=REGISTRY)
@@ -98,6 +110,10 @@ for _reason in ("capacity", "ttl"):
     EVICTIONS.labels(_reason)
 for _op in ("publish", "pull"):
     STORE_ERRORS.labels(_op)
+for _op in ("GET", "PUT", "HEAD", "LIST", "DELETE"):
+    STORE_REQUESTS.labels(_op)
+for _direction in ("in", "out"):
+    STORE_BYTES.labels(_direction)
 for _state in ("SUCCEEDED", "FAILED", "CANCELLED"):
     MATERIALIZATIONS.labels(_state)
 

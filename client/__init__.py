@@ -38,6 +38,7 @@ from client.errors import (
     UnauthenticatedError,
 )
 from client.read.plan import ReadState
+from client.read.report import InputStall
 
 __all__ = [
     "CacheClient",
@@ -51,6 +52,8 @@ __all__ = [
     "DirectWriteUnavailableError",
     "DiskFullError",
     "FingerprintMismatchError",
+    "InputStall",
+    "InputStallCallback",
     "InternalError",
     "InvalidArgumentError",
     "MaterializeNotAllowedError",
@@ -69,3 +72,12 @@ __all__ = [
     "TooManyStreamsError",
     "UnauthenticatedError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """InputStallCallback, a Keras callback: imports TensorFlow, so only when asked for."""
+    if name == "InputStallCallback":
+        from client.tf.stall import InputStallCallback
+
+        return InputStallCallback
+    raise AttributeError(f"module 'client' has no attribute {name!r}")

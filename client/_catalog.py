@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from client._fleet import Fleet
@@ -38,6 +38,11 @@ class CacheInfo:
     store_done_bytes: int = 0  # of store_total_bytes, uploaded or fetched
     store_total_bytes: int = 0
     store_detail: str = ""  # why it is not stored yet (the last error), or the conflict
+    #: What this daemon's calls for the cache cost the store since it started, retries
+    #: included: requests by kind (GET, PUT, HEAD, LIST, DELETE), bytes in and out.
+    store_requests: dict[str, int] = field(default_factory=dict)
+    store_bytes_in: int = 0
+    store_bytes_out: int = 0
 
     @property
     def compression_ratio(self) -> float:
@@ -52,7 +57,8 @@ class CacheInfo:
                    c.direct_leases, c.direct_reads,
                    pb.StoreState.Name(c.store.state).removeprefix("STORE_STATE_")
                    if c.store.state else "", c.store.done_bytes, c.store.total_bytes,
-                   c.store.detail)
+                   c.store.detail, dict(c.store.requests), c.store.bytes_in,
+                   c.store.bytes_out)
 
 
 class Catalog:

@@ -28,6 +28,7 @@ from client.read import direct as direct_read
 from client.read import mix as mixing
 from client.read import plan
 from client.read.chunks import DEFAULT_PREFETCH_BYTES
+from client.read.report import Reports
 from client.tf import malloc
 from client.write.spare_cpu import compress_mode
 
@@ -81,13 +82,23 @@ class CacheClient:
     token is the daemon's bearer token (default: $CACHESERVER_TOKEN). tls_ca
     (a CA to trust), tls_cert and tls_key (a client certificate, for mutual
     TLS) are PEM file paths or PEM bytes; any of them turns TLS on.
+
+    job and rank name this process's reads in the figures it reports to the daemon
+    every few seconds (elements, bytes, input stall; `cacheserver top`, /metrics):
+    default $SHARDCACHE_JOB, else the program's name, and $SHARDCACHE_RANK, else
+    TF_CONFIG's task index, else 0. report=False sends none (docs/operations.md, "Readers").
+    time_stall=True also times the input stall (how long the consumer asked for data not
+    ready yet: client.InputStallCallback, `cacheserver top`), at some cost in read speed
+    (docs/reading.md, "Is the job waiting on input?").
     """
 
     def __init__(self, target: str | None = None, *, targets: str | Sequence[str] | None = None,
                  connect_timeout: float = 5.0,
                  tune_malloc: bool = True, token: str | None = None, tls_ca: Pem | None = None,
                  tls_cert: Pem | None = None, tls_key: Pem | None = None,
-                 local_data_dir: str | Path | None = None) -> None:
+                 local_data_dir: str | Path | None = None, job: str | None = None,
+                 rank: int | None = None, report: bool = True, time_stall: bool = False
+                 ) -> None:
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
         #: How a worker process opens a client like this one (cc.source()'s pickles).
         self._opened_with = {"target": target, "targets": targets,
@@ -109,6 +120,8 @@ class CacheClient:
         self._catalog = Catalog(self._transport, self._fleet)
         self._tune_malloc = malloc.enabled(tune_malloc)
         self._local_data_dir = direct_read.resolve_local_data_dir(local_data_dir)
+        self._reports = (Reports.make(job, rank, self._catalog.home, time_stall, report)
+                         if report or time_stall else None)
         _exit_hook()
 
     def __enter__(self) -> CacheClient:
@@ -118,6 +131,8 @@ class CacheClient:
         self.close()
 
     def close(self) -> None:
+        if self._reports is not None:
+            self._reports.close()
         self._catalog.close()
 
     def __repr__(self) -> str:
@@ -171,7 +186,8 @@ class CacheClient:
     def _datasets(self) -> DatasetBuilder:
         from client.tf.builder import DatasetBuilder  # imports tensorflow
 
-        return DatasetBuilder(self._catalog, self._local_data_dir, self._tune_malloc)
+        return DatasetBuilder(self._catalog, self._local_data_dir, self._tune_malloc,
+                              self._reports)
 
     def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                 shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,

@@ -49,6 +49,7 @@ from cacheserver.catalog.pulls import Pull
 from cacheserver.catalog.stored import StoredCache
 from cacheserver.logs import shown
 from cacheserver.tier.bucket import Bucket, StoredObject
+from cacheserver.tier.requests import Tally
 from client.wire.status import CacheServerError, DataLoss, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class StoreStatus:
     total_bytes: int = 0
     done_shards: int = 0
     detail: str = ""
+    #: requests by kind, bytes in and out, this daemon's calls for the cache cost the store
+    cost: Tally = field(default_factory=Tally)
 
 
 @dataclass
@@ -149,12 +152,13 @@ class StoreTier:
     # ------------------------------------------------------------------ status
 
     def status(self, name: str) -> StoreStatus:
+        cost = self.bucket.requests.of(name)
         with self._lock:
             pull = self._pulls.get(name)
             if pull is not None:
                 return StoreStatus(PULLING, pull.done_bytes, pull.stored.size,
-                                   pull.state.count("done"))
-            return replace(self._status.get(name) or StoreStatus(LOCAL))
+                                   pull.state.count("done"), cost=cost)
+            return replace(self._status.get(name) or StoreStatus(LOCAL), cost=cost)
 
     def evictable(self, name: str) -> bool:
         """Whether the local copy of name may be dropped: the store holds it, whole."""

@@ -26,6 +26,7 @@ from cacheserver.catalog.retention import Retention
 from cacheserver.catalog.writes import CacheWrite
 from cacheserver.logs import shown
 from cacheserver.materialize.materializer import Materializer
+from cacheserver.readers import READERS
 from cacheserver.rpc import validate
 from cacheserver.rpc.operations import operation_to_proto
 from cacheserver.rpc.streams import BegunGuard
@@ -254,7 +255,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
             cache.store.CopyFrom(pb.StoreStatus(
                 state=_STORE_STATES[status.state], done_bytes=status.done_bytes,
                 total_bytes=status.total_bytes, done_shards=status.done_shards,
-                detail=status.detail))
+                detail=status.detail, requests=status.cost.requests,
+                bytes_in=status.cost.bytes_in, bytes_out=status.cost.bytes_out))
         return cache
 
     @_translating
@@ -361,3 +363,12 @@ class CacheService(pb_grpc.CacheServiceServicer):
         validate.lease_id(request.lease_id)
         self.leases.release(request.lease_id)
         return pb.ReleaseReadLeaseResponse()
+
+    # ------------------------------------------------------------ readers' figures
+
+    @_translating
+    def ReportReads(self, request: pb.ReportReadsRequest,
+                    context: grpc.ServicerContext) -> pb.ReportReadsResponse:
+        READERS.report(request.reporter, validate.report_reads(request.reporter,
+                                                               request.readers))
+        return pb.ReportReadsResponse(expiry_seconds=READERS.expiry)

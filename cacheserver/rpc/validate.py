@@ -9,12 +9,15 @@ docs/protocol.md, "Limits".
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
+from typing import Any
 
 from cacheserver.catalog.direct_writes import StagedShard
 from cacheserver.catalog.manifest import validate_name
 from cacheserver.catalog.reads import MAX_INDICES
 from cacheserver.logs import shown
+from cacheserver.readers import PATHS, Figures, Labels
 from client.format.layout import Layout
 from client.format.values import MAX_ZSTD_EXPANSION
 from client.wire.status import InvalidArgument
@@ -27,6 +30,9 @@ MAX_WATCH_INTERVAL = 3600.0
 MAX_OPERATION_NAME_CHARS = 256
 MAX_LEASE_ID_CHARS = 64
 MAX_ENTRY_POINT_CHARS = 1024
+MAX_REPORTED_READERS = 64
+MAX_RANK = 1 << 20
+_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def name(value: str) -> str:
@@ -135,3 +141,33 @@ def start_materialize(cache: str, entry_point: str, element_spec: bytes, fp: str
     if len(element_spec) > MAX_ELEMENT_SPEC_BYTES:
         raise InvalidArgument(f"element_spec is {len(element_spec)} bytes; the limit is "
                               f"{MAX_ELEMENT_SPEC_BYTES}")
+
+
+def report_reads(reporter: str, readers: Sequence[Any]) -> list[tuple[Labels, Figures]]:
+    """ReportReads: a reporter id, and at most MAX_REPORTED_READERS readers whose labels are
+    short plain words and whose figures are finite and not negative."""
+    _label(reporter, "reporter")
+    if len(readers) > MAX_REPORTED_READERS:
+        raise InvalidArgument(f"{len(readers)} readers in one report; the limit is "
+                              f"{MAX_REPORTED_READERS}")
+    out = []
+    for r in readers:
+        _label(r.training_job, "training_job")
+        name(r.cache)
+        if r.path not in PATHS:
+            raise InvalidArgument(f"path {shown(r.path, 64)!r} is not one of {', '.join(PATHS)}")
+        if r.rank > MAX_RANK:
+            raise InvalidArgument(f"rank {r.rank} is above {MAX_RANK}")
+        for what in ("chunk_seconds", "stall_seconds"):
+            value = getattr(r, what)
+            if not math.isfinite(value) or value < 0:
+                raise InvalidArgument(f"{what} {value} is not a finite number >= 0")
+        out.append((Labels(r.training_job, str(r.rank), r.cache, r.path),
+                    Figures(r.elements, r.bytes, r.chunks, r.chunk_seconds, r.stall_seconds)))
+    return out
+
+
+def _label(value: str, what: str) -> None:
+    if not _LABEL.fullmatch(value):
+        raise InvalidArgument(f"{what} {shown(value, 64)!r} must be 1-64 of A-Z a-z 0-9 _ . - "
+                              "(SHARDCACHE_JOB, or CacheClient(job=...))")

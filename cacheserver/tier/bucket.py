@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cacheserver.tier.requests import StoreRequests
 from client.format.store import disk_full
 from client.wire.status import CacheServerError, DataLoss, StoreUnavailable
 
@@ -105,6 +106,7 @@ class Bucket:
         self._timeout, self._attempts = timeout, attempts
         self._client: Any = None
         self._lock = threading.Lock()
+        self.requests = StoreRequests(self.url.prefix)
 
     def __str__(self) -> str:
         return str(self.url)
@@ -123,6 +125,7 @@ class Bucket:
                         retries={"mode": "standard", "max_attempts": self._attempts},
                         max_pool_connections=32, s3={"addressing_style": "path"}
                         if self.endpoint else {}))
+                self.requests.attach(self._client)
             return self._client
 
     def _key(self, key: str) -> str:

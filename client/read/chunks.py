@@ -82,6 +82,10 @@ class CacheReads:
                                        direct)
         else:
             self._fetch = Fetcher(transport, cache, options.reconnect_timeout, self._closing)
+        #: how the chunks come, for the read's report (client/read/report.py)
+        self.path = ("plane" if isinstance(self._lease, PlaneLease) else "direct"
+                     if self._lease is not None else "fleet"
+                     if isinstance(self._fetch, FleetFetcher) else "grpc")
         self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
         self.buffers = Buffers()  # the chunks' arrays, reused (client/read/buffers.py)
         self._decode = Decoder(cache, layout, self.buffers.empty)
@@ -128,6 +132,7 @@ class EpochChunks:
                                  direct, fleet)
         self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
         self.count = self._chunks.count
+        self.path = self._reads.path
 
     def chunk(self, i: int) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of chunk i: its positions [p0, p1) of the epoch."""

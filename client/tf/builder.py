@@ -29,6 +29,7 @@ from client.read import mix as mixing
 from client.read import plan
 from client.read.chunks import CacheReads, EpochChunks, chunk_target
 from client.read.mix_chunks import MixChunks
+from client.read.report import ReadFigures, Reports
 from client.tf import convert, graphs, malloc, tap
 from client.tf import fit as keras_fit
 from client.tf import reads as tf_reads
@@ -53,11 +54,15 @@ class _Committed:
 class DatasetBuilder:
     """Builds a CacheClient's datasets; the arguments come checked (client/_client.py)."""
 
-    def __init__(self, catalog: Catalog, local_data_dir: Path | None, tune_malloc: bool
-                 ) -> None:
+    def __init__(self, catalog: Catalog, local_data_dir: Path | None, tune_malloc: bool,
+                 reports: Reports | None = None) -> None:
         self._catalog = catalog
+        self._reports = reports  # the reads' figures for the daemon (client/read/report.py)
         self._local_data_dir = local_data_dir
         self._tune_malloc = tune_malloc
+
+    def _figures(self, name: str) -> ReadFigures | None:
+        return self._reports.reader(name) if self._reports is not None else None
 
     def _direct(self, name: str, mode: direct_read.Mode) -> direct_read.DirectReads:
         return direct_read.DirectReads(self._catalog.home(name), mode, self._local_data_dir)
@@ -85,7 +90,7 @@ class DatasetBuilder:
             reads.check(cache)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(
             self._epoch_chunks, cache, fmt.layout, options, prefetch_bytes, reads),
-            plan.Epochs(options), options.parallel_shards)
+            plan.Epochs(options), options.parallel_shards, self._figures(name))
         return tf_reads.elements(fmt, reader.dataset, cardinality)
 
     def mix(self, weights: dict[str, Any], size: int | None, options: plan.ReadOptions,
@@ -168,7 +173,7 @@ class DatasetBuilder:
                            and existing.state == pb.CACHE_STATE_READY else None)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(
             self._cache_chunks, ready, begin, options, prefetch_bytes, reads), epochs,
-            options.parallel_shards)
+            options.parallel_shards, self._figures(name))
         iterations = Iterations(reader, epochs, dataset.options())
         if self._tune_malloc:
             iterations.source_started = malloc.tune

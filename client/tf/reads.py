@@ -60,8 +60,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.data.ops import map_op
 
 from client.format.fixed_decode import aligned_empty
+from client.read.report import SAMPLE, Pace, ReadFigures
 from client.tf.datasets import (
     BatchBuilder,
     CachedElements,
@@ -129,6 +131,13 @@ class Holds:
             quietly(lambda: self._close(obj))
 
 
+def _close_read(read: tuple[Any, Pace | None]) -> None:
+    chunks, pace = read
+    if pace is not None:
+        pace.close()
+    chunks.close()
+
+
 def quietly(close: Callable[[], None]) -> None:
     """Run a finalizer's close; it runs wherever the iterator happens to go, so log errors."""
     try:
@@ -156,8 +165,9 @@ class Reader:
     """
 
     def __init__(self, wire: Wire, open_chunks: OpenChunks, epochs: Any,
-                 parallel: int = 0) -> None:
+                 parallel: int = 0, figures: ReadFigures | None = None) -> None:
         self.wire = wire
+        self._figures = figures  # what the read reports (client/read/report.py), if anything
         self._open_chunks = open_chunks
         self._parallel = parallel or tf.data.AUTOTUNE
         # A chunk's call blocks on I/O (a daemon, a fleet member, the disk) for most of its
@@ -165,7 +175,7 @@ class Reader:
         # in flight, whatever num_parallel_calls says (docs/design.md, "Read threads").
         self._threads = max(parallel, READ_THREADS)
         self._epochs = epochs
-        self._holds = Holds(lambda chunks: chunks.close())
+        self._holds = Holds(_close_read)
 
     def begin(self, _: np.int64) -> tuple[np.int64, np.int64]:
         """numpy_function body of cc.dataset()'s control: this iteration's (epoch, start)."""
@@ -181,14 +191,32 @@ class Reader:
         """numpy_function body run when an iteration's batches are asked (or restored): the
         epoch's chunks from start, as (hold, chunk count)."""
         chunks = self._open_chunks(int(epoch), int(start))
-        return self._holds.new(chunks), np.int64(chunks.count)
+        pace = Pace(self._figures) if self._figures is not None else None
+        return self._holds.new((chunks, pace)), np.int64(chunks.count)
 
     def chunk(self, hold: np.ndarray, i: np.int64) -> list[Any]:
         """numpy_function body: the arrays of chunk i (read.chunks.EpochChunks.chunk)."""
-        chunks = self._holds.live(hold)
+        chunks, pace = self._holds.live(hold) or (None, None)
         if chunks is None:  # the iterator is gone; tf.data does not ask then
             raise RuntimeError(f"shardcache: no read is open for chunk {int(i)}")
-        return self.wire.arrays(*chunks.chunk(int(i)))
+        if pace is None:
+            return self.wire.arrays(*chunks.chunk(int(i)))
+        began = pace.now()
+        n, batch = chunks.chunk(int(i))
+        arrays = self.wire.arrays(n, batch)
+        done = pace.now()
+        pace.figures.chunk(getattr(chunks, "path", "mix"), n,
+                           sum(getattr(a, "nbytes", 0) for a in arrays), done - began)
+        pace.ready(int(i), done)
+        return arrays
+
+    def asked(self, hold: np.ndarray, i: np.int64, when: np.float64) -> np.int64:
+        """numpy_function body, for every SAMPLE-th chunk once the consumer has it: it
+        asked for chunk i at when."""
+        _, pace = self._holds.live(hold) or (None, None)
+        if pace is not None:
+            pace.asked(int(i), float(when))
+        return i
 
     def batches(self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0
                 ) -> tf.data.Dataset:
@@ -204,10 +232,39 @@ class Reader:
                                          stateful=False)
                 return self.wire.signature_of(flat)
 
-            return own_threads(tf.data.Dataset.range(count).map(
-                chunk, num_parallel_calls=self._parallel, deterministic=True), self._threads)
+            ds = tf.data.Dataset.range(count).map(chunk, num_parallel_calls=self._parallel,
+                                                  deterministic=True)
+            if self._figures is not None and self._figures.time_stall:
+                ds = self._timed(ds, hold, count)
+            return own_threads(ds, self._threads)
 
         return tf.data.Dataset.from_tensors(tf.cast(after, tf.int64)).flat_map(chunks)
+
+    def _timed(self, ds: tf.data.Dataset, hold: tf.Tensor, count: tf.Tensor
+               ) -> tf.data.Dataset:
+        """ds (the chunks) with the consumer's asks timed: the input stall.
+
+        zip asks its inputs in order: the ask for chunk i is timed (tf.timestamp) in the
+        consumer's thread, before it waits on the chunk (client/read/report.py); every
+        SAMPLE-th ask goes to Python once the chunk is here. Only where asked for
+        (CacheClient(time_stall=True)): it costs a direct read of images 12-25% of its speed
+        (docs/design.md). Inside the read's own thread pool: outside it, the zip alone costs
+        a fifth. tf.timestamp is a stateful op: such a read's dataset sets the external
+        state policy IGNORE (policy()), or its iterators would not save."""
+        # run on the consumer's own thread, not scheduled on the pool (busy with chunks):
+        # there the ask would be timed once a chunk's call let go of a thread
+        asks = map_op._MapDataset(tf.data.Dataset.range(count),
+                                  lambda i: (i, tf.timestamp()),
+                                  use_inter_op_parallelism=False)
+
+        def handed(ask: tuple[tf.Tensor, tf.Tensor], batch: Any) -> Any:
+            i, when = ask
+            noted = tf.cond(i % SAMPLE == 0, lambda: tf.numpy_function(
+                self.asked, [hold, i, when], tf.int64, stateful=True), lambda: i)
+            with tf.control_dependencies([noted]):
+                return tf.nest.map_structure(tf.identity, batch)
+
+        return tf.data.Dataset.zip((asks, ds)).map(handed)
 
     def dataset(self, per_iteration: Transform) -> tf.data.Dataset:
         """cc.dataset()'s iterations, one epoch each, checkpointable: per_iteration of the
@@ -225,7 +282,17 @@ class Reader:
             return per_iteration(self.batches(epoch, start, seen))
 
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
-        return control.flat_map(iteration)
+        return self.policy(control.flat_map(iteration))
+
+    def policy(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """ds, with the external state policy IGNORE where the read times its input stall
+        (the timestamps are stateful ops; nothing else of the read's is)."""
+        if self._figures is None or not self._figures.time_stall:
+            return ds
+        options = tf.data.Options()
+        options.experimental_external_state_policy = (
+            tf.data.experimental.ExternalStatePolicy.IGNORE)
+        return ds.with_options(options)
 
 
 def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],

@@ -217,8 +217,27 @@ def test_every_dashboard_query_parses_and_selects_metrics_and_labels_the_daemon_
                    "shardcache_store_published_bytes_total",
                    "shardcache_store_pulled_bytes_total", "shardcache_store_errors_total",
                    "shardcache_store_unpublished_caches", "shardcache_data_connections",
-                   "shardcache_data_refused_total", "shardcache_data_fallbacks_total"):
+                   "shardcache_data_refused_total", "shardcache_data_fallbacks_total",
+                   "shardcache_reader_bytes_total", "shardcache_reader_elements_total",
+                   "shardcache_reader_stall_seconds_total", "shardcache_store_requests_total",
+                   "shardcache_store_bytes_total"):
         assert metric in selected, metric
+
+
+def test_the_dashboard_shows_throughput_per_training_job_and_stall_per_rank(
+        exported: dict[str, set[str]]) -> None:
+    grouped: dict[str, set[frozenset[str]]] = {}
+    for _, expr, _ in _queries(_dashboard()):
+        selectors, grouping = parse_promql(expr)
+        for s in selectors:
+            grouped.setdefault(s.metric, set()).add(frozenset(grouping))
+    # the fixture's readers reported themselves: the series exist, with these labels
+    assert {"training_job", "rank", "cache", "path"} <= exported[
+        "shardcache_reader_stall_seconds_total"]
+    assert frozenset({"training_job"}) in grouped["shardcache_reader_bytes_total"]
+    assert frozenset({"training_job", "rank"}) in grouped[
+        "shardcache_reader_stall_seconds_total"]
+    assert frozenset({"op"}) in grouped["shardcache_store_requests_total"]
 
 
 def test_the_dashboard_shows_read_bytes_by_plane_and_the_data_planes_refusals_by_reason(

@@ -114,18 +114,31 @@ class Cache(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ...) -> None: ...
 
 class StoreStatus(_message.Message):
-    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail")
+    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out")
+    class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     STATE_FIELD_NUMBER: _ClassVar[int]
     DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DONE_SHARDS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     state: StoreState
     done_bytes: int
     total_bytes: int
     done_shards: int
     detail: str
-    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    requests: _containers.ScalarMap[str, int]
+    bytes_in: int
+    bytes_out: int
+    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
     __slots__ = ("store",)
@@ -496,3 +509,39 @@ class StagedShard(_message.Message):
     stored_bytes: int
     raw_bytes: int
     def __init__(self, index: _Optional[int] = ..., num_elements: _Optional[int] = ..., num_records: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
+
+class ReaderFigures(_message.Message):
+    __slots__ = ("training_job", "rank", "cache", "path", "elements", "bytes", "chunks", "chunk_seconds", "stall_seconds")
+    TRAINING_JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    training_job: str
+    rank: int
+    cache: str
+    path: str
+    elements: int
+    bytes: int
+    chunks: int
+    chunk_seconds: float
+    stall_seconds: float
+    def __init__(self, training_job: _Optional[str] = ..., rank: _Optional[int] = ..., cache: _Optional[str] = ..., path: _Optional[str] = ..., elements: _Optional[int] = ..., bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., chunk_seconds: _Optional[float] = ..., stall_seconds: _Optional[float] = ...) -> None: ...
+
+class ReportReadsRequest(_message.Message):
+    __slots__ = ("reporter", "readers")
+    REPORTER_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    reporter: str
+    readers: _containers.RepeatedCompositeFieldContainer[ReaderFigures]
+    def __init__(self, reporter: _Optional[str] = ..., readers: _Optional[_Iterable[_Union[ReaderFigures, _Mapping]]] = ...) -> None: ...
+
+class ReportReadsResponse(_message.Message):
+    __slots__ = ("expiry_seconds",)
+    EXPIRY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    expiry_seconds: float
+    def __init__(self, expiry_seconds: _Optional[float] = ...) -> None: ...

@@ -105,6 +105,11 @@ class CacheServiceStub(object):
                 request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.SerializeToString,
                 response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.FromString,
                 _registered_method=True)
+        self.ReportReads = channel.unary_unary(
+                '/cacheserver.v1.CacheService/ReportReads',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReportReadsRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReportReadsResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer(object):
@@ -231,6 +236,17 @@ class CacheServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportReads(self, request, context):
+        """ReportReads tells the daemon how one client process's readers are doing:
+        what each read, how long its chunks took, how long its consumer waited for
+        them. Clients send it every few seconds while they read; the daemon exports
+        the figures on /metrics and forgets a reader not reported for
+        expiry_seconds (docs/operations.md, "Readers").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -303,6 +319,11 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.ReleaseReadLease,
                     request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.FromString,
                     response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.SerializeToString,
+            ),
+            'ReportReads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReads,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReportReadsRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReportReadsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -684,6 +705,33 @@ class CacheService(object):
             '/cacheserver.v1.CacheService/ReleaseReadLease',
             cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.SerializeToString,
             cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/ReportReads',
+            cacheserver_dot_v1_dot_cache__service__pb2.ReportReadsRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.ReportReadsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,333 @@
+"""What this process's readers tell their daemon: per cache, how much they read and how long
+the consumer waited (ReportReads; the daemon side is cacheserver/readers.py).
+
+A read (an iteration of ``cc.dataset()`` or of a READY ``cc.cache()``) counts, per chunk it
+hands to tf.data, the chunk's elements and decoded bytes and the seconds it took to fetch
+and decode (:meth:`ReadFigures.chunk`), and the **input stall**: how long the consumer
+asked for the chunk before it was ready (:class:`Pace`). The consumer's asks are seen by a
+sequential map zipped before the chunks' parallel map (client/tf/reads.py): tf.data's zip
+asks its inputs in order, so the ask is timed (tf.timestamp) in the consumer's own thread,
+just before it waits on the chunk; every ``SAMPLE``-th chunk's ask reaches Python once the
+chunk is there. Everything is counted per chunk (a chunk holds thousands of small elements
+or a few large ones), under one short lock: nothing per element.
+
+:class:`Reports` sends every reader's running totals to its cache's daemon every
+``REPORT_SECONDS`` from one thread per CacheClient while any of its iterations is alive,
+and once more when the last ends or the client closes; the labels are
+the training job and rank (``CacheClient(job=, rank=)``, else ``$SHARDCACHE_JOB`` and
+``$SHARDCACHE_RANK``, else the program's name and ``TF_CONFIG``'s task index, else 0).
+A failed report (a daemon down, or one without ReportReads) is logged once per daemon and
+sent again at the next; reading goes on regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from client._transport import Transport, pb
+from client.errors import InvalidArgumentError, ShardcacheError
+
+log = logging.getLogger("client")
+T = TypeVar("T")
+
+REPORT_SECONDS = 5.0
+#: One chunk in SAMPLE has its stall timed (and counted SAMPLE times): the others cost a
+#: few TensorFlow ops, and no Python call.
+SAMPLE = 4
+JOB_ENV = "SHARDCACHE_JOB"
+RANK_ENV = "SHARDCACHE_RANK"
+_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_MAX_PER_REQUEST = 64  # the daemon's limit (cacheserver/rpc/validate.py)
+
+
+def check_job(job: str) -> str:
+    if not _LABEL.fullmatch(job):
+        raise InvalidArgumentError(f"job {job!r} must be 1-64 of A-Z a-z 0-9 _ . - "
+                                   f"(CacheClient(job=...) or ${JOB_ENV})")
+    return job
+
+
+def default_job() -> str:
+    """$SHARDCACHE_JOB, else the program's name (a script's, or the package's run with
+    python -m; characters outside the label's set replaced by -), else "python"."""
+    if os.environ.get(JOB_ENV):
+        return check_job(os.environ[JOB_ENV])
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    program = program.parent if program.stem == "__main__" else program  # python -m NAME
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", program.stem)[:64].strip("-") or "python"
+
+
+def default_rank() -> int:
+    """$SHARDCACHE_RANK, else TF_CONFIG's task index (a multi-worker job's), else 0."""
+    if os.environ.get(RANK_ENV):
+        try:
+            return check_rank(int(os.environ[RANK_ENV]))
+        except ValueError:
+            raise InvalidArgumentError(f"${RANK_ENV}={os.environ[RANK_ENV]!r} is not a "
+                                       "number") from None
+    try:
+        return check_rank(int(json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["index"]))
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def check_rank(rank: int) -> int:
+    if not 0 <= rank <= 1 << 20:
+        raise InvalidArgumentError(f"rank {rank} must be between 0 and {1 << 20}")
+    return rank
+
+
+class ReadFigures:
+    """One cache's running totals in this process (counters); thread-safe, per chunk."""
+
+    def __init__(self, cache: str, reports: Reports | None = None,
+                 time_stall: bool = False) -> None:
+        self.cache = cache
+        self.reports = reports
+        self.time_stall = time_stall  # whether its reads time the consumer's asks
+        self.path = "grpc"
+        self.elements = self.bytes = self.chunks = 0
+        self.chunk_seconds = self.stall_seconds = 0.0
+        self._lock = threading.Lock()
+
+    def chunk(self, path: str, elements: int, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.path = path
+            self.elements += elements
+            self.bytes += nbytes
+            self.chunks += 1
+            self.chunk_seconds += seconds
+
+    def stalled(self, seconds: float) -> None:
+        with self._lock:
+            self.stall_seconds += seconds
+        _PROCESS.stalled(seconds)
+
+    def proto(self, job: str, rank: int) -> pb.ReaderFigures:
+        with self._lock:
+            return pb.ReaderFigures(
+                training_job=job, rank=rank, cache=self.cache, path=self.path,
+                elements=self.elements, bytes=self.bytes, chunks=self.chunks,
+                chunk_seconds=self.chunk_seconds, stall_seconds=self.stall_seconds)
+
+
+class _ProcessStall:
+    """Seconds every read of this process kept its consumer waiting, since it started."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.timed = False  # whether any read has timed its stall (time_stall=True)
+        self._lock = threading.Lock()
+
+    def stalled(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+
+_PROCESS = _ProcessStall()
+
+
+class InputStall:
+    """How much of the time this process's shardcache reads kept the training loop waiting.
+
+    For a custom training loop (Keras: client.InputStallCallback)::
+
+        stall = client.InputStall()
+        for step, batch in enumerate(stall.timed(ds)):
+            train_step(batch)
+            if step % 100 == 99:
+                print(f"waiting on input {stall.fraction():.0%}")
+
+    :meth:`fraction` is the share of the wall time since the previous call (or since
+    the meter was made) spent waiting on input: near 1, the loop waits on its input; near
+    0, the input keeps ahead. Over :meth:`timed`, the loop's own waits in ``next()``,
+    exactly; without it, the time the consumers of this process's ``cc.dataset()`` and
+    ``cc.cache()`` reads asked for a chunk that was not ready, where their CacheClient has
+    ``time_stall=True`` (an estimate: the pipeline's own work above the chunks is not in it,
+    and a ``prefetch()`` may absorb a wait; docs/reading.md, "Is the job waiting on input?").
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._waited = 0.0  # in timed()'s next()
+        self._timed = False
+        self._when, self._stalled = clock(), self._total()
+
+    def _total(self) -> float:
+        return self._waited if self._timed else _PROCESS.seconds
+
+    def timed(self, iterable: Iterable[T]) -> Iterator[T]:
+        """iterable's items, each next() timed: fraction() is then the loop's own wait."""
+        if not self._timed:
+            self._timed, self._stalled = True, 0.0
+        it = iter(iterable)
+        while True:
+            asked = self._clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                self._waited += self._clock() - asked
+            yield item
+
+    def lap(self) -> tuple[float, float]:
+        """(seconds waited, wall seconds) since the previous call, and start a new lap."""
+        now, stalled = self._clock(), self._total()
+        lap = (stalled - self._stalled, now - self._when)
+        self._when, self._stalled = now, stalled
+        return lap
+
+    @property
+    def measured(self) -> bool:
+        """Whether fraction() measures anything: timed() was used, or a read timed its stall."""
+        return self._timed or _PROCESS.timed
+
+    def fraction(self) -> float:
+        """The share of the wall time since the previous call spent waiting, 0 to 1."""
+        waited, wall = self.lap()
+        return min(1.0, waited / wall) if wall > 0 else 0.0
+
+
+class Pace:
+    """One iteration's chunks: when the consumer asked for each SAMPLE-th one, and when it
+    was ready; the stall is the time between when the ask came first, SAMPLE times over.
+
+    The ask's time comes from TensorFlow's clock (tf.timestamp: seconds since the epoch),
+    so the ready times are read from the same one (time.time)."""
+
+    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.time
+                 ) -> None:
+        self.figures = figures
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ready: dict[int, float] = {}
+        if figures.reports is not None:
+            figures.reports.began()
+        if figures.time_stall:
+            _PROCESS.timed = True
+
+    def close(self) -> None:
+        """The iteration ended (its iterator went)."""
+        if self.figures.reports is not None:
+            self.figures.reports.ended()
+
+    def asked(self, i: int, when: float) -> None:
+        """The consumer, which now has chunk i (a multiple of SAMPLE), asked for it at when."""
+        with self._lock:
+            ready = self._ready.pop(i, None)
+        if ready is not None:
+            self.figures.stalled(SAMPLE * max(0.0, ready - when))
+
+    def ready(self, i: int, when: float) -> None:
+        """Chunk i is ready (decoded) at when."""
+        if i % SAMPLE == 0 and self.figures.time_stall:
+            with self._lock:
+                self._ready[i] = when
+
+    def now(self) -> float:
+        return self._clock()
+
+
+class Reports:
+    """A CacheClient's readers' figures, sent to each cache's daemon every REPORT_SECONDS."""
+
+    def __init__(self, job: str, rank: int, home: Callable[[str], Transport],
+                 every: float = REPORT_SECONDS, time_stall: bool = False,
+                 send: bool = True) -> None:
+        self.job, self.rank = job, rank
+        self.time_stall = time_stall
+        self._send = send  # False: the figures are kept here only (InputStall)
+        self.reporter = secrets.token_hex(8)
+        self._home, self._every = home, every
+        self._lock = threading.Condition()
+        self._figures: dict[str, ReadFigures] = {}
+        self._warned: set[str] = set()
+        self._open = 0  # iterations alive: the thread runs while there are any
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport],
+             time_stall: bool, send: bool) -> Reports:
+        """CacheClient's: job and rank checked, or their defaults."""
+        return cls(check_job(job) if job is not None else default_job(),
+                   check_rank(rank) if rank is not None else default_rank(), home,
+                   time_stall=time_stall, send=send)
+
+    def reader(self, cache: str) -> ReadFigures:
+        """The figures of cache in this process (made on first use)."""
+        with self._lock:
+            figures = self._figures.get(cache)
+            if figures is None:
+                figures = self._figures[cache] = ReadFigures(cache, self, self.time_stall)
+            return figures
+
+    def began(self) -> None:
+        """An iteration started: report every REPORT_SECONDS while any is alive."""
+        with self._lock:
+            self._open += 1
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="shardcache-report")
+                self._thread.start()
+
+    def ended(self) -> None:
+        """An iteration ended: the last one's figures are reported at once."""
+        with self._lock:
+            self._open -= 1
+            self._lock.notify_all()
+
+    def send(self) -> None:
+        """Report every reader now, one request per daemon."""
+        if not self._send:
+            return
+        with self._lock:
+            figures = list(self._figures.values())
+        by_daemon: dict[str, tuple[Transport, list[pb.ReaderFigures]]] = {}
+        for f in figures:
+            transport = self._home(f.cache)
+            by_daemon.setdefault(transport.target, (transport, []))[1].append(
+                f.proto(self.job, self.rank))
+        for target, (transport, readers) in by_daemon.items():
+            for i in range(0, len(readers), _MAX_PER_REQUEST):
+                request = pb.ReportReadsRequest(reporter=self.reporter,
+                                                readers=readers[i:i + _MAX_PER_REQUEST])
+                try:
+                    transport.call(transport.stub.ReportReads, request, timeout=5)
+                except ShardcacheError as exc:
+                    if target not in self._warned:
+                        self._warned.add(target)
+                        log.warning("shardcache: could not report reads to %s (%s); "
+                                    "retrying every %gs", target, exc, self._every)
+                    break
+
+    def _loop(self) -> None:
+        """Report every REPORT_SECONDS; once no iteration is alive, report and end."""
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._open <= 0 or self._closed, self._every)
+            self.send()
+            with self._lock:
+                if self._open <= 0 or self._closed:
+                    self._thread = None
+                    return
+
+    def close(self) -> None:
+        """Stop reporting, once the figures of the iterations alive are sent."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()

@@ -1,0 +1,88 @@
+"""The training process's own view of input stall: a Keras callback and a meter for custom
+loops, over real reads; the callback's TensorBoard event files read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import client
+from client import CacheClient, InputStall
+
+tf = pytest.importorskip("tensorflow")
+
+
+def source() -> tf.data.Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 8)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True)))
+
+
+def scalars(log_dir: Path, tag: str) -> dict[int, float]:
+    """{step: value} of tag in the TensorBoard event files under log_dir."""
+    found = {}
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    found[event.step] = float(tf.make_ndarray(value.tensor))
+    return found
+
+
+def test_keras_fit_reports_the_input_stall_per_epoch_to_logs_and_tensorboard(
+        daemon, name, tmp_path) -> None:
+    with CacheClient(daemon.unix_target, time_stall=True, report=False) as cc:
+        list(cc.cache(source(), name))  # written
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        history = model.fit(cc.dataset(name).batch(32), epochs=2, verbose=0, shuffle=False,
+                            callbacks=[client.InputStallCallback(tmp_path, every_n_batches=8)])
+    stall = history.history["input_stall"]
+    assert len(stall) == 2 and all(0 <= s <= 1 for s in stall)
+    assert stall[0] > 0  # the epoch's first chunk is asked for before it is ready
+    written = scalars(tmp_path, "input_stall")
+    assert sorted(written) == [0, 1]
+    assert [round(v, 5) for v in written.values()] == [round(s, 5) for s in stall]
+    assert sorted(scalars(tmp_path, "batch_input_stall")) == [8, 16, 24, 32]
+
+
+def test_a_custom_loop_times_its_own_waits_with_timed(daemon, name) -> None:
+    ticks = iter(range(1000))
+    stall = InputStall(clock=lambda: float(next(ticks)))  # every clock reading one second on
+    with CacheClient(daemon.unix_target) as cc:
+        list(cc.cache(source(), name))
+        stall.lap()
+        batches = sum(1 for _ in stall.timed(cc.dataset(name).batch(64)))
+        waited, wall = stall.lap()
+    # each next() (8 batches and the StopIteration) read the clock twice: 1 s each
+    assert batches == 8 and waited == 9 and wall == 2 * 9 + 1
+
+
+def test_a_custom_loop_reads_the_stall_its_reads_timed(daemon, name) -> None:
+    stall = InputStall()
+    with CacheClient(daemon.unix_target, time_stall=True, report=False) as cc:
+        list(cc.cache(source(), name))
+        stall.lap()
+        for _ in cc.dataset(name).batch(64):
+            pass
+        waited, wall = stall.lap()
+    assert 0 < waited <= wall
+    assert 0 <= stall.fraction() <= 1
+
+
+def test_a_read_that_times_its_stall_saves_and_restores(daemon, name, tmp_path) -> None:
+    """Its timestamps are stateful ops: the dataset ignores external state, and the restored
+    iterator goes on exactly, into the next epoch too (after an epoch's last batch)."""
+    with CacheClient(daemon.unix_target, time_stall=True, report=False) as cc:
+        list(cc.cache(source(), name))
+        ds = cc.dataset(name, shuffle=True, seed=3).batch(100).repeat()
+        it = iter(ds)
+        for _ in range(6):  # the epoch's 6th and last batch holds 12 elements
+            next(it)
+        path = tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
+        here = [next(it)[1].numpy().tolist() for _ in range(4)]
+        restored = iter(ds)
+        tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+        assert [next(restored)[1].numpy().tolist() for _ in range(4)] == here
