@@ -1,8 +1,8 @@
 """CacheClient: the public entry point of the client library, a facade over its parts.
 
 The catalog's calls are client/_catalog.py's, the datasets client/tf/builder.py's
-(loaded with TensorFlow on first use), NumPy reads client/numpy/'s (no TensorFlow),
-materialization client/_materialize.py's.
+(loaded with TensorFlow on first use), the NumPy, Grain and PyTorch readers and
+cc.write() client/_arrays.py's (no TensorFlow), materialization client/_materialize.py's.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ import gc
 import os
 import secrets
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client import _materialize
+from client._arrays import ArrayMethods, check_prefetch
 from client._catalog import CacheInfo, Catalog
 from client._fleet import TARGETS_ENV, Fleet, parse_targets
 from client._materialize import MaterializeOperation
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
-from client.errors import CacheNotReadyError, InvalidArgumentError
+from client.errors import InvalidArgumentError
 from client.format.blocks import check_block_bytes
 from client.read import direct as direct_read
 from client.read import mix as mixing
@@ -33,9 +34,6 @@ from client.tf import malloc
 from client.write.spare_cpu import compress_mode
 
 if TYPE_CHECKING:
-    from client.numpy.reader import ArrayReader
-    from client.numpy.source import CacheSource
-    from client.numpy.torch import CacheIterable
     from client.tf.builder import Dataset, DatasetBuilder
 
 
@@ -56,7 +54,7 @@ def _free_dangling_iterators() -> None:
 _exit_hook = functools.cache(lambda: atexit.register(_free_dangling_iterators))
 
 
-class CacheClient:
+class CacheClient(ArrayMethods):
     """A connection to one cacheserver daemon, or to a fleet of them.
 
     target is "host:port" or "unix:///path/to.sock"; when omitted, the
@@ -183,6 +181,10 @@ class CacheClient:
 
     # ------------------------------------------------------------------ datasets
 
+    def _reopener(self) -> Callable[[], tuple[Catalog, Path | None]]:
+        """How a worker process opens a client as this one was opened (cc.source()'s pickles)."""
+        return functools.partial(_reopen, self._opened_with)
+
     def _datasets(self) -> DatasetBuilder:
         from client.tf.builder import DatasetBuilder  # imports tensorflow
 
@@ -229,7 +231,7 @@ class CacheClient:
         interrupted epoch at the next unseen batch of batch_size elements (this
         worker's); no backup there: epoch= (docs/reading.md, "Keras fit").
         """
-        _check_prefetch(prefetch_bytes)
+        check_prefetch(prefetch_bytes)
         _check_checkpoint(checkpoint)
         if resume_from is not None and (resume is not None or start):
             raise InvalidArgumentError(
@@ -240,89 +242,6 @@ class CacheClient:
                                     epoch, start, reconnect_timeout)
         fit = None if resume_from is None else (resume_from, batch_size)
         return self._datasets().dataset(name, options, resume, prefetch_bytes, mode, fit)
-
-    def numpy(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
-              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
-              seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
-              parallel_shards: int = 0, epoch: int = 0, start: int = 0,
-              resume: plan.Resume = None,
-              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-              direct: bool | str | None = None) -> ArrayReader:
-        """A READY cache's elements as NumPy arrays, without TensorFlow: an iterable whose
-        every iter() reads the next epoch, as cc.dataset()'s iterations do.
-
-        Elements come in the stored structure (dicts, tuples, named tuples) of
-        NumPy arrays; strings as bytes (object arrays of bytes). batch_size=B
-        yields batches of B elements instead (the last shorter unless
-        drop_remainder), fixed-shape components stacked, variable-shape ones a
-        list of one array per element. The read options are cc.dataset()'s, with
-        the same orders, shares and resume (parallel_shards: chunks in flight; 0:
-        as many as prefetch_bytes holds, at most 16). reader.state() is the
-        ReadState after the elements handed out so far: cc.numpy() and
-        cc.dataset() both take it as resume=. See docs/frameworks.md.
-        """
-        from client.numpy.reader import ArrayReader
-
-        _check_reader_args(prefetch_bytes, batch_size, drop_remainder)
-        mode = direct_read.resolve_mode(direct)
-        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
-                                    epoch, start, reconnect_timeout)
-        return ArrayReader(self._catalog, self._local_data_dir, name, options, resume,
-                           prefetch_bytes, mode, batch_size, drop_remainder)
-
-    def source(self, name: str, *, direct: bool | str | None = None,
-               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT) -> CacheSource:
-        """A READY cache as a random-access data source: len(), source[i] (the element at
-        index i of the stored order, as cc.numpy() yields it) and a batched fetch of a list
-        of indices in one request (__getitems__; Grain's _getitems). It is Grain's
-        RandomAccessDataSource and a PyTorch map-style Dataset: their samplers, sharding and
-        worker processes apply. Picklable: each process connects on its first read, to the
-        daemon(s) this client connects to. See docs/frameworks.md.
-        """
-        from client.numpy.source import CacheSource
-
-        plan.ReadOptions(reconnect_timeout=reconnect_timeout)  # checks it
-        mode = direct_read.resolve_mode(direct)
-        cache = self._ready(name, "source")
-        return CacheSource(name, functools.partial(_reopen, self._opened_with), mode,
-                           reconnect_timeout, cache.num_elements)
-
-    def _ready(self, name: str, call: str) -> pb.Cache:
-        cache = self._get(name)
-        if cache.state != pb.CACHE_STATE_READY:
-            raise CacheNotReadyError(
-                f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
-                f"wait until its writer finishes, then call {call}() again")
-        return cache
-
-    def torch(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
-              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
-              seed: int | None = None, rank: int | None = None, world_size: int | None = None,
-              parallel_shards: int = 0, epoch: int = 0,
-              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-              direct: bool | str | None = None) -> CacheIterable:
-        """A READY cache as a PyTorch IterableDataset of tensors (needs torch; no TensorFlow).
-
-        Each iteration reads one epoch through cc.numpy()'s reader, as the share of
-        worker rank * W + worker_id of world_size * W, W the DataLoader's workers;
-        rank and world_size default to torch.distributed's. set_epoch(e) as with
-        DistributedSampler; state_dict()/load_state_dict() resume mid-epoch (in
-        each worker under torchdata's StatefulDataLoader). batch_size and the
-        other options are cc.numpy()'s. Spawn the workers. See docs/frameworks.md.
-        """
-        from client.numpy.torch import CacheIterable
-
-        if (rank is None) != (world_size is None):
-            raise InvalidArgumentError("give rank and world_size together, or neither (then "
-                                       "torch.distributed's are used)")
-        _check_reader_args(prefetch_bytes, batch_size, drop_remainder)
-        options = plan.ReadOptions(shuffle, seed, rank or 0, world_size or 1, parallel_shards,
-                                   epoch, 0, reconnect_timeout)
-        mode = direct_read.resolve_mode(direct)
-        self._ready(name, "torch")
-        placement = None if rank is None or world_size is None else (rank, world_size)
-        return CacheIterable(name, functools.partial(_reopen, self._opened_with), options,
-                             placement, prefetch_bytes, mode, batch_size, drop_remainder)
 
     def mix(self, weights: Mapping[str, float], *, size: int | None = None,
             seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
@@ -346,7 +265,7 @@ class CacheClient:
         "Mixing caches".
         """
         weights = mixing.check_weights(weights)
-        _check_prefetch(prefetch_bytes)
+        check_prefetch(prefetch_bytes)
         _check_checkpoint(checkpoint)
         mode = direct_read.resolve_mode(direct)
         if seed is None:
@@ -400,7 +319,7 @@ class CacheClient:
         $SHARDCACHE_COMPRESS=spare-cpu compresses a write epoch's records only
         while the process has CPU to spare (docs/writing.md).
         """
-        _check_prefetch(prefetch_bytes)
+        check_prefetch(prefetch_bytes)
         _check_checkpoint(checkpoint)
         mode = direct_read.resolve_mode(direct)
         options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
@@ -409,34 +328,6 @@ class CacheClient:
         compress_mode()  # a bad $SHARDCACHE_COMPRESS fails here, not in the write epoch
         return self._datasets().cache(dataset, name, version, options, resume, prefetch_bytes,
                                       mode, block_bytes)
-
-    def write(self, name: str, elements: Iterable[Any], *, version: str | None = None,
-              block_bytes: int | None = None, direct: bool | str | None = None) -> CacheInfo:
-        """Build READY cache name from an iterable of nested NumPy structures, without
-        TensorFlow; returns its CacheInfo.
-
-        Each element is a dict (str keys), tuple or named tuple of arrays, scalars
-        or bytes (strings), nested as deep as needed, every element of one
-        structure and dtype. The stored element spec (what cc.dataset() in
-        TensorFlow yields) takes each component's dtype from the first element
-        and its shape from the first 1024: a dimension that differs among them
-        is stored as unknown (None). Lists are stored as tuples. version= keys
-        the cache as cc.cache() does: a READY cache of that name and version is
-        returned as it is, without iterating elements; without version= an
-        existing cache of that name raises CacheExistsError. block_bytes and
-        direct: as cc.cache(). See docs/frameworks.md.
-        """
-        from client.numpy import writer
-
-        if version is not None and not isinstance(version, str):
-            raise InvalidArgumentError(f"version must be a str or None, got {version!r}")
-        if isinstance(elements, (str, bytes, Mapping)) or not isinstance(elements, Iterable):
-            raise InvalidArgumentError(f"elements must be an iterable of elements, got "
-                                       f"{type(elements).__name__}")
-        mode = direct_read.resolve_mode(direct)
-        return CacheInfo.from_proto(writer.write(
-            self._catalog, name, elements, version, check_block_bytes(block_bytes), mode,
-            self._local_data_dir))
 
     def materialize(self, source: str | Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -485,23 +376,6 @@ def _reopen(opened_with: dict[str, Any]) -> tuple[Catalog, Path | None]:
     """The catalog and local data dir of a new client opened as one was (cc.source())."""
     client = CacheClient(**opened_with)
     return client._catalog, client._local_data_dir
-
-
-def _check_reader_args(prefetch_bytes: int, batch_size: int | None,
-                       drop_remainder: bool) -> None:
-    _check_prefetch(prefetch_bytes)
-    if batch_size is not None and (isinstance(batch_size, bool)
-                                   or not isinstance(batch_size, int) or batch_size < 1):
-        raise InvalidArgumentError(f"batch_size must be a positive int or None, got "
-                                   f"{batch_size!r}")
-    if not isinstance(drop_remainder, bool):
-        raise InvalidArgumentError(f"drop_remainder must be True or False, got "
-                                   f"{drop_remainder!r}")
-
-
-def _check_prefetch(prefetch_bytes: int) -> None:
-    if not isinstance(prefetch_bytes, int) or prefetch_bytes < 1:
-        raise InvalidArgumentError(f"prefetch_bytes must be a positive int, got {prefetch_bytes!r}")
 
 
 def _check_checkpoint(checkpoint: bool) -> None:
