@@ -412,3 +412,20 @@ def ratio(value: float | None, base: float | None = 1.0, bold: bool = False,
         return missing
     text = f"{value / base:.2f}x"
     return f"**{text}**" if bold else text
+
+
+#: An arm reads one epoch: (elements/s, CPU seconds of the reading process).
+Arm = Callable[[], tuple[float, float]]
+
+
+def local_arm(ds: Any, n: int) -> Arm:
+    """An arm that reads ``ds`` (batches) in this process, checking it yields n elements."""
+
+    def read() -> tuple[float, float]:
+        before = cpu_seconds()
+        result = timed_iteration(ds)
+        if result.elements != n:
+            raise RuntimeError(f"an epoch yielded {result.elements} elements, not {n}")
+        return n / result.seconds, cpu_seconds() - before
+
+    return read

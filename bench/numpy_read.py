@@ -23,31 +23,20 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    Arm,
     BenchDaemon,
     arguments,
     cpu_seconds,
+    local_arm,
     markdown_table,
     ratio,
     run_line,
-    timed_iteration,
     write_json,
 )
 from workloads import WORKLOADS, make_source
 
 #: Which client reads, and whether directly.
 MODES = {"direct": ("unix", True), "plane": ("tcp", False)}
-Arm = Callable[[], tuple[float, float]]
-
-
-def tf_arm(ds: Any, n: int) -> Arm:
-    def read() -> tuple[float, float]:
-        before = cpu_seconds()
-        result = timed_iteration(ds)
-        if result.elements != n:
-            raise RuntimeError(f"an epoch yielded {result.elements} elements, not {n}")
-        return n / result.seconds, cpu_seconds() - before
-
-    return read
 
 
 def elements_arm(iterable: Callable[[], Any], n: int) -> Arm:
@@ -112,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     arms[f"numpy {mode}"] = elements_arm(
                         clients[client].numpy("ab", direct=direct).__iter__, args.elements)
                     continue
-                arms[f"tf.data {mode}"] = tf_arm(
+                arms[f"tf.data {mode}"] = local_arm(
                     clients[client].dataset("ab", direct=direct).batch(args.batch),
                     args.elements)
                 arms[f"numpy {mode}"] = numpy_arm(

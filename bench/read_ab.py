@@ -33,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +40,17 @@ from harness import (
     BENCH_DIR,
     REPO_ROOT,
     ROOT_ENV,
+    Arm,
     BenchDaemon,
     arguments,
     child_env,
     cpu_seconds,
+    local_arm,
     markdown_table,
     print_result,
     ratio,
     read_result,
     run_line,
-    timed_iteration,
     write_json,
 )
 from workloads import WORKLOADS, make_source
@@ -58,23 +58,6 @@ from workloads import WORKLOADS, make_source
 BASELINES = ("cache(filename)", "snapshot", "Dataset.load")
 #: shardcache's reads: which client reads, and whether directly.
 MODES = {"direct": ("unix", True), "plane": ("tcp", False), "grpc": ("unix", False)}
-#: An arm reads one epoch: (elements/s, CPU seconds of the reading process).
-Arm = Callable[[], tuple[float, float]]
-
-
-def local_arm(ds: Any, n: int) -> Arm:
-    """An arm that reads ``ds`` in this process."""
-
-    def read() -> tuple[float, float]:
-        before = cpu_seconds()
-        result = timed_iteration(ds)
-        if result.elements != n:
-            raise RuntimeError(f"an epoch yielded {result.elements} elements, not {n}")
-        return n / result.seconds, cpu_seconds() - before
-
-    return read
-
-
 def batched(ds: Any, batch: int, mapped: bool) -> Any:
     """ds.batch(batch), through an identity map first when mapped (``--map``)."""
     return (ds.map(lambda *e: e[0] if len(e) == 1 else e) if mapped else ds).batch(batch)
