@@ -27,7 +27,16 @@ from typing import Any
 
 import grain.python as gp
 import numpy as np
-from harness import BenchDaemon, arguments, markdown_table, ratio, run_line, write_json
+from harness import (
+    BenchDaemon,
+    arguments,
+    interleaved,
+    markdown_table,
+    ratio,
+    run_line,
+    write_json,
+)
+from workloads import numpy_elements
 
 MODES = {"direct": ("unix", True), "plane": ("tcp", False)}
 
@@ -41,13 +50,6 @@ class Parse(gp.MapTransform):
     def map(self, record: bytes) -> dict[str, np.ndarray]:
         return {"x": np.frombuffer(record, np.float32, offset=8).reshape(self.shape),
                 "i": np.frombuffer(record, np.int64, count=1)[0]}
-
-
-def elements(shape: tuple[int, ...], n: int) -> Any:
-    rng = np.random.default_rng(0)
-    pool = rng.random((16, *shape), np.float32)
-    for i in range(n):
-        yield {"x": pool[i % 16], "i": np.int64(i)}
 
 
 def epoch(source: Any, operations: list[Any], n: int, workers: int, batch: int,
@@ -89,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         daemon.start()
         path = str(tmp / "elements.array_record")
         writer = ArrayRecordWriter(path, "group_size:1")
-        for e in elements(shape, args.elements):
+        for e in numpy_elements(shape, args.elements):
             writer.write(e["i"].tobytes() + e["x"].tobytes())
         writer.close()
         with CacheClient(daemon.target) as cc, CacheClient(str(daemon.tcp_target)) as remote:
-            cc.write("grain", elements(shape, args.elements), block_bytes=0)
+            cc.write("grain", numpy_elements(shape, args.elements), block_bytes=0)
             clients = {"unix": cc, "tcp": remote}
             arms: dict[str, Callable[[], float]] = {}
             for w in workers:
@@ -105,12 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     arms[f"cache {mode}, {w} workers"] = epoch(
                         clients[client].source("grain", direct=direct), [], args.elements, w,
                         args.batch, 1)
-            for arm in arms.values():  # warm-up
-                arm()
-            for i in range(args.repeat):
-                for name, arm in arms.items():
-                    rates.setdefault(name, []).append(arm())
-                print(f"pass {i + 1}/{args.repeat} done", file=sys.stderr)
+            rates = interleaved(arms, args.repeat)
     finally:
         daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -40,6 +40,8 @@ RESULT_PREFIX = "RESULT "
 
 
 # ---------------------------------------------------------------------- daemons
+T = TypeVar("T")
+
 def child_env(root: Path = REPO_ROOT, safe_path: bool = False) -> dict[str, str]:
     """Environment for bench subprocesses that import ``root``'s packages.
 
@@ -429,3 +431,16 @@ def local_arm(ds: Any, n: int) -> Arm:
         return n / result.seconds, cpu_seconds() - before
 
     return read
+
+
+def interleaved(arms: dict[str, Callable[[], T]], repeat: int) -> dict[str, list[T]]:
+    """Each arm once to warm up, then repeat passes of every arm in turn (A, B, ..., A, B,
+    ...), so that every one meets the same noise: each arm's results, in order."""
+    for arm in arms.values():
+        arm()
+    results: dict[str, list[T]] = {name: [] for name in arms}
+    for i in range(repeat):
+        for name, arm in arms.items():
+            results[name].append(arm())
+        print(f"pass {i + 1}/{repeat} done", file=sys.stderr)
+    return results

@@ -39,8 +39,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from harness import BenchDaemon, arguments, markdown_table, ratio, run_line, write_json
+from harness import (
+    BenchDaemon,
+    arguments,
+    interleaved,
+    markdown_table,
+    ratio,
+    run_line,
+    write_json,
+)
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from workloads import numpy_elements
 
 MODES = {"direct": ("unix", True), "plane": ("tcp", False)}
 
@@ -92,13 +101,6 @@ class MemmapBatches(IterableDataset):  # type: ignore[type-arg]
             yield {"x": torch.from_numpy(x[keys]), "i": torch.from_numpy(i[keys])}
 
 
-def elements(shape: tuple[int, ...], n: int) -> Iterator[dict[str, Any]]:
-    rng = np.random.default_rng(0)
-    pool = rng.random((16, *shape), np.float32)
-    for i in range(n):
-        yield {"x": pool[i % 16], "i": np.int64(i)}
-
-
 def epoch(loader: DataLoader, n: int) -> Callable[[], float]:  # type: ignore[type-arg]
     def read() -> float:
         start = time.perf_counter()
@@ -144,14 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         daemon.start()
         x = np.lib.format.open_memmap(tmp / "x.npy", "w+", np.float32, (n, *shape))
-        for e in elements(shape, n):
+        for e in numpy_elements(shape, n):
             x[e["i"]] = e["x"]
         x.flush()
         del x
         np.save(tmp / "i.npy", np.arange(n, dtype=np.int64))
         with CacheClient(daemon.target) as cc, CacheClient(str(daemon.tcp_target)) as remote:
-            cc.write("torch", elements(shape, n), block_bytes=0)  # for random access
-            cc.write("torch-blocks", elements(shape, n))  # as written by default
+            cc.write("torch", numpy_elements(shape, n), block_bytes=0)  # for random access
+            cc.write("torch-blocks", numpy_elements(shape, n))  # as written by default
             clients = {"unix": cc, "tcp": remote}
             arms: dict[str, Callable[[], float]] = {}
             for w in workers:
@@ -177,12 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                             batch_size=b, direct=direct)
                         arms[f"iterable cache {mode}, {w} workers"] = epoch(DataLoader(
                             ds, batch_size=None, **kw), n)
-            for arm in arms.values():  # warm-up
-                arm()
-            for i in range(args.repeat):
-                for name, arm in arms.items():
-                    rates.setdefault(name, []).append(arm())
-                print(f"pass {i + 1}/{args.repeat} done", file=sys.stderr)
+            rates = interleaved(arms, args.repeat)
     finally:
         daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)

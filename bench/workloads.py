@@ -11,10 +11,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     import tensorflow as tf
 
@@ -240,3 +240,13 @@ def flat_source(workload: Workload, start: int, stop: int) -> tf.data.Dataset:
 
     return (tf.data.Dataset.range(start, stop, batch)
             .map(make, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch())
+
+
+def numpy_elements(shape: tuple[int, ...], n: int) -> Iterator[dict[str, Any]]:
+    """n NumPy elements {"x": float32 of shape, "i": int64 i}, x drawn from a pool of 16
+    (the NumPy, Grain and PyTorch benches write them with cc.write() and ArrayRecord)."""
+    import numpy as np
+
+    pool = np.random.default_rng(0).random((16, *shape), np.float32)
+    for i in range(n):
+        yield {"x": pool[i % 16], "i": np.int64(i)}
