@@ -112,17 +112,19 @@ class Holds:
     def live(self, hold: np.ndarray) -> Any:
         """The object hold owns; None for a restored hold, or once the iteration is gone."""
         with self._lock:
-            obj, address = self._live.get(int(hold[0]), (None, 0))
-        return obj if hold.ctypes.data == address else None
+            return self._owned(hold)
 
     def pop(self, hold: np.ndarray) -> Any:
         """live(hold), no longer owned: its finalizer will not close it."""
         with self._lock:
-            obj, address = self._live.get(int(hold[0]), (None, 0))
-            if obj is None or hold.ctypes.data != address:
-                return None
-            del self._live[int(hold[0])]
+            obj = self._owned(hold)
+            if obj is not None:
+                del self._live[int(hold[0])]
         return obj
+
+    def _owned(self, hold: np.ndarray) -> Any:
+        obj, address = self._live.get(int(hold[0]), (None, 0))
+        return obj if hold.ctypes.data == address else None
 
     def _drop(self, ident: int) -> None:
         with self._lock:
