@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client._catalog import CacheInfo, Catalog
-from client._transport import pb
-from client.errors import CacheNotReadyError, InvalidArgumentError
+from client.errors import InvalidArgumentError
 from client.format.blocks import check_block_bytes
 from client.read import direct as direct_read
 from client.read import plan
@@ -28,9 +27,6 @@ class ArrayMethods:
 
     _catalog: Catalog
     _local_data_dir: Path | None
-
-    def _get(self, name: str) -> pb.Cache:
-        raise NotImplementedError
 
     def _reopener(self) -> Callable[[], tuple[Catalog, Path | None]]:
         raise NotImplementedError
@@ -77,17 +73,9 @@ class ArrayMethods:
 
         plan.ReadOptions(reconnect_timeout=reconnect_timeout)  # checks it
         mode = direct_read.resolve_mode(direct)
-        cache = self._ready(name, "source")
+        cache = self._catalog.ready(name, "call source() again")
         return CacheSource(name, self._reopener(), mode,
                            reconnect_timeout, cache.num_elements)
-
-    def _ready(self, name: str, call: str) -> pb.Cache:
-        cache = self._get(name)
-        if cache.state != pb.CACHE_STATE_READY:
-            raise CacheNotReadyError(
-                f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
-                f"wait until its writer finishes, then call {call}() again")
-        return cache
 
     def torch(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
               prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
@@ -113,7 +101,7 @@ class ArrayMethods:
         options = plan.ReadOptions(shuffle, seed, rank or 0, world_size or 1, parallel_shards,
                                    epoch, 0, reconnect_timeout)
         mode = direct_read.resolve_mode(direct)
-        self._ready(name, "torch")
+        self._catalog.ready(name, "call torch() again")
         placement = None if rank is None or world_size is None else (rank, world_size)
         return CacheIterable(name, self._reopener(), options,
                              placement, prefetch_bytes, mode, batch_size, drop_remainder)

@@ -7,7 +7,7 @@ from typing import Any
 
 from client._fleet import Fleet
 from client._transport import Transport, pb
-from client.errors import ServerUnavailableError
+from client.errors import CacheNotReadyError, ServerUnavailableError
 
 _STATES = {pb.CACHE_STATE_WRITING: "WRITING", pb.CACHE_STATE_READY: "READY"}
 
@@ -93,6 +93,16 @@ class Catalog:
 
     def get(self, name: str) -> pb.Cache:
         return self.call(name, "GetCache", pb.GetCacheRequest(name=name)).cache
+
+    def ready(self, name: str, then: str, of: str = "") -> pb.Cache:
+        """name's cache, READY: a WRITING one raises CacheNotReadyError saying to wait for
+        its writer, then do what then says (of: words after the name, as " of the mix")."""
+        cache = self.get(name)
+        if cache.state != pb.CACHE_STATE_READY:
+            raise CacheNotReadyError(
+                f"cache {name!r}{of} is WRITING ({cache.num_elements} elements committed so "
+                f"far); wait until its writer finishes, then {then}")
+        return cache
 
     def close(self) -> None:
         if self.fleet is not None:

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from client._catalog import Catalog
-from client._transport import pb
-from client.errors import CacheNotReadyError
 from client.format.layout import Layout
 from client.numpy.batches import Columns, format_of
 from client.numpy.prefetch import MAX_AHEAD, Prefetch
@@ -44,11 +42,7 @@ class ArrayReader:
                  drop_remainder: bool) -> None:
         self._catalog = catalog
         self._reads = direct_read.DirectReads(catalog.home(name), direct, local_data_dir)
-        cache = catalog.get(name)
-        if cache.state != pb.CACHE_STATE_READY:
-            raise CacheNotReadyError(
-                f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
-                "wait until its writer finishes, then call numpy() again")
+        cache = catalog.ready(name, "call numpy() again")
         self.cache = cache
         self._layout = Layout.from_json(cache.layout_json)
         self.structure = format_of(name, cache.element_spec, self._layout)

@@ -32,8 +32,6 @@ from typing import Any
 import numpy as np
 
 from client._catalog import Catalog
-from client._transport import pb
-from client.errors import CacheNotReadyError
 from client.format.layout import Layout
 from client.numpy.batches import Columns, format_of
 from client.read import direct as direct_read
@@ -51,11 +49,7 @@ class _Open:
                  reconnect_timeout: float) -> None:
         self.pid = os.getpid()
         self.catalog, local_data_dir = opener()
-        self.cache = self.catalog.get(name)
-        if self.cache.state != pb.CACHE_STATE_READY:
-            raise CacheNotReadyError(
-                f"cache {name!r} is WRITING ({self.cache.num_elements} elements committed so "
-                "far); wait until its writer finishes, then make the source again")
+        self.cache = self.catalog.ready(name, "make the source again")
         layout = Layout.from_json(self.cache.layout_json)
         self.columns = Columns(format_of(name, self.cache.element_spec, layout))
         reads = direct_read.DirectReads(self.catalog.home(name), direct, local_data_dir)

@@ -73,11 +73,7 @@ class DatasetBuilder:
         """cc.dataset(): a dataset over an existing READY cache; fit: (backup_dir,
         batch_size) of resume_from= (client/tf/fit.py)."""
         reads = self._direct(name, direct)
-        cache = self._catalog.get(name)
-        if cache.state != pb.CACHE_STATE_READY:
-            raise CacheNotReadyError(
-                f"cache {name!r} is WRITING ({cache.num_elements} elements committed so far); "
-                "wait until its writer finishes, then call dataset() again")
+        cache = self._catalog.ready(name, "call dataset() again")
         fmt = convert.BatchFormat(convert.decode_spec(cache.element_spec),
                                   Layout.from_json(cache.layout_json))
         options = plan.apply_resume(cache, options, resume).with_seed()
@@ -96,13 +92,8 @@ class DatasetBuilder:
     def mix(self, weights: dict[str, Any], size: int | None, options: plan.ReadOptions,
             resume: plan.Resume, prefetch_bytes: int, direct: direct_read.Mode) -> Dataset:
         """cc.mix(): a dataset over a weighted mix of READY caches (client/read/mix.py)."""
-        caches = [self._catalog.get(name) for name in sorted(weights)]
-        for cache in caches:
-            if cache.state != pb.CACHE_STATE_READY:
-                raise CacheNotReadyError(
-                    f"cache {cache.name!r} of the mix is WRITING ({cache.num_elements} "
-                    "elements committed so far); wait until its writer finishes, then call "
-                    "mix() again")
+        caches = [self._catalog.ready(name, "call mix() again", of=" of the mix")
+                  for name in sorted(weights)]
         fmt = _mixed_format(caches)
         mix = mixing.plan(caches, weights, size, options.seed or 0)
         mixing.check_seed(options.seed or 0, resume)
