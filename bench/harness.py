@@ -70,17 +70,19 @@ class BenchDaemon(DaemonProcess):
     ``target`` is the unix socket: a client there reads over gRPC (or the shard files, with
     ``direct=True``). ``tcp`` also listens on a free 127.0.0.1 port, ``tcp_target``: a client
     there is remote, and reads over the daemon's data plane (``--data-listen auto``: another
-    free port on that host) unless ``$SHARDCACHE_DATA_PLANE=off``. ``root`` runs another
+    free port on that host) unless ``$SHARDCACHE_DATA_PLANE=off``; ``host`` is its address
+    (a network namespace's, with that namespace's ``prefix``). ``root`` runs another
     checkout's daemon; ``prefix`` must ``exec`` the command, keeping the pid
     (``cgroups.MemoryCap.prefix``).
     """
 
     def __init__(self, directory: Path, name: str, extra_args: Sequence[str] = (),
                  root: Path = REPO_ROOT, prefix: Sequence[str] = (),
-                 data_root: Path | None = None, tcp: bool = False) -> None:
+                 data_root: Path | None = None, tcp: bool = False, host: str = "127.0.0.1"
+                 ) -> None:
         data_dir = (data_root or directory) / f"data-{name}"
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.tcp_target = f"127.0.0.1:{free_port()}" if tcp else None
+        self.tcp_target = f"{host}:{free_port()}" if tcp else None
         super().__init__(data_dir, [f"unix://{directory / name}.sock",
                                     *filter(None, [self.tcp_target])],
                          (data_root or directory) / f"{name}.log", extra_args=extra_args,

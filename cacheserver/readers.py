@@ -2,8 +2,8 @@
 
 Each client process reports its readers every few seconds (ReportReads, client/read/report.py):
 per cache, the running totals of elements, bytes and chunks it handed to tf.data, the
-seconds its chunks took to fetch and decode, and the seconds its consumer asked for a chunk
-that was not ready yet (the input stall). :class:`Readers` keeps the latest report of each
+seconds its chunks took to fetch and decode, and the seconds its training loop asked for an
+element that was not ready yet (the input stall). :class:`Readers` keeps the latest report of each
 and exports them at every scrape, one series per training job, rank, cache and path; two
 processes reporting the same labels (a restarted rank) add up.
 
@@ -70,8 +70,9 @@ _FAMILIES: tuple[tuple[str, str, Callable[[Figures], float]], ...] = (
      "Seconds readers' chunks took to fetch and decode, summed over chunks (several are in "
      "flight at once).", lambda f: f.chunk_seconds),
     ("shardcache_reader_stall_seconds",
-     "Seconds readers' consumers asked for the next chunk before it was ready: the input "
-     "stall. Its rate is the fraction of time the consumer waited on the cache.",
+     "Seconds the readers' training loops asked for their next element before it was "
+     "ready (cc.timed()): the input stall. Its rate is the fraction of time the loop waited "
+     "on its input.",
      lambda f: f.stall_seconds),
 )
 

@@ -123,23 +123,60 @@ def can_make_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
 
-class _NetnsDaemon(Daemon):
-    """A daemon run inside network namespace ns (`ip netns exec`, which execs it)."""
+class NetnsLink:
+    """Network namespace sc<pid>m<i>, joined to this one by a veth pair: the namespace's end
+    is 10.231.i.2 (``host``), this one's 10.231.i.1 (``gateway``). set(up=False) takes the
+    link down as a pulled cable would; rate(mbit) caps it both ways (tc tbf). ``prefix``
+    runs a command inside the namespace (`ip netns exec`, which execs it)."""
 
-    ns = ""
+    def __init__(self, i: int) -> None:
+        tag = f"sc{os.getpid() % 100000}"
+        self.ns, self._outside, self._inside = f"{tag}m{i}", f"{tag}r{i}", f"{tag}p{i}"
+        self.host, self.gateway = f"10.231.{i}.2", f"10.231.{i}.1"
+        self.prefix = ("ip", "netns", "exec", self.ns)
+        _ip("netns", "add", self.ns)
+        _ip("link", "add", self._outside, "type", "veth", "peer", "name", self._inside)
+        _ip("link", "set", self._inside, "netns", self.ns)
+        _ip("addr", "add", f"{self.gateway}/24", "dev", self._outside)
+        _ip("link", "set", self._outside, "up")
+        _ip("addr", "add", f"{self.host}/24", "dev", self._inside, ns=self.ns)
+        _ip("link", "set", self._inside, "up", ns=self.ns)
+        _ip("link", "set", "lo", "up", ns=self.ns)
+
+    def set(self, up: bool) -> None:
+        _ip("link", "set", self._outside, "up" if up else "down")
+
+    def rate(self, mbit: float | None) -> None:
+        """Cap the link at mbit both ways; None lifts the cap."""
+        for dev, prefix in ((self._outside, ()), (self._inside, self.prefix)):
+            command = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                       f"{mbit}mbit", "burst", "64kb", "latency", "10ms"]
+            if mbit is None:
+                command = ["tc", "qdisc", "del", "dev", dev, "root"]
+            subprocess.run([*prefix, *command], check=mbit is not None, capture_output=True,
+                           timeout=30)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True,
+                       timeout=30)  # its veth pair goes with it
+
+
+class _NetnsDaemon(Daemon):
+    """A daemon run inside a network namespace (prefix: NetnsLink's)."""
+
+    prefix: tuple[str, ...] = ()
 
     @property
     def command(self) -> list[str]:
-        return ["ip", "netns", "exec", self.ns, *super().command]
+        return [*self.prefix, *super().command]
 
 
 class NetnsFleet(_Fleet):
-    """Members in network namespaces of their own, each joined to this one by a veth pair.
+    """Members in network namespaces of their own, each joined to this one by a NetnsLink.
 
-    Member i is 10.231.i.2 in namespace sc<pid>m<i>; this namespace's end of its
-    link is 10.231.i.1, where the store (listening on every address) is reached
-    from inside. link(i, up=False) takes the member's link down as a pulled cable
-    would; rate(i, mbit) caps it both ways (tc tbf).
+    Member i is 10.231.i.2; this namespace's end of its link is 10.231.i.1, where the store
+    (listening on every address) is reached from inside. link(i, up=False) takes the
+    member's link down as a pulled cable would; rate(i, mbit) caps it both ways.
     """
 
     def __init__(self, store_port: int, env: dict[str, str], url: str,
@@ -149,45 +186,27 @@ class NetnsFleet(_Fleet):
         self.store_port = store_port
         self.env = env
         self.url = url
-        self._tag = f"sc{os.getpid() % 100000}"
-
-    def _names(self, i: int) -> tuple[str, str, str]:
-        return f"{self._tag}m{i}", f"{self._tag}r{i}", f"{self._tag}p{i}"
+        self.links: list[NetnsLink] = []
 
     def add(self) -> Daemon:
-        i = len(self.members) + 1
-        ns, outside, inside = self._names(i)
-        _ip("netns", "add", ns)
-        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-        _ip("link", "set", inside, "netns", ns)
-        _ip("addr", "add", f"10.231.{i}.1/24", "dev", outside)
-        _ip("link", "set", outside, "up")
-        _ip("addr", "add", f"10.231.{i}.2/24", "dev", inside, ns=ns)
-        _ip("link", "set", inside, "up", ns=ns)
-        _ip("link", "set", "lo", "up", ns=ns)
+        link = NetnsLink(len(self.members) + 1)
+        self.links.append(link)
         d = _NetnsDaemon(extra_args=(
-            "--store", self.url, "--store-endpoint", f"http://10.231.{i}.1:{self.store_port}",
-            "--store-pull", "on-read", *(("--metrics-listen", f"10.231.{i}.2:{self.metrics_port}")
+            "--store", self.url, "--store-endpoint", f"http://{link.gateway}:{self.store_port}",
+            "--store-pull", "on-read", *(("--metrics-listen", f"{link.host}:{self.metrics_port}")
                                          if self.metrics_port else ())),
-            env={**os.environ, **self.env},
-            host=f"10.231.{i}.2", port=self.port)
-        d.ns = ns
-        return self._start(d, f"10.231.{i}.2")
+            env={**os.environ, **self.env}, host=link.host, port=self.port)
+        d.prefix = link.prefix
+        return self._start(d, link.host)
 
     def link(self, i: int, up: bool) -> None:
         """Member i's (0-based) link up or down."""
-        _ip("link", "set", self._names(i + 1)[1], "up" if up else "down")
+        self.links[i].set(up)
 
     def rate(self, i: int, mbit: float) -> None:
-        ns, outside, inside = self._names(i + 1)
-        for dev, where in ((outside, None), (inside, ns)):
-            command = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                       f"{mbit}mbit", "burst", "64kb", "latency", "10ms"]
-            subprocess.run(["ip", "netns", "exec", where, *command] if where else command,
-                           check=True, capture_output=True, timeout=30)
+        self.links[i].rate(mbit)
 
     def close(self) -> None:
-        for i, d in enumerate(self.members):
+        for d, link in zip(self.members, self.links):
             d.close()
-            subprocess.run(["ip", "netns", "del", self._names(i + 1)[0]],
-                           capture_output=True, timeout=30)  # its veth pair goes with it
+            link.close()

@@ -178,7 +178,7 @@ def top(metrics_url: str, target: str | None, interval: float, once: bool) -> No
 
     A reader's STALL is the share of the time its training loop asked for data the
     cache did not have ready yet: near 100% the job waits on its input, near 0% the
-    cache keeps ahead (timed by readers whose client has time_stall=True; 0 otherwise).
+    cache keeps ahead (timed where the loop's pipeline is wrapped in cc.timed(); 0 otherwise).
     Rates are over the last 15 s (readers report every 5 s); with --once, over one
     --interval: give it 5 or more. Ctrl-C exits.
     """

@@ -1,15 +1,13 @@
 """What this process's readers tell their daemon: per cache, how much they read and how long
-the consumer waited (ReportReads; the daemon side is cacheserver/readers.py).
+the training loop waited (ReportReads; the daemon side is cacheserver/readers.py).
 
 A read (an iteration of ``cc.dataset()`` or of a READY ``cc.cache()``) counts, per chunk it
 hands to tf.data, the chunk's elements and decoded bytes and the seconds it took to fetch
-and decode (:meth:`ReadFigures.chunk`), and the **input stall**: how long the consumer
-asked for the chunk before it was ready (:class:`Pace`). The consumer's asks are seen by a
-sequential map zipped before the chunks' parallel map (client/tf/reads.py): tf.data's zip
-asks its inputs in order, so the ask is timed (tf.timestamp) in the consumer's own thread,
-just before it waits on the chunk; every ``SAMPLE``-th chunk's ask reaches Python once the
-chunk is there. Everything is counted per chunk (a chunk holds thousands of small elements
-or a few large ones), under one short lock: nothing per element.
+and decode (:meth:`ReadFigures.chunk`), under one short lock: nothing per element. The
+**input stall**, how long the training loop asked for its next element before it was
+ready, is timed at the top of the loop's pipeline, where ``cc.timed(ds)`` puts it
+(client/tf/stall.py): :meth:`Reports.stalled` adds it to this process's total (what
+:class:`InputStall` reads) and to the figures of every cache whose reads are alive.
 
 :class:`Reports` sends every reader's running totals to its cache's daemon every
 ``REPORT_SECONDS`` from one thread per CacheClient while any of its iterations is alive,
@@ -41,9 +39,6 @@ log = logging.getLogger("client")
 T = TypeVar("T")
 
 REPORT_SECONDS = 5.0
-#: One chunk in SAMPLE has its stall timed (and counted SAMPLE times): the others cost a
-#: few TensorFlow ops, and no Python call.
-SAMPLE = 4
 JOB_ENV = "SHARDCACHE_JOB"
 RANK_ENV = "SHARDCACHE_RANK"
 _LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -90,13 +85,12 @@ def check_rank(rank: int) -> int:
 class ReadFigures:
     """One cache's running totals in this process (counters); thread-safe, per chunk."""
 
-    def __init__(self, cache: str, reports: Reports | None = None,
-                 time_stall: bool = False) -> None:
+    def __init__(self, cache: str, reports: Reports | None = None) -> None:
         self.cache = cache
         self.reports = reports
-        self.time_stall = time_stall  # whether its reads time the consumer's asks
         self.path = "grpc"
         self.elements = self.bytes = self.chunks = 0
+        self.live = 0  # its iterations alive (Pace): the loop's stall is theirs meanwhile
         self.chunk_seconds = self.stall_seconds = 0.0
         self._lock = threading.Lock()
 
@@ -111,7 +105,6 @@ class ReadFigures:
     def stalled(self, seconds: float) -> None:
         with self._lock:
             self.stall_seconds += seconds
-        _PROCESS.stalled(seconds)
 
     def proto(self, job: str, rank: int) -> pb.ReaderFigures:
         with self._lock:
@@ -126,7 +119,7 @@ class _ProcessStall:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.timed = False  # whether any read has timed its stall (time_stall=True)
+        self.timed = False  # whether any dataset's waits are timed (cc.timed())
         self._lock = threading.Lock()
 
     def stalled(self, seconds: float) -> None:
@@ -138,23 +131,21 @@ _PROCESS = _ProcessStall()
 
 
 class InputStall:
-    """How much of the time this process's shardcache reads kept the training loop waiting.
+    """How much of the time the training loop waited on its input.
 
     For a custom training loop (Keras: client.InputStallCallback)::
 
         stall = client.InputStall()
-        for step, batch in enumerate(stall.timed(ds)):
+        for step, batch in enumerate(cc.timed(ds)):
             train_step(batch)
             if step % 100 == 99:
                 print(f"waiting on input {stall.fraction():.0%}")
 
     :meth:`fraction` is the share of the wall time since the previous call (or since
     the meter was made) spent waiting on input: near 1, the loop waits on its input; near
-    0, the input keeps ahead. Over :meth:`timed`, the loop's own waits in ``next()``,
-    exactly; without it, the time the consumers of this process's ``cc.dataset()`` and
-    ``cc.cache()`` reads asked for a chunk that was not ready, where their CacheClient has
-    ``time_stall=True`` (an estimate: the pipeline's own work above the chunks is not in it,
-    and a ``prefetch()`` may absorb a wait; docs/reading.md, "Is the job waiting on input?").
+    0, the input keeps ahead. It counts the waits of every dataset of this process that
+    ``cc.timed()`` wraps; a loop over any other iterable (cc.numpy(), a PyTorch
+    DataLoader) times its own ``next()`` calls through :meth:`timed`.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -200,54 +191,48 @@ class InputStall:
 
 
 class Pace:
-    """One iteration's chunks: when the consumer asked for each SAMPLE-th one, and when it
-    was ready; the stall is the time between when the ask came first, SAMPLE times over.
+    """One iteration of a cache's reads: alive from open to close (the loop's stall is its
+    cache's meanwhile), and the clock its chunks are timed by."""
 
-    The ask's time comes from TensorFlow's clock (tf.timestamp: seconds since the epoch),
-    so the ready times are read from the same one (time.time)."""
-
-    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.time
+    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.monotonic
                  ) -> None:
         self.figures = figures
         self._clock = clock
-        self._lock = threading.Lock()
-        self._ready: dict[int, float] = {}
+        with figures._lock:
+            figures.live += 1
         if figures.reports is not None:
             figures.reports.began()
-        if figures.time_stall:
-            _PROCESS.timed = True
 
     def close(self) -> None:
         """The iteration ended (its iterator went)."""
+        with self.figures._lock:
+            self.figures.live -= 1
         if self.figures.reports is not None:
             self.figures.reports.ended()
 
-    def asked(self, i: int, when: float) -> None:
-        """The consumer, which now has chunk i (a multiple of SAMPLE), asked for it at when."""
-        with self._lock:
-            ready = self._ready.pop(i, None)
-        if ready is not None:
-            self.figures.stalled(SAMPLE * max(0.0, ready - when))
-
-    def ready(self, i: int, when: float) -> None:
-        """Chunk i is ready (decoded) at when."""
-        if i % SAMPLE == 0 and self.figures.time_stall:
-            with self._lock:
-                self._ready[i] = when
-
     def now(self) -> float:
         return self._clock()
+
+
+def stalled(seconds: float, reports: Reports | None = None) -> None:
+    """The training loop waited seconds on input (client/tf/stall.py): this process's total,
+    and, with reports, the figures of every cache whose reads are alive."""
+    _PROCESS.stalled(seconds)
+    if reports is not None:
+        reports.stalled(seconds)
+
+
+def timing() -> None:
+    """A dataset's waits are timed in this process (InputStall.measured)."""
+    _PROCESS.timed = True
 
 
 class Reports:
     """A CacheClient's readers' figures, sent to each cache's daemon every REPORT_SECONDS."""
 
     def __init__(self, job: str, rank: int, home: Callable[[str], Transport],
-                 every: float = REPORT_SECONDS, time_stall: bool = False,
-                 send: bool = True) -> None:
+                 every: float = REPORT_SECONDS) -> None:
         self.job, self.rank = job, rank
-        self.time_stall = time_stall
-        self._send = send  # False: the figures are kept here only (InputStall)
         self.reporter = secrets.token_hex(8)
         self._home, self._every = home, every
         self._lock = threading.Condition()
@@ -258,20 +243,27 @@ class Reports:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport],
-             time_stall: bool, send: bool) -> Reports:
+    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport]
+             ) -> Reports:
         """CacheClient's: job and rank checked, or their defaults."""
         return cls(check_job(job) if job is not None else default_job(),
-                   check_rank(rank) if rank is not None else default_rank(), home,
-                   time_stall=time_stall, send=send)
+                   check_rank(rank) if rank is not None else default_rank(), home)
 
     def reader(self, cache: str) -> ReadFigures:
         """The figures of cache in this process (made on first use)."""
         with self._lock:
             figures = self._figures.get(cache)
             if figures is None:
-                figures = self._figures[cache] = ReadFigures(cache, self, self.time_stall)
+                figures = self._figures[cache] = ReadFigures(cache, self)
             return figures
+
+    def stalled(self, seconds: float) -> None:
+        """The loop waited seconds: the stall of every cache whose reads are alive."""
+        with self._lock:
+            figures = list(self._figures.values())
+        for f in figures:
+            if f.live > 0:
+                f.stalled(seconds)
 
     def began(self) -> None:
         """An iteration started: report every REPORT_SECONDS while any is alive."""
@@ -290,8 +282,6 @@ class Reports:
 
     def send(self) -> None:
         """Report every reader now, one request per daemon."""
-        if not self._send:
-            return
         with self._lock:
             figures = list(self._figures.values())
         by_daemon: dict[str, tuple[Transport, list[pb.ReaderFigures]]] = {}

@@ -100,7 +100,7 @@ class Iterations:
             return tuple(tf.numpy_function(self.begin, [x], [tf.int64] * 5, stateful=False))
 
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
-        return self.reader.policy(control.flat_map(iteration).with_options(self._options))
+        return control.flat_map(iteration).with_options(self._options)
 
 
 def generated(iterations: Iterations, decide: Callable[[], Any],

@@ -60,10 +60,9 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.data.ops import map_op
 
 from client.format.fixed_decode import aligned_empty
-from client.read.report import SAMPLE, Pace, ReadFigures
+from client.read.report import Pace, ReadFigures
 from client.tf.datasets import (
     BatchBuilder,
     CachedElements,
@@ -209,16 +208,7 @@ class Reader:
         done = pace.now()
         pace.figures.chunk(getattr(chunks, "path", "mix"), n,
                            sum(getattr(a, "nbytes", 0) for a in arrays), done - began)
-        pace.ready(int(i), done)
         return arrays
-
-    def asked(self, hold: np.ndarray, i: np.int64, when: np.float64) -> np.int64:
-        """numpy_function body, for every SAMPLE-th chunk once the consumer has it: it
-        asked for chunk i at when."""
-        _, pace = self._holds.live(hold) or (None, None)
-        if pace is not None:
-            pace.asked(int(i), float(when))
-        return i
 
     def batches(self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0
                 ) -> tf.data.Dataset:
@@ -236,37 +226,9 @@ class Reader:
 
             ds = tf.data.Dataset.range(count).map(chunk, num_parallel_calls=self._parallel,
                                                   deterministic=True)
-            if self._figures is not None and self._figures.time_stall:
-                ds = self._timed(ds, hold, count)
             return own_threads(ds, self._threads)
 
         return tf.data.Dataset.from_tensors(tf.cast(after, tf.int64)).flat_map(chunks)
-
-    def _timed(self, ds: tf.data.Dataset, hold: tf.Tensor, count: tf.Tensor
-               ) -> tf.data.Dataset:
-        """ds (the chunks) with the consumer's asks timed: the input stall.
-
-        zip asks its inputs in order: the ask for chunk i is timed (tf.timestamp) in the
-        consumer's thread, before it waits on the chunk (client/read/report.py); every
-        SAMPLE-th ask goes to Python once the chunk is here. Only where asked for
-        (CacheClient(time_stall=True)): it costs a direct read of images 12-25% of its speed
-        (docs/design.md). Inside the read's own thread pool: outside it, the zip alone costs
-        a fifth. tf.timestamp is a stateful op: such a read's dataset sets the external
-        state policy IGNORE (policy()), or its iterators would not save."""
-        # run on the consumer's own thread, not scheduled on the pool (busy with chunks):
-        # there the ask would be timed once a chunk's call let go of a thread
-        asks = map_op._MapDataset(tf.data.Dataset.range(count),
-                                  lambda i: (i, tf.timestamp()),
-                                  use_inter_op_parallelism=False)
-
-        def handed(ask: tuple[tf.Tensor, tf.Tensor], batch: Any) -> Any:
-            i, when = ask
-            noted = tf.cond(i % SAMPLE == 0, lambda: tf.numpy_function(
-                self.asked, [hold, i, when], tf.int64, stateful=True), lambda: i)
-            with tf.control_dependencies([noted]):
-                return tf.nest.map_structure(tf.identity, batch)
-
-        return tf.data.Dataset.zip((asks, ds)).map(handed)
 
     def dataset(self, per_iteration: Transform) -> tf.data.Dataset:
         """cc.dataset()'s iterations, one epoch each, checkpointable: per_iteration of the
@@ -284,17 +246,7 @@ class Reader:
             return per_iteration(self.batches(epoch, start, seen))
 
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
-        return self.policy(control.flat_map(iteration))
-
-    def policy(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        """ds, with the external state policy IGNORE where the read times its input stall
-        (the timestamps are stateful ops; nothing else of the read's is)."""
-        if self._figures is None or not self._figures.time_stall:
-            return ds
-        options = tf.data.Options()
-        options.experimental_external_state_policy = (
-            tf.data.experimental.ExternalStatePolicy.IGNORE)
-        return ds.with_options(options)
+        return control.flat_map(iteration)
 
 
 def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],

@@ -1,32 +1,82 @@
-"""A Keras callback that reports how much of each epoch the training loop waited on input.
+"""The training loop's input stall: how long it asked for its next element before it was
+ready, timed at the top of its pipeline (:func:`timed`, ``cc.timed(ds)``), and a Keras
+callback that reports the share of each epoch it waited.
 
-The figure is :class:`client.InputStall`'s (client/read/report.py): the seconds this
-process's shardcache reads kept their consumer waiting for a chunk, over the epoch's wall
-time; reads time it where their CacheClient has ``time_stall=True``. It goes into the
-epoch's ``logs`` as ``input_stall`` (History, CSVLogger, and a TensorBoard callback placed
-after this one show it), to the ``client`` logger, and, with ``log_dir``, to TensorBoard as
-the scalar ``input_stall`` per epoch (and ``batch_input_stall`` every ``every_n_batches``
-batches) under ``log_dir/train``.
+The callback's figure is :class:`client.InputStall`'s (client/read/report.py): the seconds
+the loop waited in the datasets ``cc.timed()`` wraps, over the epoch's wall time. It goes
+into the epoch's ``logs`` as ``input_stall`` (History, CSVLogger, and a TensorBoard callback
+placed after this one show it), to the ``client`` logger, and, with ``log_dir``, to
+TensorBoard as the scalar ``input_stall`` per epoch (and ``batch_input_stall`` every
+``every_n_batches`` batches) under ``log_dir/train``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.data.ops import map_op
 
-from client.read.report import InputStall
+from client.read.report import InputStall, timing
+
+#: A wait is sent to Python once the waits not yet sent add up to this many seconds, or
+#: FLUSH_SECONDS after the last was sent: a Python call per element would cost a loop of
+#: small elements more than the figure is worth.
+FLUSH_WAIT = 1e-3
+FLUSH_SECONDS = 1.0
 
 log = logging.getLogger("client")
 _SCALAR = tf.compat.v1.SummaryMetadata(
     plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"))
 
 
+def timed(ds: tf.data.Dataset, stalled: Callable[[float], None]) -> tf.data.Dataset:
+    """ds, its consumer's waits for each element passed to stalled (seconds, summed).
+
+    zip asks its inputs in order, in the consumer's thread: the first input, a sequential
+    map, stamps the ask (tf.timestamp) just before zip waits on ds; the scan after it stamps
+    the element's arrival and keeps the waits not yet sent in its state (saved with the
+    iterator). tf.timestamp is a stateful op, so the dataset saves with the external state
+    policy IGNORE; and tf.data may not put a prefetch after the scan (inject_prefetch), which
+    would time its own thread instead of the loop's (docs/design.md, "The input stall").
+    """
+    timing()
+
+    def sent(seconds: np.float64) -> np.float64:
+        stalled(float(seconds))
+        return np.float64(0.0)
+
+    asks = map_op._MapDataset(tf.data.Dataset.counter(), lambda _: tf.timestamp(),
+                              use_inter_op_parallelism=False)  # on the consumer's thread
+
+    @tf.autograph.experimental.do_not_convert
+    def arrived(state: tuple[tf.Tensor, tf.Tensor], ask_element: tuple[tf.Tensor, Any]
+                ) -> tuple[tuple[tf.Tensor, tf.Tensor], Any]:
+        waited, last = state
+        asked, element = ask_element
+        now = tf.timestamp()
+        waited += now - asked
+        send = tf.logical_or(waited >= FLUSH_WAIT, now - last >= FLUSH_SECONDS)
+        state = tf.cond(send, lambda: (tf.numpy_function(sent, [waited], tf.float64), now),
+                        lambda: (waited, last))
+        return state, element
+
+    zero = tf.constant(0.0, tf.float64)
+    out = tf.data.Dataset.zip((asks, ds)).scan((zero, zero), arrived)
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    options.experimental_external_state_policy = (
+        tf.data.experimental.ExternalStatePolicy.IGNORE)
+    return out.with_options(options)
+
+
 class InputStallCallback(tf.keras.callbacks.Callback):
-    """``model.fit(..., callbacks=[client.InputStallCallback(log_dir)])``: the share of each
-    epoch the loop waited on its shardcache input, in logs["input_stall"] and TensorBoard."""
+    """``model.fit(cc.timed(ds), callbacks=[client.InputStallCallback(log_dir)])``: the
+    share of each epoch the loop waited on its input, in logs["input_stall"] and TensorBoard."""
 
     def __init__(self, log_dir: str | os.PathLike[str] | None = None,
                  every_n_batches: int = 0) -> None:
@@ -60,9 +110,8 @@ class InputStallCallback(tf.keras.callbacks.Callback):
         stall = self._epoch.fraction()
         if not self._epoch.measured and not self._warned:
             self._warned = True
-            log.warning("shardcache: no read in this process times its input stall, so "
-                        "InputStallCallback reports 0; make the CacheClient with "
-                        "time_stall=True")
+            log.warning("shardcache: no dataset in this process times its input stall, so "
+                        "InputStallCallback reports 0; pass model.fit() cc.timed(ds)")
         if logs is not None:
             logs["input_stall"] = stall
         log.info("epoch %d: waited on input %.1f%% of the time", epoch + 1, 100 * stall)

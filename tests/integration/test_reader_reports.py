@@ -41,8 +41,9 @@ def test_a_read_reports_what_it_read_by_path_under_its_job_and_rank(observed, di
     name = f"reported-{'direct' if direct else 'grpc'}"
     with CacheClient(observed.unix_target, report=False) as cc:
         list(cc.cache(tf.data.Dataset.range(N), name))
-    with CacheClient(observed.unix_target, job="train-a", rank=3, time_stall=True) as cc:
-        assert sum(1 for _ in cc.dataset(name, direct=direct, prefetch_bytes=64 << 10)) == N
+    with CacheClient(observed.unix_target, job="train-a", rank=3) as cc:
+        ds = cc.timed(cc.dataset(name, direct=direct, prefetch_bytes=64 << 10))
+        assert sum(1 for _ in ds) == N
     # close() sent the last report
     labels = (("cache", name), ("path", "direct" if direct else "grpc"), ("rank", "3"),
               ("training_job", "train-a"))
@@ -51,7 +52,7 @@ def test_a_read_reports_what_it_read_by_path_under_its_job_and_rank(observed, di
     assert series(url, "shardcache_reader_bytes_total")[labels] == N * 8  # int64
     assert series(url, "shardcache_reader_chunks_total")[labels] >= 1
     assert series(url, "shardcache_reader_chunk_seconds_total")[labels] > 0
-    # timed (time_stall=True): the first chunk was asked for before it was ready
+    # timed (cc.timed()): the first element was asked for before it was ready
     assert series(url, "shardcache_reader_stall_seconds_total")[labels] > 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cacheserver.readers import Figures, Labels, Readers
-from client.read.report import SAMPLE, Pace, ReadFigures
+from client.read.report import Pace, Reports
 
 
 class Clock:
@@ -47,16 +47,18 @@ def test_past_the_cap_the_reader_reported_longest_ago_is_dropped() -> None:
     assert sorted(labels.training_job for labels in readers.live()) == ["j2", "j3", "j4"]
 
 
-def test_the_stall_is_the_time_from_the_ask_to_the_chunk_being_ready_per_sample() -> None:
-    figures = ReadFigures("imgs", time_stall=True)
-    pace = Pace(figures)
-    pace.ready(0, 1.5)              # chunk 0 ready half a second after ...
-    pace.asked(0, 1.0)              # ... the consumer asked for it
-    pace.ready(1, 1.6)              # not a sample
-    pace.ready(SAMPLE, 1.7)         # ready before it was asked for: no stall
-    pace.asked(SAMPLE, 2.0)
-    assert figures.stall_seconds == SAMPLE * 0.5
-    figures.chunk("direct", 100, 800, 0.25)
-    sent = figures.proto("train", 2)
+def test_the_loops_stall_goes_to_the_caches_whose_reads_are_alive() -> None:
+    reports = Reports("train", 2, home=lambda cache: None)  # type: ignore[arg-type,return-value]
+    reports.send = lambda: None  # type: ignore[method-assign]  # no daemon here
+    imgs, labels = reports.reader("imgs"), reports.reader("labels")
+    pace = Pace(imgs)               # an iteration of imgs is alive
+    reports.stalled(0.5)
+    pace.close()                    # and gone
+    Pace(labels)
+    reports.stalled(0.25)
+    reports.close()
+    assert (imgs.stall_seconds, labels.stall_seconds) == (0.5, 0.25)
+    imgs.chunk("direct", 100, 800, 0.25)
+    sent = imgs.proto("train", 2)
     assert (sent.elements, sent.bytes, sent.chunks, sent.path, sent.stall_seconds,
-            sent.rank) == (100, 800, 1, "direct", SAMPLE * 0.5, 2)
+            sent.rank) == (100, 800, 1, "direct", 0.5, 2)
