@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXTRAS ?= tf-cpu,dev
 
-.PHONY: demo test lint bench bench-quick proto
+.PHONY: demo test lint bench bench-quick screenshots proto
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ bench: $(VENV)/.installed
 
 bench-quick: $(VENV)/.installed
 	$(BIN)/python bench/run.py --quick
+
+# make screenshots: docs/img/tensorboard_input_stall.png and docs/img/cacheserver_top.png from a
+# real daemon and real Keras training (~1 min); needs the screenshots extra
+# ($(BIN)/pip install -e '.[screenshots]') and Chromium (apt-get install -y chromium).
+screenshots: $(VENV)/.installed
+	$(BIN)/python bench/screenshots.py
 
 proto: $(VENV)/.installed
 	$(BIN)/python protos/generate.py
