@@ -7,10 +7,13 @@ TensorBoard's ``input_stall`` scalars and a frame of ``cacheserver top``.
 One daemon (``--metrics-listen``), one cache of ``--elements`` 150 KB images, and two
 training processes, each ``model.fit`` of a tiny model over ``cc.timed(cc.dataset(...)...)``
 with ``client.InputStallCallback(LOGDIR/JOB, every_n_batches=...)`` and
-``CacheClient(job=JOB)``: ``starved`` reads over gRPC (the unix socket),
-a chunk at a time (``parallel_shards=1``), and its step costs nothing, so it waits on its
-input; ``ahead`` reads over the data plane and spends ``--step-ms`` per batch (a sleep
-standing for the accelerator's step), so its input keeps ahead. While both read,
+``CacheClient(job=JOB)``. As root, the daemon runs in a network namespace joined to this one
+by a veth link capped at ``--mbit`` (tests/fleet.py's NetnsLink): ``starved`` reads over
+the data plane across that link, a chunk at a time (``parallel_shards=1``), and its step
+costs nothing, so it waits on its input; ``ahead`` reads over gRPC (the unix socket, not
+capped) and spends ``--step-ms`` per batch (a sleep standing for the accelerator's step),
+so its input keeps ahead. Without root, the daemon listens on loopback, ``starved`` reads
+over gRPC and ``ahead`` over the data plane. While both read,
 ``cacheserver top --once`` (the real command, its colours kept) is drawn as
 ``cacheserver_top.png``. When both have trained at least ``--min-epochs``, TensorBoard is
 started on LOGDIR on 127.0.0.1 and headless Chromium photographs its scalars page,
@@ -37,6 +40,8 @@ from pathlib import Path
 
 from harness import REPO_ROOT, BenchDaemon, arguments, child_env, free_port
 from workloads import WORKLOADS, make_source
+
+from tests.fleet import NetnsLink, can_make_netns
 
 from cacheserver.cli.top import scrape
 
@@ -203,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-ms", type=float, default=50.0,
                         help="the ahead job's step per batch (default 50)")
     parser.add_argument("--min-epochs", type=int, default=6)
+    parser.add_argument("--mbit", type=float, default=400,
+                        help="the starved job's link, as root (default 400 Mbit/s)")
     parser.add_argument("--chromium", help="the Chromium binary (default: chromium on PATH)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the scratch directory (TensorBoard logs, each process's log)")
@@ -216,20 +223,26 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="shots-"))
     log_dir, stop = scratch / "logs", scratch / "stop"
-    metrics = f"http://127.0.0.1:{free_port()}/metrics"
-    daemon = BenchDaemon(scratch, "shots", tcp=True,
+    link = NetnsLink(1) if can_make_netns() else None
+    host = link.host if link is not None else "127.0.0.1"
+    metrics = f"http://{host}:{free_port()}/metrics"
+    daemon = BenchDaemon(scratch, "shots", tcp=True, host=host,
+                         prefix=link.prefix if link is not None else (),
                          extra_args=("--metrics-listen", metrics.split("/")[2]))
-    daemon.start()
     children: dict[str, subprocess.Popen[bytes]] = {}
     try:
+        daemon.start()
         from client import CacheClient
 
         with CacheClient(daemon.target) as cc:
             for _ in cc.cache(make_source(WORKLOADS[WORKLOAD], args.elements), CACHE):
                 pass
         print(f"cache {CACHE!r} written; training {', '.join(JOBS)}", file=sys.stderr)
+        if link is not None:
+            link.rate(args.mbit)
         for job in JOBS:
-            target = daemon.target if job == "starved" else str(daemon.tcp_target)
+            over_link = (job == "starved") == (link is not None)
+            target = str(daemon.tcp_target) if over_link else daemon.target
             with open(scratch / f"{job}.log", "wb") as log:
                 children[job] = subprocess.Popen(
                     [sys.executable, __file__, "--train", job, "--target", target,
@@ -255,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 child.terminate()
                 child.wait(timeout=30)
         daemon.stop()
+        if link is not None:
+            link.close()
     print(f"written: {args.out}/cacheserver_top.png, {args.out}/tensorboard_input_stall.png",
           file=sys.stderr)
     if args.keep:
