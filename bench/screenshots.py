@@ -41,9 +41,8 @@ from pathlib import Path
 from harness import REPO_ROOT, BenchDaemon, arguments, child_env, free_port
 from workloads import WORKLOADS, make_source
 
-from tests.fleet import NetnsLink, can_make_netns
-
 from cacheserver.cli.top import scrape
+from tests.fleet import NetnsLink, can_make_netns
 
 CACHE, WORKLOAD = "images", "flat-150k"
 JOBS = ("starved", "ahead")
