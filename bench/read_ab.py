@@ -11,6 +11,11 @@
 one through tf.data's ``unbatch``, the path of a pipeline that maps the cache's elements,
 instead of the cache's own ``batch()`` (``rebatch`` of its decoded batches).
 
+``--observed`` adds, for each shardcache read, the same read by a client that reports
+nothing (``CacheClient(report=False)``: no counts) and the read wrapped in ``cc.timed()``
+(the input stall timed on top of the batches), with a second table of their ratios to the
+plain read: what observing a read costs it.
+
 The daemon listens on a unix socket and on 127.0.0.1. ``direct``: a client on the socket
 reading the shard files under a read lease (``direct=True``); ``plane``: a client on the TCP
 address, remote to the daemon, reading over its data plane (``direct=False``; gRPC where
@@ -58,6 +63,8 @@ from workloads import WORKLOADS, make_source
 BASELINES = ("cache(filename)", "snapshot", "Dataset.load")
 #: shardcache's reads: which client reads, and whether directly.
 MODES = {"direct": ("unix", True), "plane": ("tcp", False), "grpc": ("unix", False)}
+#: --observed's variants of each read: without reports, and timed on top.
+OBSERVED = ("report=False", "cc.timed()")
 def batched(ds: Any, batch: int, mapped: bool) -> Any:
     """ds.batch(batch), through an identity map first when mapped (``--map``)."""
     return (ds.map(lambda *e: e[0] if len(e) == 1 else e) if mapped else ds).batch(batch)
@@ -174,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated shardcache reads (default {','.join(MODES)})")
     parser.add_argument("--map", action="store_true",
                         help="read ds.map(identity).batch(B): elements through unbatch")
+    parser.add_argument("--observed", action="store_true",
+                        help="also each read without reports, and wrapped in cc.timed()")
     parser.add_argument("--child", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--child-tcp", metavar="TARGET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -194,11 +203,19 @@ def main(argv: list[str] | None = None) -> int:
         for daemon in daemons.values():
             daemon.start()
         with CacheClient(daemons["head"].target) as cc, \
-                CacheClient(str(daemons["head"].tcp_target)) as remote:
+                CacheClient(str(daemons["head"].tcp_target)) as remote, \
+                CacheClient(daemons["head"].target, report=False) as quiet, \
+                CacheClient(str(daemons["head"].tcp_target), report=False) as quiet_remote:
             src = make_source(WORKLOADS[args.workload], args.elements)
             reads = tf_data_reads(src, tmp, args.batch, args.map)
-            reads |= shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch, parallel,
-                                      modes, args.map)
+            ours = shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch, parallel,
+                                    modes, args.map)
+            reads |= ours
+            if args.observed:
+                unreported = shardcache_reads({"unix": quiet, "tcp": quiet_remote}, src,
+                                              args.batch, parallel, modes, args.map)
+                reads |= {f"{name}, {OBSERVED[0]}": ds for name, ds in unreported.items()}
+                reads |= {f"{name}, {OBSERVED[1]}": cc.timed(ds) for name, ds in ours.items()}
             arms: dict[str, tuple[Arm, BenchDaemon | None]] = {
                 name: (local_arm(ds, args.elements),
                        daemons["head"] if name not in BASELINES else None)
@@ -234,6 +251,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(c for c, _ in cpu[name]):.2f} + "
           f"{statistics.median(d for _, d in cpu[name]):.2f}"]
          for name, rate in best.items())))
+    if args.observed:
+        def against(name: str, variant: str) -> str:
+            median = statistics.median
+            return (f"{ratio(best[f'{name}, {variant}'], best[name])}, "
+                    f"{ratio(median(rates[f'{name}, {variant}']), median(rates[name]))}")
+
+        print()
+        print(markdown_table(
+            ["read", *(f"{o}: best, median vs the plain read" for o in OBSERVED)],
+            ([name, *(against(name, o) for o in OBSERVED)] for name in ours)))
     write_json(args.out, {"command": run_line(), "rates": rates, "cpu": cpu})
     return 0
 
