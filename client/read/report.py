@@ -106,6 +106,19 @@ class ReadFigures:
         with self._lock:
             self.stall_seconds += seconds
 
+    def began(self) -> None:
+        """An iteration of this cache's reads started (Pace)."""
+        with self._lock:
+            self.live += 1
+        if self.reports is not None:
+            self.reports.began()
+
+    def ended(self) -> None:
+        with self._lock:
+            self.live -= 1
+        if self.reports is not None:
+            self.reports.ended()
+
     def proto(self, job: str, rank: int) -> pb.ReaderFigures:
         with self._lock:
             return pb.ReaderFigures(
@@ -198,17 +211,11 @@ class Pace:
                  ) -> None:
         self.figures = figures
         self._clock = clock
-        with figures._lock:
-            figures.live += 1
-        if figures.reports is not None:
-            figures.reports.began()
+        figures.began()
 
     def close(self) -> None:
         """The iteration ended (its iterator went)."""
-        with self.figures._lock:
-            self.figures.live -= 1
-        if self.figures.reports is not None:
-            self.figures.reports.ended()
+        self.figures.ended()
 
     def now(self) -> float:
         return self._clock()
