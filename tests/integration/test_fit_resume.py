@@ -9,8 +9,6 @@ worker, and tf-keras under MultiWorkerMirroredStrategy on two (TF_CONFIG, loopba
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from daemon import env_without_tf_noise, free_port  # noqa: E402
+import cluster  # noqa: E402
 from sharded import write_sharded  # noqa: E402
 
 from client import CacheClient  # noqa: E402
@@ -43,38 +41,22 @@ def fit(daemon, name: str, backup: Path, outs: list[Path], env: dict[str, str],
         kill_at: tuple[int, int] | None = None) -> None:
     """Run the fit on len(outs) workers; with kill_at, worker 0 kills itself after that step
     and the others are killed once it is gone (they would wait in a collective)."""
-    workers = len(outs)
-    ports = [free_port() for _ in range(workers)]
-    procs = []
-    for rank, out in enumerate(outs):
-        worker_env = {**env_without_tf_noise(), **env}
-        if workers > 1:
-            worker_env["TF_CONFIG"] = json.dumps({
-                "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                "task": {"type": "worker", "index": rank}})
-        kill = ["--kill-at", f"{kill_at[0]},{kill_at[1]}"] if kill_at and rank == 0 else []
-        with out.with_suffix(".log").open("ab") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, str(PROGRAM), daemon.unix_target, name, str(backup),
-                 str(out), "--batch", str(BATCH), "--epochs", str(EPOCHS), "--save-freq",
-                 str(SAVE_FREQ), *kill], env=worker_env, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + DEADLINE_S
+    argvs = [[str(PROGRAM), daemon.unix_target, name, str(backup), str(out), "--batch",
+              str(BATCH), "--epochs", str(EPOCHS), "--save-freq", str(SAVE_FREQ),
+              *(["--kill-at", f"{kill_at[0]},{kill_at[1]}"] if kill_at and rank == 0 else [])]
+             for rank, out in enumerate(outs)]
+    logs = [out.with_suffix(".log") for out in outs]
 
     def tail(rank: int) -> str:
-        return outs[rank].with_suffix(".log").read_text(errors="replace")[-3000:]
+        return logs[rank].read_text(errors="replace")[-3000:]
 
-    try:
+    with cluster.workers(argvs, logs, env) as procs:
         first = procs[0].wait(timeout=DEADLINE_S)
         if kill_at:
             assert first == -9, tail(0)
             return
-        for rank, proc in enumerate(procs):
-            assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, tail(rank)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        failure = cluster.wait_all(procs, time.monotonic() + DEADLINE_S)
+        assert failure is None, f"{failure}: " + "\n".join(tail(r) for r in range(len(outs)))
 
 
 def steps(out: Path) -> list[dict[str, Any]]:

@@ -12,15 +12,14 @@ leave the suite waiting in a collective.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import cluster
 import pytest
 import tensorflow as tf
-from daemon import Daemon, env_without_tf_noise, free_port
+from daemon import Daemon
 from pipelines.distributed_training import features
 
 PROGRAM = Path(__file__).parents[1] / "pipelines" / "distributed_training.py"
@@ -47,51 +46,18 @@ def run_program(mode: str, target: str, name: str, tmp_path: Path, elements: int
     Returns each process's result; fails with the logs when any process fails or
     the deadline passes, killing the others.
     """
-    ports = [free_port() for _ in range(workers)]
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs: list[subprocess.Popen[bytes]] = []
     outs = [tmp_path / f"{mode}-{i}.json" for i in range(workers)]
     logs = [tmp_path / f"{mode}-{i}.log" for i in range(workers)]
-    try:
-        for i in range(workers):
-            worker_env = {**env_without_tf_noise(), **(env or {})}
-            if workers > 1:
-                worker_env["TF_CONFIG"] = json.dumps(
-                    {"cluster": cluster, "task": {"type": "worker", "index": i}})
-            with logs[i].open("wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(PROGRAM), mode, target, name, str(outs[i]),
-                     "--seed", str(SEED), "--batch", str(batch), "--elements", str(elements)],
-                    env=worker_env, stdout=log, stderr=subprocess.STDOUT))
-        failure = wait_all(procs, time.monotonic() + DEADLINE_S)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+    argvs = [[str(PROGRAM), mode, target, name, str(out), "--seed", str(SEED), "--batch",
+              str(batch), "--elements", str(elements)] for out in outs]
+    with cluster.workers(argvs, logs, env) as procs:
+        failure = cluster.wait_all(procs, time.monotonic() + DEADLINE_S)
     if failure:
         tails = "\n".join(f"--- worker {i} (rc {p.returncode}):\n"
                           + logs[i].read_text(errors="replace")[-3000:]
                           for i, p in enumerate(procs))
         pytest.fail(f"{failure}\n{tails}")
     return [json.loads(out.read_text()) for out in outs]
-
-
-def wait_all(procs: list[subprocess.Popen[bytes]], deadline: float) -> str | None:
-    """Wait for every process; the reason to fail, or None when all exited 0."""
-    running = list(procs)
-    while running:
-        for proc in list(running):
-            try:
-                rc = proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                continue
-            running.remove(proc)
-            if rc != 0:
-                return f"worker {procs.index(proc)} exited with {rc}"
-        if time.monotonic() > deadline:
-            return f"workers still running after {DEADLINE_S} s"
-    return None
 
 
 def reference_orders(cc: Any, name: str, epochs: int) -> list[list[int]]:
