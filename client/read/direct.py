@@ -43,7 +43,6 @@ from client.errors import (
     LeaseNotFoundError,
     ShardcacheError,
 )
-from client.format.fixed_decode import handles
 from client.format.layout import Layout
 from client.read.fetch import CHUNK_BYTES, Closed, is_run, shard_runs
 from client.wire.status import DataLoss
@@ -311,9 +310,10 @@ class LocalFetcher:
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
         layout = Layout.from_json(cache.layout_json)
         self._k = layout.block_elements
-        # values as views into the held map, no joined copy: decode_into copies them out
-        # into fresh arrays before the pass ends and the map goes (docs/reading.md)
-        self._views = handles(layout)
+        # values as views into the held map, no joined copy: decode_into and decode_batch
+        # copy fixed-shape numeric values out into fresh arrays before the pass ends and the
+        # map goes (docs/reading.md); other layouts' arrays may be views of their values
+        self._views = layout.fixed_numeric
         self.chunk_bytes = CHUNK_BYTES  # of records per chunk
         self._lock = threading.Lock()
         self._ahead: dict[int, Any] = {}  # per shard, for every read of the pass
