@@ -87,6 +87,9 @@ class CacheSource:
                       state["reconnect_timeout"], state["len"])
 
     def _opened(self) -> _Open:
+        opened = self._open
+        if opened is not None and opened.pid == os.getpid():  # no lock per read
+            return opened
         with self._lock:
             if self._open is not None and self._open.pid != os.getpid():
                 self._open = None  # a forked copy: the parent's channels and lease stay its own

@@ -78,6 +78,8 @@ def resolve_local_data_dir(local_data_dir: str | Path | None) -> Path | None:
 
 def _pool() -> Any:
     global _POOL
+    if _POOL is not None:  # no lock per read: Grain's 16 threads each read one element
+        return _POOL
     with _POOL_LOCK:
         if _POOL is None:
             from client.format.store import ReaderPool
@@ -328,6 +330,9 @@ class LocalFetcher:
     def _read_ahead(self, shard: int) -> Any:
         """The shard's read-ahead: one thread per shard and pass, however many reads
         (chunked reads ask for a few MiB at a time, client/read/chunks.py)."""
+        ahead = self._ahead.get(shard)
+        if ahead is not None:  # no lock once it is made
+            return ahead
         with self._lock:
             ahead = self._ahead.get(shard)
             if ahead is None and not self._closing.is_set():
