@@ -53,13 +53,15 @@ class Parse(gp.MapTransform):
 
 
 def epoch(source: Any, operations: list[Any], n: int, workers: int, batch: int,
-          seed: int) -> Callable[[], float]:
+          seed: int, buffer: int = 0) -> Callable[[], float]:
+    """buffer: Grain's ReadOptions.prefetch_buffer_size (0: Grain's default)."""
     def read() -> float:
         sampler = gp.IndexSampler(num_records=n, shard_options=gp.NoSharding(), shuffle=True,
                                   num_epochs=1, seed=seed)
+        options = {"read_options": gp.ReadOptions(prefetch_buffer_size=buffer)} if buffer else {}
         loader = gp.DataLoader(data_source=source, sampler=sampler,
                                operations=[*operations, gp.Batch(batch)],
-                               worker_count=workers)
+                               worker_count=workers, **options)
         start = time.perf_counter()
         seen = sum(len(b["i"]) for b in loader)
         seconds = time.perf_counter() - start
@@ -77,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts")
     parser.add_argument("--modes", default="direct,plane")
+    parser.add_argument("--prefetch-buffer", type=int, default=0,
+                        help="Grain's ReadOptions(prefetch_buffer_size=) for both sources "
+                        "(0: Grain's default, 500): its loader walks the elements ready in "
+                        "that buffer once per element it hands out")
     args = parser.parse_args(argv)
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -101,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             for w in workers:
                 arms[f"ArrayRecord, {w} workers"] = epoch(
                     gp.ArrayRecordDataSource([path]), [Parse(shape)], args.elements, w,
-                    args.batch, 1)
+                    args.batch, 1, args.prefetch_buffer)
                 for mode in args.modes.split(","):
                     client, direct = MODES[mode]
                     arms[f"cache {mode}, {w} workers"] = epoch(
                         clients[client].source("grain", direct=direct), [], args.elements, w,
-                        args.batch, 1)
+                        args.batch, 1, args.prefetch_buffer)
             rates = interleaved(arms, args.repeat)
     finally:
         daemon.stop()

@@ -40,6 +40,7 @@ import numpy as np
 
 from client.errors import InvalidArgumentError
 from client.format.codec import (
+    Empty,
     RecordError,
     decode_batch,
     decode_fixed,
@@ -227,23 +228,24 @@ def unpack_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
     return bodies, before
 
 
-def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
-                  ) -> tuple[int, list[Any]]:
+def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
+                  empty: Empty | None = None) -> tuple[int, list[Any]]:
     """Decode stored values, each a block or a single element: (elements, batch per leaf).
+    empty: makes the arrays fixed-shape leaves are copied into (codec.decode_fixed).
 
     Raises RecordError with ``elements_before`` set: how many elements the
     values before the bad one held, to name the bad block.
     """
-    n, batch = _decode_values(layout, dec, values)
+    n, batch = _decode_values(layout, dec, values, empty)
     return n, undelta_rows(layout, batch) if layout.row_delta else batch
 
 
-def _decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
-                   ) -> tuple[int, list[Any]]:
+def _decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
+                   empty: Empty | None) -> tuple[int, list[Any]]:
     bodies, before = unpack_values(layout, dec, values)
     if layout.block_elements == 1:  # one element per value (format 1)
         try:
-            return before, decode_batch(layout, bodies)
+            return before, decode_batch(layout, bodies, empty)
         except RecordError as exc:
             exc.elements_before = before  # type: ignore[attr-defined]
             raise
@@ -251,14 +253,14 @@ def _decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any]
     stride = layout.block_shuffle
     if before and before == len(bodies) and stride > 1:  # one element per value: at once
         rows = np.frombuffer(b"".join(bodies), np.uint8).reshape(before, stride, -1)
-        return before, decode_fixed(layout, rows.transpose(0, 2, 1).copy(), before)
+        return before, decode_fixed(layout, rows.transpose(0, 2, 1).copy(), before, empty)
     rows = np.empty((before, rs), np.uint8)  # every block lands here, unshuffled
     at = 0
     for body in bodies:
         m = len(body) // rs
         unshuffle_into(body, rows[at:at + m], layout.block_shuffle)
         at += m
-    return before, decode_fixed(layout, rows, before)
+    return before, decode_fixed(layout, rows, before, empty)
 
 
 @functools.lru_cache(maxsize=256)

@@ -18,25 +18,28 @@ compare both paths element for element.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from client.format.blocks import undelta_rows, unpack_values
+from client.format.codec import Empty
 from client.format.layout import Layout
 from client.format.values import Decompressor
 
 #: TensorFlow aliases a numpy array whose data is aligned to this (EIGEN_MAX_ALIGN_BYTES).
 ALIGN = 64
 #: Below this record size, one element per value is left to the vectorized decode_batch
-#: (one Python step per record would cost more than the copy it saves).
+#: (one Python step per record would cost more than the copy it saves), and elements cut
+#: out of their blocks are joined and unshuffled in one step (_pieces).
 MIN_RECORD_BYTES = 16 << 10
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = ALIGN) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an align-byte boundary."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize  # not np.prod: ~3 us a call
     raw = np.empty(nbytes + align, np.uint8)
     offset = -raw.ctypes.data % align
     return raw[offset:offset + nbytes].view(dtype).reshape(shape)
@@ -48,8 +51,6 @@ def handles(layout: Layout) -> bool:
                                      or layout.record_size >= MIN_RECORD_BYTES)
 
 
-#: Makes an uninitialised aligned array of a shape and dtype (aligned_empty's signature).
-Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
 def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any],
@@ -72,22 +73,36 @@ def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any],
         off += leaf.nbytes
     stride = layout.block_shuffle if k > 1 else 1
     at = 0
-    for body in bodies:
-        m = len(body) // rs
-        src = np.frombuffer(body, np.uint8)
+    for m, src in _pieces(bodies, n, rs, stride):
         if stride == 1:
             rows = src.reshape(m, rs)
             for col, start, nbytes in columns:
                 if col is not None:
                     col[at:at + m] = rows[:, start:start + nbytes]
         else:  # the block is stored byte-shuffled (client/format/blocks.py): unshuffle per leaf
-            planes = src.reshape(stride, m, rs // stride)
+            planes = src
             for col, start, nbytes in columns:
                 if col is not None:
                     unshuffle_words(planes[:, :, start // stride:(start + nbytes) // stride],
                                     col[at:at + m])
         at += m
     return n, undelta_rows(layout, outs) if layout.row_delta else outs  # in place: writable
+
+
+def _pieces(bodies: list[Any], n: int, rs: int, stride: int) -> list[tuple[int, np.ndarray]]:
+    """(m, its m records) per body: rows (m, rs), or a shuffled block's byte planes
+    (stride, m, rs // stride). Small bodies of one record each (elements cut out of their
+    blocks by a shuffled read) are joined into one piece: one NumPy step for all, ~0.1 ms
+    per 4 MiB, instead of ~2 us per record."""
+    if n > 1 and rs < MIN_RECORD_BYTES and len(bodies) == n and all(
+            len(body) == rs for body in bodies):
+        joined = np.frombuffer(b"".join(bodies), np.uint8)
+        if stride == 1:
+            return [(n, joined.reshape(n, rs))]
+        return [(n, joined.reshape(n, stride, rs // stride).transpose(1, 0, 2))]
+    return [(len(body) // rs, np.frombuffer(body, np.uint8).reshape(
+        (len(body) // rs, rs) if stride == 1 else (stride, len(body) // rs, rs // stride)))
+        for body in bodies]
 
 
 def unshuffle_words(planes: np.ndarray, out: np.ndarray) -> None:

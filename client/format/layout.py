@@ -82,7 +82,7 @@ class Leaf:
                              f"an element may take at most {MAX_ELEMENT_BYTES} bytes")
         object.__setattr__(self, "shape", shape)
 
-    @property
+    @functools.cached_property  # asked per chunk decoded, as the others here
     def fixed(self) -> bool:
         return self.shape is not None and all(d is not None for d in self.shape)
 
@@ -90,11 +90,11 @@ class Leaf:
     def is_string(self) -> bool:
         return self.dtype == "string"
 
-    @functools.cached_property  # per chunk decoded: a random access decodes one element
+    @functools.cached_property
     def np_dtype(self) -> np.dtype:
         return _numpy_dtype(self.dtype)
 
-    @property
+    @functools.cached_property
     def fixed_shape(self) -> tuple[int, ...]:
         """The shape of a fixed leaf."""
         if self.shape is None or any(d is None for d in self.shape):
@@ -167,12 +167,12 @@ class Layout:
         if self.row_delta and not any(map(row_delta_leaf, self.leaves)):
             raise ValueError("row_delta needs a fixed-shape uint8 leaf of rank >= 2")
 
-    @property
+    @functools.cached_property
     def numeric_known_ranks(self) -> bool:
         """True when every leaf is numeric with a known rank: decodable chunk-wide."""
         return all(not leaf.is_string and leaf.shape is not None for leaf in self.leaves)
 
-    @property
+    @functools.cached_property
     def fixed_numeric(self) -> bool:
         """True when every record has the same size and no per-record header."""
         return all(leaf.fixed and not leaf.is_string for leaf in self.leaves)

@@ -19,6 +19,7 @@ import contextlib
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +40,15 @@ def window_records(chunk_bytes: int, num_elements: int, stored_bytes: int) -> in
 
 def gather_chunks(open_shard: Callable[[int], AbstractContextManager[ShardGetter]],
                   wanted: np.ndarray, firsts: np.ndarray, window: int, layout_json: str,
-                  where: str) -> Iterator[tuple[int, bytes, bytes]]:
+                  where: str, views: bool = False) -> Iterator[tuple[int, bytes, Any]]:
     """(position, lengths, data) chunks of the elements at global indices wanted, in
     order, one element per value (blocks: cut out of their blocks).
 
     open_shard(i) opens shard i for random reads; firsts are the shards' first
     global indices; where names the cache in errors. Shared by ReadElements and
-    the client's direct reads.
+    the client's direct reads. views: data is the list of the chunk's values, each a
+    view into the shard's map (valid while it stays held) or a one-element block, and
+    lengths is empty; otherwise they are joined.
     """
     shard_of = np.searchsorted(firsts, wanted, side="right") - 1
     local = wanted - firsts[shard_of]
@@ -62,11 +65,15 @@ def gather_chunks(open_shard: Callable[[int], AbstractContextManager[ShardGetter
                     getter = open_shards[int(shard)] = stack.enter_context(
                         open_shard(int(shard)))
                 at = np.flatnonzero(shards == shard)
-                got = extract.get(getter, local[first:stop][at], f"{where} shard {int(shard)}")
+                got = extract.get(getter, local[first:stop][at], f"{where} shard {int(shard)}",
+                                  views)
                 for i, value in zip(at.tolist(), got):
                     values[i] = value
             for start in range(first, stop, window):
                 part = values[start - first:min(start + window, stop) - first]
+                if views:
+                    yield start, b"", part
+                    continue
                 lengths = struct.pack(f"<{len(part)}I", *map(len, part))
                 yield start, lengths, b"".join(part)
 
@@ -84,7 +91,7 @@ class Extractor:
         self.k = layout.block_elements
         self._stride = layout.block_shuffle
         self._size = layout.record_size if self.k > 1 else 0
-        self._dec = Decompressor()
+        self._dec = Decompressor() if self.k > 1 else None  # one element per value: none
 
     def span(self, window: int, wanted: int) -> int:
         """Elements of a request to fetch together (sent in chunks of window): every block
@@ -95,19 +102,23 @@ class Extractor:
             return window
         return max(1, min(wanted, SPAN_BYTES // self._size))
 
-    def get(self, getter: ShardGetter, local: np.ndarray, where: str) -> list[bytes]:
-        """The elements at shard-local indices local, each as a value of its own."""
+    def get(self, getter: ShardGetter, local: np.ndarray, where: str, views: bool = False
+            ) -> list[Any]:
+        """The elements at shard-local indices local, each as a value of its own (views:
+        one element per value as views into the map, see ShardGetter.get_many)."""
         if self.k == 1:
-            return getter.get_many(local.astype(">u8").tobytes())
+            return getter.get_many(local.astype(">u8").tobytes(), views)
+        dec = self._dec
+        assert dec is not None
         blocks, inverse = np.unique(local // self.k, return_inverse=True)
         order = np.argsort(inverse, kind="stable")  # positions grouped by block
         bounds = np.searchsorted(inverse[order], np.arange(len(blocks) + 1))
         size, rows = self._size, np.empty((len(local), self._size), np.uint8)
         for group in range(0, len(blocks), _GET_BLOCKS):  # bounded memory: a group at a time
             keys = blocks[group:group + _GET_BLOCKS].astype(">u8").tobytes()
-            for b, value in enumerate(getter.get_many(keys), group):
+            for b, value in enumerate(getter.get_many(keys, views), group):
                 try:
-                    body = unpack_block(self._dec, value, self.k, size)
+                    body = unpack_block(dec, value, self.k, size)
                 except RecordError as exc:
                     raise DataLoss(f"{where} block {int(blocks[b])} is corrupt: {exc}; delete "
                                    "the cache and build it again") from exc

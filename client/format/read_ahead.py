@@ -59,10 +59,15 @@ class ReadAhead:
             return
         pos = index * self._size // self._records
         need = min(self._size, pos + NEED_BYTES)
+        want = min(self._size, pos + WINDOW_BYTES)
+        if self._loaded >= need and want <= self._want + STEP_BYTES and self._thread:
+            # in, and the window less than a step short: no lock, no wake-up of the thread
+            # (a random reader of single elements called here ~25 us per element for both)
+            return
         with self._cond:
             if self._closed:  # its file is closed (or the thread's to close)
                 return
-            self._want = max(self._want, min(self._size, pos + WINDOW_BYTES))
+            self._want = max(self._want, want)
             if self._thread is None:
                 self._loaded = min(pos, self._size)  # a range read starts mid-file
                 self._thread = threading.Thread(target=self._run, daemon=True,

@@ -222,6 +222,15 @@ def packer(structure: Any) -> Callable[[Sequence[Any]], Any]:
     """A function from a flat list of values (flatten's order) to the structure's shape."""
     if isinstance(structure, (Leaf, Composite)):
         return lambda flat: flat[0]
+    if all(isinstance(child, (Leaf, Composite)) for _, child in _children(structure)):
+        # one value per child (a dict of arrays): no slice and call per child
+        if isinstance(structure, dict):
+            keys = sorted(structure)
+            return lambda flat: dict(zip(keys, flat))
+        if isinstance(structure, Named):
+            make = structure.type
+            return lambda flat: make(*flat)
+        return list if isinstance(structure, list) else tuple
     parts, offsets, at = [], [], 0
     for _, child in _children(structure):
         parts.append(packer(child))

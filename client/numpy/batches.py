@@ -56,6 +56,8 @@ def _take(column: Column, lo: int, hi: int) -> Column:
 
 
 def _join(parts: list[Column]) -> Column:
+    if len(parts) == 1:  # the last batch, of one chunk: its slice, no copy
+        return parts[0]
     if isinstance(parts[0], list):
         return [x for part in parts for x in part]
     return np.concatenate(parts)

@@ -6,7 +6,7 @@ their index: :class:`Prefetch` keeps up to ``ahead`` of them in flight on
 ``range(count).map(chunk, deterministic=True)`` does for cc.dataset(). A
 chunk's call releases the GIL for most of its time (I/O, CRC, zstd, the copy
 into its arrays), so the threads overlap with the consumer. Memory: at most
-``ahead`` decoded chunks of about ``prefetch_bytes / 8`` stored bytes each, plus
+``ahead`` decoded chunks (ArrayReader: as many as ``prefetch_bytes`` holds), plus
 the one being consumed. An error of a chunk's call reaches the consumer when it
 asks for that chunk; close() (also on an early stop) cancels the calls not yet
 started, cancels those in flight (the chunks' close) and joins the threads.

@@ -24,7 +24,7 @@ from client.numpy.batches import Columns, format_of
 from client.numpy.prefetch import MAX_AHEAD, Prefetch
 from client.read import direct as direct_read
 from client.read import plan
-from client.read.chunks import EpochChunks, chunk_target
+from client.read.chunks import EpochChunks
 
 
 class ArrayReader:
@@ -101,10 +101,10 @@ class ArrayReader:
     def _open(self, epoch: int, start: int) -> Prefetch:
         chunks = EpochChunks(self._catalog.home(self.cache.name), self.cache, self._layout,
                              self.options, epoch, start, self._prefetch_bytes, self._reads,
-                             self._catalog.fleet)
+                             self._catalog.fleet, self._batch_size or 1)
         parallel = self.options.parallel_shards
         return Prefetch(chunks, parallel or min(
-            MAX_AHEAD, self._prefetch_bytes // chunk_target(self._prefetch_bytes)))
+            MAX_AHEAD, self._prefetch_bytes // max(chunks.chunk_bytes, 1)))
 
     def __repr__(self) -> str:
         return (f"ArrayReader({self.cache.name!r}, epoch={self._at[0]}, "

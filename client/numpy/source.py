@@ -23,6 +23,7 @@ per element; write such caches with ``block_bytes=0`` for random access.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -86,6 +87,9 @@ class CacheSource:
                       state["reconnect_timeout"], state["len"])
 
     def _opened(self) -> _Open:
+        opened = self._open
+        if opened is not None and opened.pid == os.getpid():  # no lock per read
+            return opened
         with self._lock:
             if self._open is not None and self._open.pid != os.getpid():
                 self._open = None  # a forked copy: the parent's channels and lease stay its own
@@ -102,16 +106,17 @@ class CacheSource:
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The elements at indices, in their order: one request for all of them."""
-        keys = np.asarray(indices, np.int64).reshape(-1)
-        if keys.size and (keys.min() < -self._len or keys.max() >= self._len):
-            bad = int(keys[(keys < -self._len) | (keys >= self._len)][0])
-            raise IndexError(f"index {bad} is out of range for cache {self.name!r} of "
-                             f"{self._len} elements")
-        keys = np.where(keys < 0, keys + self._len, keys)
-        if not keys.size:
+        n = self._len
+        # Python ints, not NumPy reductions: a sampler's single index costs ~1 us so
+        keys = [i + n if i < 0 else i for i in map(operator.index, indices)]
+        if not keys:
             return []
+        if min(keys) < 0 or max(keys) >= n:
+            bad = next(i for i in map(operator.index, indices) if not -n <= i < n)
+            raise IndexError(f"index {bad} is out of range for cache {self.name!r} of "
+                             f"{n} elements")
         opened = self._opened()
-        return list(opened.columns.elements([opened.reads(keys)]))
+        return list(opened.columns.elements([opened.reads(np.array(keys, np.int64))]))
 
     #: Grain's name for a batched fetch (SupportsBatchedReadRandomAccessDataSource).
     _getitems = __getitems__

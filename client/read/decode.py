@@ -12,8 +12,8 @@ import numpy as np
 from client._transport import pb
 from client.errors import DataLossError
 from client.format.blocks import decode_values
-from client.format.codec import RecordError
-from client.format.fixed_decode import Empty, aligned_empty, decode_into, handles
+from client.format.codec import Empty, RecordError
+from client.format.fixed_decode import aligned_empty, decode_into, handles
 from client.format.layout import Layout
 from client.format.values import Decompressor, split_chunk
 from client.read.fetch import Chunk, Indices
@@ -29,8 +29,8 @@ class Decoder:
         # blocks as the cache has them (a format 1 cache has none), whatever the caller's
         stored = Layout.from_json(cache.layout_json)
         self._layout = dataclasses.replace(stored, leaves=layout.leaves)
-        self._decode = (functools.partial(decode_into, empty=empty) if handles(self._layout)
-                        else decode_values)
+        self._decode = functools.partial(
+            decode_into if handles(self._layout) else decode_values, empty=empty)
         self._local = threading.local()
 
     def _where(self, index: int) -> str:

@@ -43,7 +43,6 @@ from client.errors import (
     LeaseNotFoundError,
     ShardcacheError,
 )
-from client.format.fixed_decode import handles
 from client.format.layout import Layout
 from client.read.fetch import CHUNK_BYTES, Closed, is_run, shard_runs
 from client.wire.status import DataLoss
@@ -79,6 +78,8 @@ def resolve_local_data_dir(local_data_dir: str | Path | None) -> Path | None:
 
 def _pool() -> Any:
     global _POOL
+    if _POOL is not None:  # no lock per read: Grain's 16 threads each read one element
+        return _POOL
     with _POOL_LOCK:
         if _POOL is None:
             from client.format.store import ReaderPool
@@ -311,9 +312,10 @@ class LocalFetcher:
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
         layout = Layout.from_json(cache.layout_json)
         self._k = layout.block_elements
-        # values as views into the held map, no joined copy: decode_into copies them out
-        # into fresh arrays before the pass ends and the map goes (docs/reading.md)
-        self._views = handles(layout)
+        # values as views into the held map, no joined copy: decode_into and decode_batch
+        # copy fixed-shape numeric values out into fresh arrays before the pass ends and the
+        # map goes (docs/reading.md); other layouts' arrays may be views of their values
+        self._views = layout.fixed_numeric
         self.chunk_bytes = CHUNK_BYTES  # of records per chunk
         self._lock = threading.Lock()
         self._ahead: dict[int, Any] = {}  # per shard, for every read of the pass
@@ -328,6 +330,9 @@ class LocalFetcher:
     def _read_ahead(self, shard: int) -> Any:
         """The shard's read-ahead: one thread per shard and pass, however many reads
         (chunked reads ask for a few MiB at a time, client/read/chunks.py)."""
+        ahead = self._ahead.get(shard)
+        if ahead is not None:  # no lock once it is made
+            return ahead
         with self._lock:
             ahead = self._ahead.get(shard)
             if ahead is None and not self._closing.is_set():
@@ -371,12 +376,14 @@ class LocalFetcher:
         """The records at indices, one element per value, as ReadElements sends them."""
         from client.format.lookup import gather_chunks, window_records
 
-        window = window_records(self.chunk_bytes, self._cache.num_elements,
-                                self._cache.stored_bytes)
+        # views cost no join: the whole request is one chunk, decoded into one array per
+        # leaf (a batch of 64 602 KB images was 10 chunks, then joined: one more copy)
+        window = len(indices) if self._views else window_records(
+            self.chunk_bytes, self._cache.num_elements, self._cache.stored_bytes)
         try:
             yield from gather_chunks(self._getter, indices.astype(np.uint64), self._firsts,
                                      window, self._cache.layout_json,
-                                     f"cache {self._cache.name!r}")
+                                     f"cache {self._cache.name!r}", self._views)
         except DataLoss as exc:
             raise DataLossError(str(exc)) from exc
 

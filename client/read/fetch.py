@@ -55,7 +55,9 @@ def chunk_positions(cache: pb.Cache, stored_bytes: int) -> int:
 
 def is_run(indices: Indices) -> bool:
     """True for consecutive indices (the stored order, a worker's share), read as a run."""
-    return not isinstance(indices, np.ndarray) or bool(np.all(np.diff(indices) == 1))
+    if not isinstance(indices, np.ndarray) or len(indices) < 2:
+        return True
+    return bool(np.all(np.diff(indices) == 1))
 
 
 def shard_runs(cache: pb.Cache, first: int, stop: int) -> Iterator[tuple[Any, int, int]]:

@@ -1,0 +1,101 @@
+"""Random access to a shard's elements: values as views into the map, one-element blocks
+joined before they are unshuffled, several leaves copied into one array, and chunks cut
+on a consumer's batches. Each path gives the same elements as the general one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.format.blocks import BlockPacker, blocked, decode_values, shuffle
+from client.format.codec import decode_fixed
+from client.format.fixed_decode import ALIGN, decode_into, handles
+from client.format.layout import Layout, Leaf
+from client.format.lookup import gather_chunks
+from client.format.store import ReaderPool, ShardWriter
+from client.format.values import Compressor, Decompressor, split_chunk
+from client.read.buffers import Buffers
+from client.read.chunks import batch_positions
+from tests.unit.test_blocks import batch_of
+
+SMALL = Layout((Leaf("float32", (256,)), Leaf("int64", ())))  # 1 KB records
+
+
+def shard(path: Path, layout: Layout, data: list[np.ndarray], n: int) -> Path:
+    packer = BlockPacker(layout)
+    values, raw, count = packer.add(data, n)
+    last, raw_last, count_last = packer.flush()
+    writer = ShardWriter(path, 1 << 20)
+    writer.append(values + last, raw + raw_last, count + count_last)
+    writer.commit()
+    return path
+
+
+@pytest.mark.parametrize("block_bytes", [0, 16 << 10])
+def test_gathered_values_as_views_are_the_values_the_joined_chunks_hold(
+        tmp_path: Path, block_bytes: int) -> None:
+    layout = blocked(SMALL, block_bytes) if block_bytes else SMALL
+    data = batch_of(layout, 300, np.random.default_rng(4))
+    path = shard(tmp_path / "shard", layout, data, 300)
+    wanted = np.random.default_rng(5).permutation(300)[:100].astype(np.uint64)
+    pool = ReaderPool()
+    held = pool.hold(path)
+    try:
+        def opened(_: int) -> object:
+            return pool.opened(path)
+
+        firsts = np.zeros(1, np.uint64)
+        joined = list(gather_chunks(opened, wanted, firsts, 7, layout.to_json(), "test"))
+        views = list(gather_chunks(opened, wanted, firsts, 100, layout.to_json(), "test",
+                                   views=True))
+        assert len(views) == 1 and views[0][0] == 0 and views[0][1] == b""
+        assert [bytes(v) for v in views[0][2]] == [
+            bytes(v) for _, lengths, data in joined for v in split_chunk(lengths, data)]
+        n, got = decode_values(layout, Decompressor(), views[0][2])
+        assert n == 100
+        for have, original in zip(got, data):
+            np.testing.assert_array_equal(have, original[wanted.astype(np.int64)])
+    finally:
+        pool.release(path, held)
+
+
+def test_elements_cut_out_of_their_blocks_decode_into_their_rows() -> None:
+    """A shuffled read of a cache in blocks gets one-element blocks, each shuffled on its own
+    (client/format/lookup.py): decode_into joins them and unshuffles all in one step."""
+    layout = blocked(Layout((Leaf("float32", (3, 5)), Leaf("int16", (7,)))), 4096)
+    assert layout.block_elements > 1 and layout.block_shuffle == 2 and handles(layout)
+    data = batch_of(layout, 40, np.random.default_rng(6))
+    rows = np.concatenate([a.reshape(40, -1).view(np.uint8) for a in data], axis=1)
+    pack = Compressor().pack
+    values = [pack(shuffle(np.ascontiguousarray(rows[i:i + 1]), 2).tobytes(), compress=False)
+              for i in range(40)]
+    n, got = decode_into(layout, Decompressor(), values)
+    assert n == 40
+    for have, original in zip(got, data):
+        np.testing.assert_array_equal(have, original)
+
+
+def test_several_leaves_of_a_large_batch_are_copied_into_one_array_from_empty() -> None:
+    data = batch_of(SMALL, 600, np.random.default_rng(7))  # 600 KB: one shared array
+    joined = np.concatenate([a.reshape(600, -1).view(np.uint8) for a in data], axis=1)
+    buffers = Buffers()
+    got = decode_fixed(SMALL, joined.tobytes(), 600, buffers.empty)
+    assert buffers.made == 1
+    for have, original in zip(got, data):
+        assert have.flags.c_contiguous and have.ctypes.data % ALIGN == 0
+        np.testing.assert_array_equal(have, original)
+    few = decode_fixed(SMALL, joined[:3].tobytes(), 3, buffers.empty)  # own arrays
+    assert buffers.made == 1
+    for have, original in zip(few, data):
+        np.testing.assert_array_equal(have, original[:3])
+
+
+def test_chunks_hold_whole_batches_unless_blocks_already_hold_one() -> None:
+    assert batch_positions(6, 64, 1) == 64  # 4 MiB of 602 KB images: a batch per chunk
+    assert batch_positions(4000, 64, 1) == 3968
+    assert batch_positions(4000, 1, 1) == 4000
+    assert batch_positions(3810, 64, 254) == 3810  # whole blocks: a batch spans two rarely
+    assert batch_positions(254, 1000, 254) == 1000
+    assert batch_positions(100, 10 ** 6, 1) == 100  # more than one request may ask
