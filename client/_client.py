@@ -294,9 +294,9 @@ class CacheClient(ArrayMethods):
 
         client.InputStall and InputStallCallback read it in this process; the daemon gets it
         with the figures of the caches whose reads are alive meanwhile (`cacheserver top`,
-        /metrics). The timing costs about 3 µs per element of dataset and no Python call but
-        about one a second; its iterators save with the external state policy IGNORE
-        (docs/reading.md, "Is the job waiting on input?").
+        /metrics). The timing adds a zip and a scan per element of dataset, and a Python call
+        about once a second: put it after batch(). Its iterators save with the external
+        state policy IGNORE (docs/reading.md, "Is the job waiting on input?").
         """
         from client.read.report import stalled
         from client.tf.stall import timed  # imports tensorflow
