@@ -23,6 +23,22 @@ from typing import Any
 THREADS = 8
 #: At most this many chunks in flight, whatever prefetch_bytes allows.
 MAX_AHEAD = 16
+#: Direct reads of elements smaller than this (stored bytes) run on one thread (threads()).
+SMALL_ELEMENT_BYTES = 16 << 10
+
+
+def threads(path: str, stored_bytes: int, elements: int) -> int:
+    """Threads for the chunk calls of a read over path ("direct", "plane", ...): one for a
+    direct read of small elements, THREADS otherwise.
+
+    A direct read of small elements spends its time in Python per element or per chunk
+    (LMDB lookups that let go of the GIL and take it back, decoding), not waiting on I/O:
+    more threads only take the GIL from each other. 1 KB elements, warm, 2 cores: shuffled
+    337,000 elements/s on one thread against 206,000 on eight, in order 387,000 against
+    291,000, and after a page-cache drop shuffled 164,000-170,000 against 62,000-136,000
+    (docs/design.md, "Random reads")."""
+    small = stored_bytes < SMALL_ELEMENT_BYTES * max(elements, 1)
+    return 1 if path == "direct" and small else THREADS
 
 
 class Prefetch:

@@ -21,7 +21,7 @@ from typing import Any
 from client._catalog import Catalog
 from client.format.layout import Layout
 from client.numpy.batches import Columns, format_of
-from client.numpy.prefetch import MAX_AHEAD, Prefetch
+from client.numpy.prefetch import MAX_AHEAD, Prefetch, threads
 from client.read import direct as direct_read
 from client.read import plan
 from client.read.chunks import EpochChunks
@@ -103,8 +103,10 @@ class ArrayReader:
                              self.options, epoch, start, self._prefetch_bytes, self._reads,
                              self._catalog.fleet, self._batch_size or 1)
         parallel = self.options.parallel_shards
-        return Prefetch(chunks, parallel or min(
-            MAX_AHEAD, self._prefetch_bytes // max(chunks.chunk_bytes, 1)))
+        if parallel:
+            return Prefetch(chunks, parallel)
+        return Prefetch(chunks, min(MAX_AHEAD, self._prefetch_bytes // max(chunks.chunk_bytes, 1)),
+                        threads(chunks.path, self.cache.stored_bytes, self.cache.num_elements))
 
     def __repr__(self) -> str:
         return (f"ArrayReader({self.cache.name!r}, epoch={self._at[0]}, "

@@ -11,7 +11,7 @@ import pytest
 from client.format.codec import VarLeaf
 from client.format.layout import Leaf
 from client.numpy.batches import Columns
-from client.numpy.prefetch import Prefetch
+from client.numpy.prefetch import SMALL_ELEMENT_BYTES, THREADS, Prefetch, threads
 
 
 class Chunks:
@@ -95,3 +95,11 @@ def test_elements_come_one_by_one_in_the_stored_structure() -> None:
     elements = list(Columns(STRUCTURE).elements(iter(chunks)))
     assert [int(e["i"]) for e in elements] == list(range(5))
     assert [e["v"].tolist() for e in elements] == [list(range(i % 3)) for i in range(5)]
+
+
+def test_a_direct_read_of_small_elements_runs_on_one_thread() -> None:
+    small = SMALL_ELEMENT_BYTES - 1
+    assert threads("direct", small * 1000, 1000) == 1  # Python per element: the GIL's
+    assert threads("direct", SMALL_ELEMENT_BYTES * 1000, 1000) == THREADS
+    assert threads("plane", small * 1000, 1000) == THREADS  # waits on the network
+    assert threads("direct", 0, 0) == 1
