@@ -88,10 +88,12 @@ def test_the_stall_is_the_loops_own_wait_for_its_next_element(daemon, name) -> N
         ds = cc.timed(gated(cc.dataset(name).batch(64), 2, gate))
         it = iter(ds)
         next(it), next(it)
+        opens = time.monotonic() + hold
         threading.Timer(hold, gate.set).start()
         stall.lap()
-        next(it)  # the loop waits on batch 2
-        assert stall.lap()[0] >= hold
+        asked = time.monotonic()
+        next(it)  # the loop waits on batch 2 until the gate opens
+        assert stall.lap()[0] >= opens - asked - 0.01  # 10 ms for the two clocks' reads
         gate = threading.Event()
         threading.Timer(hold, gate.set).start()
         ahead = cc.timed(gated(cc.dataset(name).batch(64), 2, gate).prefetch(8))
