@@ -224,13 +224,19 @@ def test_every_dashboard_query_parses_and_selects_metrics_and_labels_the_daemon_
         assert metric in selected, metric
 
 
-def test_the_dashboard_shows_throughput_per_training_job_and_stall_per_rank(
-        exported: dict[str, set[str]]) -> None:
+def _groupings() -> dict[str, set[frozenset[str]]]:
+    """Per metric the dashboard queries, the label sets its queries aggregate by."""
     grouped: dict[str, set[frozenset[str]]] = {}
     for _, expr, _ in _queries(_dashboard()):
         selectors, grouping = parse_promql(expr)
         for s in selectors:
             grouped.setdefault(s.metric, set()).add(frozenset(grouping))
+    return grouped
+
+
+def test_the_dashboard_shows_throughput_per_training_job_and_stall_per_rank(
+        exported: dict[str, set[str]]) -> None:
+    grouped = _groupings()
     # the fixture's readers reported themselves: the series exist, with these labels
     assert {"training_job", "rank", "cache", "path"} <= exported[
         "shardcache_reader_stall_seconds_total"]
@@ -242,11 +248,7 @@ def test_the_dashboard_shows_throughput_per_training_job_and_stall_per_rank(
 
 def test_the_dashboard_shows_read_bytes_by_plane_and_the_data_planes_refusals_by_reason(
         exported: dict[str, set[str]]) -> None:
-    grouped: dict[str, set[frozenset[str]]] = {}
-    for _, expr, _ in _queries(_dashboard()):
-        selectors, grouping = parse_promql(expr)
-        for s in selectors:
-            grouped.setdefault(s.metric, set()).add(frozenset(grouping))
+    grouped = _groupings()
     # read bytes per daemon and plane, so a daemon whose readers fell back to gRPC shows
     assert "plane" in exported["shardcache_read_bytes_total"]
     assert frozenset({"instance", "plane"}) in grouped["shardcache_read_bytes_total"]
