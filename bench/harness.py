@@ -35,6 +35,8 @@ from cacheserver.launch import DaemonProcess  # noqa: E402
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from tests.fleet import NetnsLink
+
 MB, GB, GIB = 1_000_000, 1_000_000_000, 1 << 30
 RESULT_PREFIX = "RESULT "
 
@@ -109,6 +111,18 @@ class BenchDaemon(DaemonProcess):
 
 
 # ---------------------------------------------------------------------- machine facts
+def linked_daemon(directory: Path, name: str, link: NetnsLink | None
+                  ) -> tuple[BenchDaemon, str]:
+    """A daemon (not started) with a TCP address and ``--metrics-listen``, inside link's
+    network namespace (reached across its veth pair), or on loopback without one; and its
+    metrics HOST:PORT."""
+    host = link.host if link is not None else "127.0.0.1"
+    metrics = f"{host}:{free_port()}"
+    return BenchDaemon(directory, name, tcp=True, host=host,
+                       prefix=link.prefix if link is not None else (),
+                       extra_args=("--metrics-listen", metrics)), metrics
+
+
 def _first_line(path: str, prefix: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:

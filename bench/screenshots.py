@@ -38,7 +38,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import REPO_ROOT, BenchDaemon, arguments, child_env, free_port
+from harness import REPO_ROOT, BenchDaemon, arguments, child_env, free_port, linked_daemon
 from workloads import WORKLOADS, make_source
 
 from cacheserver.cli.top import scrape
@@ -223,11 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="shots-"))
     log_dir, stop = scratch / "logs", scratch / "stop"
     link = NetnsLink(1) if can_make_netns() else None
-    host = link.host if link is not None else "127.0.0.1"
-    metrics = f"http://{host}:{free_port()}/metrics"
-    daemon = BenchDaemon(scratch, "shots", tcp=True, host=host,
-                         prefix=link.prefix if link is not None else (),
-                         extra_args=("--metrics-listen", metrics.split("/")[2]))
+    daemon, listen = linked_daemon(scratch, "shots", link)
+    metrics = f"http://{listen}/metrics"
     children: dict[str, subprocess.Popen[bytes]] = {}
     try:
         daemon.start()

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from harness import BenchDaemon, arguments, free_port, markdown_table, run_line
+from harness import arguments, linked_daemon, markdown_table, run_line
 from workloads import WORKLOADS, make_source
 
 from tests.fleet import NetnsLink, can_make_netns
@@ -84,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         link = NetnsLink(1) if can_make_netns() else None
         if link is not None:
             stack.callback(link.close)
-        host = link.host if link is not None else "127.0.0.1"
-        metrics = f"{host}:{free_port()}"
-        daemon = BenchDaemon(tmp, "stall", tcp=True, host=host,
-                             prefix=link.prefix if link is not None else (),
-                             extra_args=("--metrics-listen", metrics))
+        daemon, metrics = linked_daemon(tmp, "stall", link)
         daemon.start()
         stack.callback(daemon.stop)
         with CacheClient(daemon.target) as cc:
