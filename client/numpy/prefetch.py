@@ -33,10 +33,8 @@ def threads(path: str, stored_bytes: int, elements: int) -> int:
 
     A direct read of small elements spends its time in Python per element or per chunk
     (LMDB lookups that let go of the GIL and take it back, decoding), not waiting on I/O:
-    more threads only take the GIL from each other. 1 KB elements, warm, 2 cores: shuffled
-    337,000 elements/s on one thread against 206,000 on eight, in order 387,000 against
-    291,000, and after a page-cache drop shuffled 164,000-170,000 against 62,000-136,000
-    (docs/design.md, "Random reads")."""
+    more threads only take the GIL from each other (1 KB elements: 1.4-1.5x the elements/s
+    at half the CPU; docs/design.md, "Random reads")."""
     small = stored_bytes < SMALL_ELEMENT_BYTES * max(elements, 1)
     return 1 if path == "direct" and small else THREADS
 

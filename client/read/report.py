@@ -128,7 +128,8 @@ class ReadFigures:
 
 
 class _ProcessStall:
-    """Seconds every read of this process kept its consumer waiting, since it started."""
+    """Seconds the training loops of this process waited on the datasets cc.timed() wraps,
+    since it started."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
