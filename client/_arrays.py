@@ -14,7 +14,6 @@ from client.errors import InvalidArgumentError
 from client.format.blocks import check_block_bytes
 from client.read import direct as direct_read
 from client.read import plan
-from client.read.chunks import DEFAULT_PREFETCH_BYTES
 
 if TYPE_CHECKING:
     from client.numpy.reader import ArrayReader
@@ -32,7 +31,7 @@ class ArrayMethods:
         raise NotImplementedError
 
     def numpy(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
-              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
+              prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
               seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
               parallel_shards: int = 0, epoch: int = 0, start: int = 0,
               resume: plan.Resume = None,
@@ -53,12 +52,8 @@ class ArrayMethods:
         """
         from client.numpy.reader import ArrayReader
 
-        _check_reader_args(prefetch_bytes, batch_size, drop_remainder)
-        mode = direct_read.resolve_mode(direct)
-        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
-                                    epoch, start, reconnect_timeout)
-        return ArrayReader(self._catalog, self._local_data_dir, name, options, resume,
-                           prefetch_bytes, mode, batch_size, drop_remainder)
+        return ArrayReader(self._catalog, self._local_data_dir, name,
+                           plan.ReadOptions.of(locals()))
 
     def source(self, name: str, *, direct: bool | str | None = None,
                reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT) -> CacheSource:
@@ -71,14 +66,12 @@ class ArrayMethods:
         """
         from client.numpy.source import CacheSource
 
-        plan.ReadOptions(reconnect_timeout=reconnect_timeout)  # checks it
-        mode = direct_read.resolve_mode(direct)
+        options = plan.ReadOptions.of(locals())
         cache = self._catalog.ready(name, "call source() again")
-        return CacheSource(name, self._reopener(), mode,
-                           reconnect_timeout, cache.num_elements)
+        return CacheSource(name, self._reopener(), options, cache.num_elements)
 
     def torch(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
-              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
+              prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
               seed: int | None = None, rank: int | None = None, world_size: int | None = None,
               parallel_shards: int = 0, epoch: int = 0,
               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
@@ -97,14 +90,11 @@ class ArrayMethods:
         if (rank is None) != (world_size is None):
             raise InvalidArgumentError("give rank and world_size together, or neither (then "
                                        "torch.distributed's are used)")
-        _check_reader_args(prefetch_bytes, batch_size, drop_remainder)
-        options = plan.ReadOptions(shuffle, seed, rank or 0, world_size or 1, parallel_shards,
-                                   epoch, 0, reconnect_timeout)
-        mode = direct_read.resolve_mode(direct)
+        worker_index, num_workers = rank or 0, world_size or 1
+        options = plan.ReadOptions.of(locals())
         self._catalog.ready(name, "call torch() again")
         placement = None if rank is None or world_size is None else (rank, world_size)
-        return CacheIterable(name, self._reopener(), options,
-                             placement, prefetch_bytes, mode, batch_size, drop_remainder)
+        return CacheIterable(name, self._reopener(), options, placement)
 
     def write(self, name: str, elements: Iterable[Any], *, version: str | None = None,
               block_bytes: int | None = None, direct: bool | str | None = None) -> CacheInfo:
@@ -135,19 +125,3 @@ class ArrayMethods:
             self._local_data_dir))
 
 
-
-def _check_reader_args(prefetch_bytes: int, batch_size: int | None,
-                       drop_remainder: bool) -> None:
-    check_prefetch(prefetch_bytes)
-    if batch_size is not None and (isinstance(batch_size, bool)
-                                   or not isinstance(batch_size, int) or batch_size < 1):
-        raise InvalidArgumentError(f"batch_size must be a positive int or None, got "
-                                   f"{batch_size!r}")
-    if not isinstance(drop_remainder, bool):
-        raise InvalidArgumentError(f"drop_remainder must be True or False, got "
-                                   f"{drop_remainder!r}")
-
-
-def check_prefetch(prefetch_bytes: int) -> None:
-    if not isinstance(prefetch_bytes, int) or prefetch_bytes < 1:
-        raise InvalidArgumentError(f"prefetch_bytes must be a positive int, got {prefetch_bytes!r}")

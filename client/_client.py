@@ -15,10 +15,10 @@ import secrets
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from client import _materialize
-from client._arrays import ArrayMethods, check_prefetch
+from client._arrays import ArrayMethods
 from client._catalog import CacheInfo, Catalog
 from client._fleet import TARGETS_ENV, Fleet, parse_targets
 from client._materialize import MaterializeOperation
@@ -28,7 +28,6 @@ from client.format.blocks import check_block_bytes
 from client.read import direct as direct_read
 from client.read import mix as mixing
 from client.read import plan
-from client.read.chunks import DEFAULT_PREFETCH_BYTES
 from client.read.report import Reports
 from client.tf import malloc
 from client.write.spare_cpu import compress_mode
@@ -52,6 +51,20 @@ def _free_dangling_iterators() -> None:
 
 
 _exit_hook = functools.cache(lambda: atexit.register(_free_dangling_iterators))
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _no_checkpoint_keyword(method: _Method) -> _Method:
+    """Refuse the removed checkpoint= keyword with the reason, not a bare TypeError."""
+    @functools.wraps(method)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if "checkpoint" in kwargs:
+            raise InvalidArgumentError(
+                f"{method.__name__}() no longer takes checkpoint=: every dataset's iterators "
+                "save in tf.train.Checkpoint (docs/reading.md, \"Checkpoints\"); drop the "
+                "argument")
+        return method(*args, **kwargs)
+    return checked  # type: ignore[return-value]
 
 
 class CacheClient(ArrayMethods):
@@ -187,12 +200,13 @@ class CacheClient(ArrayMethods):
         return DatasetBuilder(self._catalog, self._local_data_dir, self._tune_malloc,
                               self._reports)
 
-    def dataset(self, name: str, *, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+    @_no_checkpoint_keyword
+    def dataset(self, name: str, *, prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
                 shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,
                 num_workers: int = 1, parallel_shards: int = 0, epoch: int = 0, start: int = 0,
                 resume: plan.Resume = None,
                 reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-                direct: bool | str | None = None, checkpoint: bool = True,
+                direct: bool | str | None = None,
                 resume_from: str | os.PathLike[str] | None = None,
                 batch_size: int | None = None) -> Dataset:
         """A tf.data.Dataset over an existing READY cache; needs no source pipeline.
@@ -219,33 +233,28 @@ class CacheClient(ArrayMethods):
         See docs/direct.md.
 
         tf.train.Checkpoint(iterator=it) saves this dataset's iterators, and
-        restores them in any process (docs/reading.md, "Checkpoints");
-        checkpoint is accepted and ignored (every dataset saves).
+        restores them in any process (docs/reading.md, "Checkpoints").
 
         resume_from: the backup_dir of Keras's BackupAndRestore (client.keras's,
         under Keras 3): a fit run again after an interruption continues its
         interrupted epoch at the next unseen batch of batch_size elements (this
         worker's); no backup there: epoch= (docs/reading.md, "Keras fit").
         """
-        check_prefetch(prefetch_bytes)
-        _check_checkpoint(checkpoint)
+        options = plan.ReadOptions.of(locals())
         if resume_from is not None and (resume is not None or start):
             raise InvalidArgumentError(
                 "pass either resume_from= (a Keras backup's position) or resume=/start=, not "
                 "both")
-        mode = direct_read.resolve_mode(direct)
-        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
-                                    epoch, start, reconnect_timeout)
-        fit = None if resume_from is None else (resume_from, batch_size)
-        return self._datasets().dataset(name, options, resume, prefetch_bytes, mode, fit)
+        return self._datasets().dataset(name, options, resume_from)
 
+    @_no_checkpoint_keyword
     def mix(self, weights: Mapping[str, float], *, size: int | None = None,
             seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
-            num_workers: int = 1, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+            num_workers: int = 1, prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
             parallel_shards: int = 0, epoch: int = 0, start: int = 0,
             resume: plan.Resume = None,
             reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-            direct: bool | str | None = None, checkpoint: bool = True) -> Dataset:
+            direct: bool | str | None = None) -> Dataset:
         """A tf.data.Dataset mixing READY caches of one element spec by weight.
 
         weights maps cache names to positive weights: each epoch of size
@@ -261,18 +270,13 @@ class CacheClient(ArrayMethods):
         "Mixing caches".
         """
         weights = mixing.check_weights(weights)
-        check_prefetch(prefetch_bytes)
-        _check_checkpoint(checkpoint)
-        mode = direct_read.resolve_mode(direct)
         if seed is None:
             if num_workers != 1 or resume is not None:
                 raise InvalidArgumentError(
                     "a mix read by several workers, or resumed, needs seed=: the order of "
                     "the mix is fixed by it (pass the seed the states were saved with)")
             seed = secrets.randbits(63)
-        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
-                                    epoch, start, reconnect_timeout)
-        return self._datasets().mix(weights, size, options, resume, prefetch_bytes, mode)
+        return self._datasets().mix(weights, size, plan.ReadOptions.of(locals()))
 
     def mix_read_state(self, weights: Mapping[str, float], *, elements_seen: int, seed: int,
                        size: int | None = None, shuffle: bool | str = False,
@@ -281,7 +285,7 @@ class CacheClient(ArrayMethods):
         """read_state() of cc.mix(weights, ...): where this worker stands after consuming
         elements_seen elements; pass it back as cc.mix(..., resume=state)."""
         weights = mixing.check_weights(weights)
-        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers)
+        options = plan.ReadOptions.of(locals())
         mix = mixing.plan([self._get(name) for name in sorted(weights)], weights, size, seed)
         mixing.check_seed(seed, resume)
         return plan.state_of(mix, plan.apply_resume(mix, options, resume), elements_seen)
@@ -303,14 +307,14 @@ class CacheClient(ArrayMethods):
 
         return timed(dataset, functools.partial(stalled, reports=self._reports))
 
+    @_no_checkpoint_keyword
     def cache(self, dataset: Dataset, name: str, *, version: str | None = None,
-              prefetch_bytes: int = DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
+              prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
               seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
               parallel_shards: int = 0, epoch: int = 0, start: int = 0,
               resume: plan.Resume = None,
               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-              direct: bool | str | None = None, block_bytes: int | None = None,
-              checkpoint: bool = True) -> Dataset:
+              direct: bool | str | None = None, block_bytes: int | None = None) -> Dataset:
         """The drop-in for ``dataset.cache()``, stored by the daemon under name.
 
         The first full iteration runs dataset and writes its elements through to
@@ -332,15 +336,10 @@ class CacheClient(ArrayMethods):
         $SHARDCACHE_COMPRESS=spare-cpu compresses a write epoch's records only
         while the process has CPU to spare (docs/writing.md).
         """
-        check_prefetch(prefetch_bytes)
-        _check_checkpoint(checkpoint)
-        mode = direct_read.resolve_mode(direct)
-        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers, parallel_shards,
-                                    epoch, start, reconnect_timeout)
+        options = plan.ReadOptions.of(locals())
         block_bytes = check_block_bytes(block_bytes)
         compress_mode()  # a bad $SHARDCACHE_COMPRESS fails here, not in the write epoch
-        return self._datasets().cache(dataset, name, version, options, resume, prefetch_bytes,
-                                      mode, block_bytes)
+        return self._datasets().cache(dataset, name, version, options, block_bytes)
 
     def materialize(self, source: str | Dataset, name: str, *, num_shards: int,
                     workers: int | None = None, overwrite: bool = False, wait: bool = True,
@@ -378,7 +377,7 @@ class CacheClient(ArrayMethods):
         of repeating or skipping elements. The states of every worker of a split,
         as a list, resume with any number of workers (docs/reading.md, "Resume").
         """
-        options = plan.ReadOptions(shuffle, seed, worker_index, num_workers)
+        options = plan.ReadOptions.of(locals())
         if options.shuffle and seed is None:
             raise InvalidArgumentError("a shuffled read's state needs its seed=")
         cache = self._get(name)
@@ -389,8 +388,3 @@ def _reopen(opened_with: dict[str, Any]) -> tuple[Catalog, Path | None]:
     """The catalog and local data dir of a new client opened as one was (cc.source())."""
     client = CacheClient(**opened_with)
     return client._catalog, client._local_data_dir
-
-
-def _check_checkpoint(checkpoint: bool) -> None:
-    if not isinstance(checkpoint, bool):
-        raise InvalidArgumentError(f"checkpoint must be True or False, got {checkpoint!r}")

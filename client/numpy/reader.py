@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from client._catalog import Catalog
-from client.format.layout import Layout
 from client.numpy.batches import Columns, format_of
 from client.numpy.prefetch import MAX_AHEAD, Prefetch, threads
-from client.read import direct as direct_read
 from client.read import plan
 from client.read.chunks import EpochChunks
+from client.read.opening import open_read
 
 
 class ArrayReader:
@@ -37,24 +36,14 @@ class ArrayReader:
     """
 
     def __init__(self, catalog: Catalog, local_data_dir: Path | None, name: str,
-                 options: plan.ReadOptions, resume: plan.Resume, prefetch_bytes: int,
-                 direct: direct_read.Mode, batch_size: int | None,
-                 drop_remainder: bool) -> None:
-        self._catalog = catalog
-        self._reads = direct_read.DirectReads(catalog.home(name), direct, local_data_dir)
-        cache = catalog.ready(name, "call numpy() again")
-        self.cache = cache
-        self._layout = Layout.from_json(cache.layout_json)
-        self.structure = format_of(name, cache.element_spec, self._layout)
+                 options: plan.ReadOptions) -> None:
+        self._read = read = open_read(catalog, local_data_dir, name, options,
+                                      "call numpy() again")
+        self.cache = read.cache
+        self.structure = format_of(name, read.cache.element_spec, read.layout)
         self._columns = Columns(self.structure)
-        self.options = plan.apply_resume(cache, options, resume).with_seed()
-        plan.check_start(cache, self.options)
-        if catalog.fleet is None:  # a fleet's members on this host are found per pass
-            self._reads.check(cache)
-        self._epochs = plan.Epochs(self.options)
-        self._prefetch_bytes = prefetch_bytes
-        self._batch_size = batch_size
-        self._drop_remainder = drop_remainder
+        self.options = read.options
+        self._epochs = read.epochs()
         self._lock = threading.Lock()
         # where the last iteration began (epoch, start) and how many elements it handed out
         self._at: tuple[int, int, int] = (self.options.epoch, self.options.start, 0)
@@ -63,7 +52,7 @@ class ArrayReader:
     def element_count(self) -> int:
         """Elements of each whole epoch of this worker's share; -2 when the first
         iteration is resumed mid-epoch (it yields fewer)."""
-        return plan.cardinality(self.cache, self.options)
+        return self._read.cardinality
 
     def state(self) -> plan.ReadState:
         """Where this reader stands: the ReadState after the elements handed out by the
@@ -81,13 +70,14 @@ class ArrayReader:
             self._at = (epoch, start, 0)
         chunks = self._open(epoch, start)
         try:
-            if self._batch_size is None:
+            batch_size = self.options.batch_size
+            if batch_size is None:
                 for element in self._columns.elements(chunks):
                     self._seen(1)
                     yield element
             else:
-                for n, batch in self._columns.batches(chunks, self._batch_size,
-                                                      self._drop_remainder):
+                for n, batch in self._columns.batches(chunks, batch_size,
+                                                      self.options.drop_remainder):
                     self._seen(n)
                     yield batch
         finally:  # an early stop ends the read's lease and threads now
@@ -99,15 +89,15 @@ class ArrayReader:
             self._at = (epoch, start, seen + n)
 
     def _open(self, epoch: int, start: int) -> Prefetch:
-        chunks = EpochChunks(self._catalog.home(self.cache.name), self.cache, self._layout,
-                             self.options, epoch, start, self._prefetch_bytes, self._reads,
-                             self._catalog.fleet, self._batch_size or 1)
+        chunks = self._read.chunks(epoch, start, self.options.batch_size or 1)
+        assert isinstance(chunks, EpochChunks)
         parallel = self.options.parallel_shards
         if parallel:
             return Prefetch(chunks, parallel)
-        return Prefetch(chunks, min(MAX_AHEAD, self._prefetch_bytes // max(chunks.chunk_bytes, 1)),
+        ahead = self.options.prefetch_bytes // max(chunks.chunk_bytes, 1)
+        return Prefetch(chunks, min(MAX_AHEAD, ahead),
                         threads(chunks.path, self.cache.stored_bytes, self.cache.num_elements))
 
     def __repr__(self) -> str:
         return (f"ArrayReader({self.cache.name!r}, epoch={self._at[0]}, "
-                f"batch_size={self._batch_size})")
+                f"batch_size={self.options.batch_size})")

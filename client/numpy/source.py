@@ -33,32 +33,24 @@ from typing import Any
 import numpy as np
 
 from client._catalog import Catalog
-from client.format.layout import Layout
 from client.numpy.batches import Columns, format_of
-from client.read import direct as direct_read
 from client.read import plan
-from client.read.chunks import CHUNK_BYTES, CacheReads
+from client.read.opening import open_read
 
 #: Makes the catalog of a client like the one the source came from, and its local data dir.
 Opener = Callable[[], tuple[Catalog, Path | None]]
 
 
 class _Open:
-    """What a process reads the source with: the catalog, the cache, its reads."""
+    """What a process reads the source with: the catalog, the cache, its records."""
 
-    def __init__(self, opener: Opener, name: str, direct: direct_read.Mode,
-                 reconnect_timeout: float) -> None:
+    def __init__(self, opener: Opener, name: str, options: plan.ReadOptions) -> None:
         self.pid = os.getpid()
         self.catalog, local_data_dir = opener()
-        self.cache = self.catalog.ready(name, "make the source again")
-        layout = Layout.from_json(self.cache.layout_json)
-        self.columns = Columns(format_of(name, self.cache.element_spec, layout))
-        reads = direct_read.DirectReads(self.catalog.home(name), direct, local_data_dir)
-        if self.catalog.fleet is None:
-            reads.check(self.cache)
-        options = plan.ReadOptions(reconnect_timeout=reconnect_timeout)
-        self.reads = CacheReads(self.catalog.home(name), self.cache, layout, options,
-                                CHUNK_BYTES, True, reads, self.catalog.fleet)
+        read = open_read(self.catalog, local_data_dir, name, options, "make the source again")
+        self.cache = read.cache
+        self.columns = Columns(format_of(name, read.cache.element_spec, read.layout))
+        self.reads = read.records()
 
     def close(self) -> None:
         self.reads.close()
@@ -68,23 +60,22 @@ class _Open:
 class CacheSource:
     """A READY cache's elements by index (its stored order), for Grain and PyTorch."""
 
-    def __init__(self, name: str, opener: Opener, direct: direct_read.Mode,
-                 reconnect_timeout: float, num_elements: int) -> None:
+    def __init__(self, name: str, opener: Opener, options: plan.ReadOptions,
+                 num_elements: int) -> None:
         self.name = name
         self._opener = opener
-        self._direct = direct
-        self._reconnect_timeout = reconnect_timeout
+        self._options = options  # direct and reconnect_timeout: how each process reads
         self._len = num_elements
         self._lock = threading.Lock()
         self._open: _Open | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "opener": self._opener, "direct": self._direct,
-                "reconnect_timeout": self._reconnect_timeout, "len": self._len}
+        return {"name": self.name, "opener": self._opener, "options": self._options,
+                "len": self._len}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["name"], state["opener"], state["direct"],  # type: ignore[misc]
-                      state["reconnect_timeout"], state["len"])
+        self.__init__(state["name"], state["opener"], state["options"],  # type: ignore[misc]
+                      state["len"])
 
     def _opened(self) -> _Open:
         opened = self._open
@@ -94,8 +85,7 @@ class CacheSource:
             if self._open is not None and self._open.pid != os.getpid():
                 self._open = None  # a forked copy: the parent's channels and lease stay its own
             if self._open is None:
-                self._open = _Open(self._opener, self.name, self._direct,
-                                   self._reconnect_timeout)
+                self._open = _Open(self._opener, self.name, self._options)
             return self._open
 
     def __len__(self) -> int:

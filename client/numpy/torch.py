@@ -34,7 +34,6 @@ from client._catalog import Catalog
 from client.errors import InvalidArgumentError
 from client.numpy.reader import ArrayReader
 from client.numpy.source import Opener
-from client.read import direct as direct_read
 from client.read import plan
 
 
@@ -50,9 +49,7 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
     """A READY cache's epochs as tensors, each DataLoader worker of each rank its share."""
 
     def __init__(self, name: str, opener: Opener, options: plan.ReadOptions,
-                 placement: tuple[int, int] | None, prefetch_bytes: int,
-                 direct: direct_read.Mode, batch_size: int | None,
-                 drop_remainder: bool) -> None:
+                 placement: tuple[int, int] | None) -> None:
         self.name = name
         self._opener = opener
         # worker_index/num_workers: set per iteration; a random seed when shuffling without
@@ -60,10 +57,6 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
         self._random_seed = bool(options.shuffle) and options.seed is None
         self._options = options.with_seed()
         self._placement = placement  # (rank, world size) given to cc.torch()
-        self._prefetch_bytes = prefetch_bytes
-        self._direct = direct
-        self._batch_size = batch_size
-        self._drop_remainder = drop_remainder
         self._epoch = options.epoch  # the epoch the next iteration reads
         self._resume: plan.Resume = None  # loaded: where the next iteration starts
         self._distributed: tuple[int, int] | None = None  # torch.distributed's, when pickled
@@ -74,16 +67,13 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
     def __getstate__(self) -> dict[str, Any]:
         self._sent = True
         return {"name": self.name, "opener": self._opener, "options": self._options,
-                "placement": self._placement, "prefetch_bytes": self._prefetch_bytes,
-                "direct": self._direct, "batch_size": self._batch_size,
-                "drop_remainder": self._drop_remainder, "epoch": self._epoch,
+                "placement": self._placement, "epoch": self._epoch,
                 "resume": self._resume, "random_seed": self._random_seed,
                 "distributed": _distributed() or self._distributed}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["name"], state["opener"], state["options"],  # type: ignore[misc]
-                      state["placement"], state["prefetch_bytes"], state["direct"],
-                      state["batch_size"], state["drop_remainder"])
+                      state["placement"])
         self._epoch, self._resume = state["epoch"], state["resume"]
         self._random_seed = state["random_seed"]
         self._distributed = state["distributed"]
@@ -120,13 +110,11 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
                 "shuffling across ranks needs seed=: every rank must compute the same order, "
                 "or their shares overlap; pass cc.torch(..., seed=S)")
         options = dataclasses.replace(self._options, worker_index=worker_index,
-                                      num_workers=num_workers,
+                                      num_workers=num_workers, resume=self._resume,
                                       epoch=self._epoch if self._resume is None else 0)
         catalog, local_data_dir = self._catalog()
-        resume, self._resume = self._resume, None
-        reader = ArrayReader(catalog, local_data_dir, self.name, options, resume,
-                             self._prefetch_bytes, self._direct, self._batch_size,
-                             self._drop_remainder)
+        self._resume = None
+        reader = ArrayReader(catalog, local_data_dir, self.name, options)
         self._reader, self._sent = reader, False
         self._epoch = reader.options.epoch + 1
         for item in reader:
@@ -182,4 +170,4 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return (f"CacheIterable({self.name!r}, epoch={self._epoch}, "
-                f"batch_size={self._batch_size})")
+                f"batch_size={self._options.batch_size})")

@@ -24,34 +24,29 @@ so what it holds does not grow with the data read.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from client._fleet import Fleet, routed
+from client._fleet import Fleet
 from client._transport import Transport, pb
 from client.errors import ShardcacheError
 from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
-from client.read import plane as data_plane
 from client.read.buffers import Buffers
 from client.read.decode import Decoder
-from client.read.direct import DirectReads, LocalFetcher, ReadLease
-from client.read.fetch import MAX_REQUEST_INDICES, Fetcher, Indices, chunk_positions
-from client.read.fleet_fetch import FleetFetcher
+from client.read.direct import DirectReads
+from client.read.fetch import MAX_REQUEST_INDICES, Closed, Indices, chunk_positions
+from client.read.fetchers import open_fetcher
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
-from client.read.plane import PlaneLease
 from client.read.shares import Chunking
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
 #: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
 CHUNK_BYTES = 4 << 20
-#: prefetch_bytes= when not given: chunks of prefetch_bytes / 8 stored bytes, at most CHUNK_BYTES.
-DEFAULT_PREFETCH_BYTES = 256 << 20
 
 
 class CacheReads:
@@ -62,41 +57,24 @@ class CacheReads:
     def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
                  options: ReadOptions, chunk_bytes: int, reading: bool = True,
                  direct: DirectReads | None = None, fleet: Fleet | None = None) -> None:
-        self._lease: ReadLease | PlaneLease | None
-        by_owner = fleet is not None and routed(cache)
-        self._lease, counted = (direct.lease(cache) if direct is not None and not by_owner
-                                and reading else (None, False))
-        if self._lease is None and not by_owner and reading:  # its requests count the hit
-            self._lease = data_plane.for_transport(transport).lease(cache)
+        self._fetch, counted = open_fetcher(transport, cache, options.reconnect_timeout,
+                                            chunk_bytes, reading, direct, fleet)
         #: True until the request that starts the pass (the daemon counts its hit) is sent.
         self.epoch_start = not counted
-        self._closing = threading.Event()
-        self._fetch: Fetcher | LocalFetcher
-        if isinstance(self._lease, PlaneLease):
-            self._fetch = self._lease.fetcher(transport, cache, options.reconnect_timeout,
-                                              self._closing)
-        elif self._lease is not None:
-            self._fetch = self._lease.fetcher(self._closing)
-        elif fleet is not None and by_owner:  # members on this host read directly
-            self._fetch = FleetFetcher(fleet, cache, options.reconnect_timeout, self._closing,
-                                       direct)
-        else:
-            self._fetch = Fetcher(transport, cache, options.reconnect_timeout, self._closing)
         #: how the chunks come, for the read's report (client/read/report.py)
-        self.path = ("plane" if isinstance(self._lease, PlaneLease) else "direct"
-                     if self._lease is not None else "fleet"
-                     if isinstance(self._fetch, FleetFetcher) else "grpc")
-        self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
+        self.path = self._fetch.path
         self.buffers = Buffers()  # the chunks' arrays, reused (client/read/buffers.py)
         self._decode = Decoder(cache, layout, self.buffers.empty)
 
     def __call__(self, indices: Indices, epoch_start: bool = False) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of the records at indices, in their order."""
         try:
-            parts = [self._decode(indices, chunk) for chunk in self._fetch(indices, epoch_start)]
-        except ShardcacheError:
-            if isinstance(self._lease, PlaneLease):  # the read ends here: so does its lease
-                self._lease.close()
+            parts = [self._decode(indices, chunk)
+                     for chunk in self._fetch.stream(indices, epoch_start)]
+        except Closed:
+            raise
+        except ShardcacheError as exc:
+            self._fetch.failed(exc)
             raise
         if len(parts) == 1:
             return parts[0]
@@ -104,12 +82,7 @@ class CacheReads:
                                           for column in zip(*(batch for _, batch in parts))]
 
     def close(self) -> None:
-        self._fetch.cancel()
-        if isinstance(self._fetch, FleetFetcher):
-            self._fetch.close()
-        if self._lease is not None:
-            self._lease.close()
-            self._lease = None
+        self._fetch.close()
         self.buffers.close()
 
 

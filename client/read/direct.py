@@ -40,10 +40,10 @@ from client.errors import (
     DataLossError,
     DirectReadUnavailableError,
     InvalidArgumentError,
-    LeaseNotFoundError,
     ShardcacheError,
 )
 from client.format.layout import Layout
+from client.read import lease as read_lease
 from client.read.fetch import CHUNK_BYTES, Closed, is_run, shard_runs
 from client.wire.status import DataLoss
 
@@ -124,43 +124,39 @@ class DirectReads:
         to be read (a daemon pulling the cache fetches them first; empty: all)."""
         if self._verified:
             return True
-        granted = self._acquire(cache, False, shards)
-        if granted is None:
+        lease = self._acquire(cache, False, shards)
+        if lease is None:
             return False
-        why, _ = local_view(granted, self._local, shards)
-        release = _Releaser(self._transport, granted.lease_id)
-        release()
+        why, _ = local_view(lease.granted, self._local, shards)
+        lease.release()
         if why:
             self._refuse(why)
             return False
         self._verified = True
         return True
 
-    def _acquire(self, cache: pb.Cache, epoch_start: bool, shards: Sequence[int] = ()
-                 ) -> pb.AcquireReadLeaseResponse | None:
-        request = pb.AcquireReadLeaseRequest(name=cache.name, fingerprint=cache.fingerprint,
-                                             epoch_start=epoch_start, shards=shards)
+    def _acquire(self, cache: pb.Cache, epoch_start: bool, shards: Sequence[int]
+                 ) -> read_lease.Lease | None:
         try:
-            return self._transport.call(self._transport.stub.AcquireReadLease, request)
-        except ShardcacheError as exc:
-            if type(exc) is not ShardcacheError:  # not found, replaced, unavailable: as gRPC
-                raise
-            self._refuse(f"the daemon does not grant read leases ({exc})")
+            return read_lease.acquire(self._transport, cache, epoch_start=epoch_start,
+                                      shards=shards)
+        except read_lease.NotGranted as exc:
+            self._refuse(str(exc))
             return None
 
-    def lease(self, cache: pb.Cache, shards: Sequence[int] | None = None,
-              epoch_start: bool = True) -> tuple[ReadLease | None, bool]:
-        """(a lease for one pass over cache, or None: read over gRPC; whether the daemon
-        counted the pass's hit already). shards: only these are opened (None: all)."""
+    def fetcher(self, cache: pb.Cache, shards: Sequence[int] | None = None,
+                epoch_start: bool = True) -> tuple[LocalFetcher | None, bool]:
+        """(a fetcher of cache's leased shard files for one pass, or None: read remotely;
+        whether the daemon counted the pass's hit already). shards: only these are opened
+        (None: all)."""
         if self.mode is False or not self._verify(cache, shards or ()):
             return None, False
-        granted = self._acquire(cache, epoch_start, shards or ())
-        if granted is None:
+        lease = self._acquire(cache, epoch_start, shards or ())
+        if lease is None:
             return None, False
-        release = _Releaser(self._transport, granted.lease_id)
-        why, paths = local_view(granted, self._local, shards or ())
+        why, paths = local_view(lease.granted, self._local, shards or ())
         if why:  # unmounted since it was verified; the lease counted the pass's hit
-            release()
+            lease.release()
             self._refuse(why)
             return None, epoch_start
         envs: list[Any] = []  # None: a shard not held (not asked for)
@@ -171,9 +167,11 @@ class DirectReads:
                 envs.append(pool.hold(path) if index in wanted else None)
         except DataLoss as exc:
             _release_all(pool, paths, envs)
-            release()
+            lease.release()
             raise DataLossError(f"cache {cache.name!r}: {exc}") from exc
-        return ReadLease(release, granted, paths, envs), epoch_start
+        lease.renew_in_background("this pass finishes from the shard files it holds open, "
+                                  "the daemon may evict the cache meanwhile")
+        return LocalFetcher(lease, paths, envs), epoch_start
 
     def _refuse(self, why: str) -> None:
         if self.mode is True:
@@ -227,88 +225,18 @@ def _release_all(pool: Any, paths: list[Path], envs: list[Any]) -> None:
             pool.release(path, env)
 
 
-class _Releaser:
-    """Ends one lease on the daemon, once; a daemon gone meanwhile is only logged."""
-
-    def __init__(self, transport: Transport, lease_id: str) -> None:
-        self.transport = transport
-        self.lease_id = lease_id
-        self._done = False
-
-    def __call__(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        stub = self.transport.stub
-        try:
-            self.transport.call(stub.ReleaseReadLease,
-                                pb.ReleaseReadLeaseRequest(lease_id=self.lease_id), timeout=5)
-        except (ShardcacheError, ValueError) as exc:  # ValueError: the client was closed
-            log.debug("could not release read lease %s (it expires on the daemon): %s",
-                      self.lease_id, exc)
-
-
-class ReadLease:
-    """One pass's lease: the shards held open, and a thread renewing the lease."""
-
-    def __init__(self, release: _Releaser, granted: pb.AcquireReadLeaseResponse,
-                 paths: list[Path], envs: list[Any],
-                 lost: str = "this pass finishes from the shard files it holds open, the "
-                 "daemon may evict the cache meanwhile") -> None:
-        self.cache = granted.cache
-        self._lost = lost
-        self.paths = paths
-        self._envs = envs
-        self._release = release
-        self._interval = granted.ttl_seconds / 3
-        self._stop = threading.Event()
-        self._renewer = threading.Thread(target=self._renew, name="shardcache-lease",
-                                         daemon=True)
-        self._renewer.start()
-
-    def _renew(self) -> None:
-        transport, lease_id = self._release.transport, self._release.lease_id
-        request = pb.RenewReadLeaseRequest(lease_id=lease_id)
-        while not self._stop.wait(self._interval):
-            try:
-                transport.call(transport.stub.RenewReadLease, request,
-                               timeout=max(self._interval, 1.0))
-            except ShardcacheError as exc:
-                lost = ("the lease expired" if isinstance(exc, LeaseNotFoundError)
-                        else f"cannot renew it ({exc})")
-                log.warning("read lease on cache %r: %s; %s, and the next pass takes a new "
-                            "lease", self.cache.name, lost, self._lost)
-                return
-            except ValueError:  # grpc: the CacheClient was closed while a pass held a lease
-                log.debug("read lease on cache %r: the client is closed; not renewing",
-                          self.cache.name)
-                return
-
-    def fetcher(self, closing: threading.Event) -> LocalFetcher:
-        return LocalFetcher(self.cache, self.paths, self._envs, closing)
-
-    def close(self) -> None:
-        """Stop renewing, close the shards, end the lease on the daemon."""
-        self._stop.set()
-        self._renewer.join()
-        _release_all(_pool(), self.paths, self._envs)
-        self._envs = []
-        self._release()
-
-    def holds(self, shard: int) -> bool:
-        return shard < len(self._envs) and self._envs[shard] is not None
-
-
 class LocalFetcher:
-    """Chunks of records by index from the leased shard files: what gRPC's Fetcher
-    returns, (position in the request, u32 lengths, data), read locally."""
+    """A Fetcher of one pass's leased shard files: chunks of records by index, as gRPC's
+    (position in the request, u32 lengths, data), read here. close() ends the pass."""
 
-    def __init__(self, cache: pb.Cache, paths: list[Path], envs: list[Any],
-                 closing: threading.Event) -> None:
-        self._cache = cache
+    path = "direct"
+
+    def __init__(self, lease: read_lease.Lease, paths: list[Path], envs: list[Any]) -> None:
+        self._lease = lease
+        self._cache = cache = lease.cache
         self._paths = paths
         self._envs = envs
-        self._closing = closing
+        self._closing = threading.Event()
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
         layout = Layout.from_json(cache.layout_json)
         self._k = layout.block_elements
@@ -319,13 +247,27 @@ class LocalFetcher:
         self.chunk_bytes = CHUNK_BYTES  # of records per chunk
         self._lock = threading.Lock()
         self._ahead: dict[int, Any] = {}  # per shard, for every read of the pass
+        self._released = False
+        self._cause = ""
 
-    def cancel(self) -> None:
+    def holds(self, shard: int) -> bool:
+        return shard < len(self._envs) and self._envs[shard] is not None
+
+    def failed(self, cause: ShardcacheError) -> None:
+        self._cause = self._cause or str(cause)  # the maps stay: other chunks may read them
+
+    def close(self) -> None:
+        """Stop the read-aheads, close the shards, end the lease on the daemon."""
         self._closing.set()
         with self._lock:
             aheads, self._ahead = list(self._ahead.values()), {}
         for ahead in aheads:
             ahead.close()
+        with self._lock:
+            released, self._released = self._released, True
+        if not released:
+            _release_all(_pool(), self._paths, self._envs)
+        self._lease.release()
 
     def _read_ahead(self, shard: int) -> Any:
         """The shard's read-ahead: one thread per shard and pass, however many reads
@@ -340,16 +282,13 @@ class LocalFetcher:
                                                                 self._envs[shard])
             return ahead
 
-    def __call__(self, indices: Any, epoch_start: bool = False) -> list[Any]:
-        return list(self.stream(indices, epoch_start))
-
     def stream(self, indices: Any, epoch_start: bool = False) -> Iterator[Any]:
         """epoch_start is the lease's business here (counted when it was granted)."""
         chunks = self._chunks(indices)
         try:
             for chunk in chunks:
                 if self._closing.is_set():
-                    raise Closed()
+                    raise Closed(self._cache.name, self._cause)
                 yield chunk
         except DataLoss as exc:  # the daemon's own words, as ReadShard would send them
             raise DataLossError(str(exc)) from exc

@@ -1,15 +1,23 @@
-"""Fetchers of records by global index over gRPC: requests, reconnect, shard runs.
+"""Fetchers: records by global index, as chunks. One interface, four kinds, one reconnect.
 
-A run of consecutive indices (the stored order, as every unshuffled read is)
-goes over ReadShard with start/count, a cursor walk with read-ahead that costs
-less per element; any other list (shuffled positions) over ReadElements.
-
-A request whose stream fails with UNAVAILABLE (daemon restarted, connection
-dropped) is sent again for the indices not yet received, with exponential
-backoff, until ``reconnect_timeout`` seconds pass without progress; the
-fingerprint travels with every request, so a cache replaced meanwhile fails
+Every read asks its records of one :class:`Fetcher`: the leased shard files on
+this host (client/read/direct.py), the daemon's data plane (client/read/plane.py),
+gRPC (:class:`GrpcFetcher`), or a fleet's owners (client/read/fleet_fetch.py);
+client/read/fetchers.py picks it. The three that cross a network are
+:class:`Remote`\\ s: one try at a time, each raising ``grpc.RpcError`` (or the data
+plane's error in its shape) when it fails. :class:`Reconnecting` turns any
+Remote into a Fetcher: a try that fails with UNAVAILABLE (daemon restarted,
+connection dropped) is tried again for the indices not yet received, with
+exponential backoff, until ``reconnect_timeout`` seconds pass without progress;
+the fingerprint travels with every request, so a cache replaced meanwhile fails
 with FingerprintMismatchError instead of mixing data. Everything received is
-delivered, so the next undelivered index is the next one not received.
+delivered, so the next undelivered index is the next one not received. What a
+remote keeps from one try for the next (a fleet's calls asked ahead) lives in
+its :class:`Request`, not here.
+
+gRPC: a run of consecutive indices (the stored order, as every unshuffled read
+is) goes over ReadShard with start/count, a cursor walk with read-ahead that
+costs less per element; any other list (shuffled positions) over ReadElements.
 """
 
 from __future__ import annotations
@@ -18,13 +26,19 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
 
 from client._transport import Transport, pb
-from client.errors import ReconnectTimeoutError, ServerUnavailableError, from_rpc_error
+from client.errors import (
+    ReconnectTimeoutError,
+    ServerUnavailableError,
+    ShardcacheError,
+    from_rpc_error,
+)
 from client.format.layout import Layout
 
 log = logging.getLogger("client")
@@ -35,14 +49,114 @@ _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
 #: (position in the request, u32 lengths, data); a direct read of a layout decode_into
 #: handles passes data as the values' memoryviews into the shard's map instead.
 Chunk = tuple[int, bytes, Any]
-#: A fleet read's calls asked ahead and not read when its try failed, by (member, shard,
-#: start, count): the next try reads them (client/read/fleet_calls.py).
-Ahead = dict[tuple[str, int, int, int], Any]
+#: One try's chunk: (position in the try's indices, elements, u32 lengths, data).
+Piece = tuple[int, int, bytes, Any]
 Indices = np.ndarray | range  # global element indices; a range is the stored order
 
 
-class Closed(Exception):
-    """Raised in a fetch, or a call it waits on, when its read has been closed."""
+class Closed(ShardcacheError):
+    """Raised in a fetch, or a call it waits on, when its read has been closed: its dataset
+    or iterator went away, its reader stopped, or another request of it failed (cause)."""
+
+    def __init__(self, cache: str = "", cause: str = "") -> None:
+        of = f" of cache {cache!r}" if cache else ""
+        why = (f" after another of its requests failed: {cause}" if cause
+               else " (its dataset, iterator or source was closed)")
+        super().__init__(f"the read{of} was closed{why}; this request was cancelled")
+
+
+class Fetcher(Protocol):
+    """Records by global index, as chunks: what a read (client/read/chunks.py) asks of."""
+
+    #: How the chunks come, for the read's report: "direct", "plane", "grpc" or "fleet".
+    path: str
+
+    def stream(self, indices: Indices, epoch_start: bool = False) -> Iterator[Chunk]:
+        """The records at indices as chunks, in order; epoch_start: this request starts a
+        pass (the daemon counts its hit once). Thread-safe."""
+        ...
+
+    def failed(self, cause: ShardcacheError) -> None:
+        """The read failed for good with cause: end what serves only its requests (a data
+        plane's lease); requests in flight on other threads may finish, or end with a
+        Closed naming cause."""
+        ...
+
+    def close(self) -> None:
+        """End the read: calls in flight cancelled (they raise Closed), leases ended."""
+        ...
+
+
+class Request(Protocol):
+    """One request's tries at a Remote; each try asks for what the last did not deliver."""
+
+    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
+        """One try at indices: chunks in order; grpc.RpcError when it fails."""
+        ...
+
+    def close(self) -> None:
+        """The request is over: end what its tries kept for each other."""
+        ...
+
+
+class Remote(Protocol):
+    """A fetcher across a network, driven one try at a time by :class:`Reconnecting`."""
+
+    path: str
+    #: Who the messages name, and at which level the first loss of it is logged.
+    target: str
+    lost_level: int
+
+    def request(self) -> Request: ...
+
+    def failed(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Stateless:
+    """A Request whose tries keep nothing for each other (one daemon's)."""
+
+    attempt: Any  # (indices, epoch_start) -> Iterator[Piece]
+
+    def close(self) -> None:
+        pass
+
+
+class Calls:
+    """A read's calls in flight, cancelled together when the read closes; thread-safe."""
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()
+        self.cause = ""  # why the read failed, once it has
+        self._lock = threading.Lock()
+        self._calls: set[Any] = set()
+
+    def cancel(self) -> None:
+        self.closing.set()
+        with self._lock:
+            for call in self._calls:
+                call.cancel()
+
+    def stream(self, call: Any, offset: int, field: str, k: int,
+               shard_elements: int | None) -> Iterator[Piece]:
+        """Chunks of one call as (offset + chunk.<field>, elements, lengths, data); cancel()
+        stops it. shard_elements: the call is a ReadShard of whole blocks (k elements each,
+        the shard's last one possibly short)."""
+        with self._lock:
+            self._calls.add(call)
+        try:
+            if self.closing.is_set():
+                call.cancel()
+            for chunk in call:
+                start, values = getattr(chunk, field), len(chunk.lengths) // 4
+                count = values if shard_elements is None else min(
+                    values * k, shard_elements - start)
+                yield offset + start, count, chunk.lengths, chunk.data
+        finally:
+            with self._lock:
+                self._calls.discard(call)
 
 
 def chunk_positions(cache: pb.Cache, stored_bytes: int) -> int:
@@ -69,35 +183,79 @@ def shard_runs(cache: pb.Cache, first: int, stop: int) -> Iterator[tuple[Any, in
             yield shard, start - shard.first_element, min(stop, end) - start
 
 
-class Fetcher:
-    """Fetches records by index, whole or as they arrive, reconnecting on UNAVAILABLE;
-    thread-safe."""
+class GrpcFetcher:
+    """A Remote: one daemon's records over ReadShard and ReadElements."""
 
-    def __init__(self, transport: Transport, cache: pb.Cache, reconnect_timeout: float,
-                 closing: threading.Event) -> None:
+    path = "grpc"
+    lost_level = logging.WARNING
+
+    def __init__(self, transport: Transport, cache: pb.Cache, calls: Calls,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
         self._transport = transport
-        self._cache = cache
-        self._k = Layout.from_json(cache.layout_json).block_elements
+        self.cache = cache
+        self._calls = calls
+        self.k = Layout.from_json(cache.layout_json).block_elements
+        self.chunk_bytes = chunk_bytes  # asked of the daemon per message
+        self.target = transport.target
+
+    def request(self) -> Request:
+        return Stateless(self.attempt)
+
+    def failed(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
+        """One try at indices: (position in indices, elements, lengths, data) chunks, in order.
+
+        A run of consecutive indices (stored order: every unshuffled read) goes
+        over ReadShard, a cursor walk with read-ahead, in whole blocks: a chunk
+        may start before the first index (negative position) and end after the
+        last; Decoder trims. Any other list goes over ReadElements, one key
+        lookup per record, one element per value.
+        """
+        first = int(indices[0])
+        stub, cache = self._transport.stub, self.cache
+        if not is_run(indices):
+            yield from self._calls.stream(stub.ReadElements(pb.ReadElementsRequest(
+                name=cache.name, fingerprint=cache.fingerprint,
+                indices=np.asarray(indices, "<u8").tobytes(), chunk_bytes=self.chunk_bytes,
+                epoch_start=epoch_start)), 0, "position", self.k, None)
+            return
+        for shard, start, count in shard_runs(cache, first, first + len(indices)):
+            call = stub.ReadShard(pb.ReadShardRequest(
+                name=cache.name, shard=shard.index, start=start, count=count,
+                chunk_bytes=self.chunk_bytes, fingerprint=cache.fingerprint,
+                epoch_start=epoch_start))
+            epoch_start = False
+            yield from self._calls.stream(call, shard.first_element - first, "start", self.k,
+                                          shard.num_elements)
+
+
+class Reconnecting:
+    """A Fetcher over a Remote that tries again, for what did not arrive, while the daemon
+    is away; thread-safe."""
+
+    def __init__(self, remote: Remote, calls: Calls, cache_name: str,
+                 reconnect_timeout: float) -> None:
+        self._remote = remote
+        self._calls = calls
+        self._name = cache_name
         self._timeout = reconnect_timeout
-        self._closing = closing
-        self._lock = threading.Lock()
-        self._calls: set[Any] = set()
-        self.chunk_bytes = CHUNK_BYTES  # asked of the daemon per message
-        self.target = transport.target  # for messages
-        self.lost_level = logging.WARNING  # of the message that the daemon was lost
+        self.path = remote.path
 
-    def cancel(self) -> None:
-        self._closing.set()
-        with self._lock:
-            for call in self._calls:
-                call.cancel()
+    def failed(self, cause: ShardcacheError) -> None:
+        self._calls.cause = self._calls.cause or str(cause)
+        self._remote.failed()
 
-    def __call__(self, indices: Indices, epoch_start: bool = False) -> list[Chunk]:
-        """The records at indices, whole; epoch_start: this request starts a pass."""
-        return list(self.stream(indices, epoch_start))
+    def close(self) -> None:
+        self._calls.cancel()
+        self._remote.close()
 
     def stream(self, indices: Indices, epoch_start: bool = False) -> Iterator[Chunk]:
-        """The records at indices as chunks arrive, reconnecting on UNAVAILABLE.
+        """The records at indices as chunks arrive, trying again on UNAVAILABLE.
 
         indices is an array of global indices, or a range (the stored order,
         never materialized). epoch_start: this request starts a pass (the daemon
@@ -106,88 +264,42 @@ class Fetcher:
         got = 0
         failing_since: float | None = None
         delay = _FIRST_BACKOFF
-        ahead: Ahead = {}  # calls a failed try sent ahead, for the next try (FleetFetcher)
+        closing, target = self._calls.closing, self._remote.target
+        request = self._remote.request()
         try:
             while got < len(indices):
-                if self._closing.is_set():
-                    raise Closed()
+                if closing.is_set():
+                    raise Closed(self._name, self._calls.cause)
                 base = got
                 try:
-                    for position, count, lengths, data in self._attempt(
-                            indices[got:], epoch_start, ahead):
+                    for position, count, lengths, data in request.attempt(indices[got:],
+                                                                          epoch_start):
                         epoch_start = False
                         got = base + position + count
                         failing_since, delay = None, _FIRST_BACKOFF
                         yield base + position, lengths, data
                 except grpc.RpcError as err:
-                    if self._closing.is_set():
-                        raise Closed() from err
-                    exc = from_rpc_error(err, self.target)
+                    if closing.is_set():
+                        raise Closed(self._name, self._calls.cause) from err
+                    exc = from_rpc_error(err, target)
                     if not isinstance(exc, ServerUnavailableError):
                         raise exc from err
                     now = time.monotonic()
                     if failing_since is None:
                         failing_since = now
-                        log.log(self.lost_level, "lost cacheserver at %s while reading cache "
-                                "%r (%s); reconnecting for up to %gs", self.target,
-                                self._cache.name, err.details(), self._timeout)
+                        log.log(self._remote.lost_level, "lost cacheserver at %s while "
+                                "reading cache %r (%s); reconnecting for up to %gs", target,
+                                self._name, err.details(), self._timeout)
                     left = self._timeout - (now - failing_since)
                     if left <= 0:
                         raise ReconnectTimeoutError(
-                            f"lost cacheserver at {self.target} in the middle of "
-                            f"reading cache {self._cache.name!r} and could not reconnect "
+                            f"lost cacheserver at {target} in the middle of "
+                            f"reading cache {self._name!r} and could not reconnect "
                             f"within reconnect_timeout={self._timeout:g}s: start the daemon "
                             "again (the read resumes where it stopped if it is back in time) "
                             "or raise reconnect_timeout=") from err
-                    self._closing.wait(min(delay, left))  # backoff; wakes at once on close
+                    closing.wait(min(delay, left))  # backoff; wakes at once on close
                     delay = min(delay * 2, _MAX_BACKOFF)
                     epoch_start = False  # the failed try was sent: its hit is counted
         finally:
-            for call in ahead.values():  # kept by the last try, read by none
-                call.cancel()
-
-    def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
-                 ) -> Iterator[tuple[int, int, bytes, bytes]]:
-        """One try at indices: (position in indices, elements, lengths, data) chunks, in order.
-
-        A run of consecutive indices (stored order: every unshuffled read) goes
-        over ReadShard, a cursor walk with read-ahead, in whole blocks: a chunk
-        may start before the first index (negative position) and end after the
-        last; Decoder trims. Any other list goes over ReadElements, one key
-        lookup per record, one element per value. ahead: what a failed try left
-        for this one (FleetFetcher); one daemon sends nothing ahead.
-        """
-        first = int(indices[0])
-        if not is_run(indices):
-            yield from self._stream(self._transport.stub.ReadElements(pb.ReadElementsRequest(
-                name=self._cache.name, fingerprint=self._cache.fingerprint,
-                indices=np.asarray(indices, "<u8").tobytes(), chunk_bytes=self.chunk_bytes,
-                epoch_start=epoch_start)), 0, "position", None)
-            return
-        for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
-            call = self._transport.stub.ReadShard(pb.ReadShardRequest(
-                name=self._cache.name, shard=shard.index, start=start, count=count,
-                chunk_bytes=self.chunk_bytes,
-                fingerprint=self._cache.fingerprint, epoch_start=epoch_start))
-            epoch_start = False
-            yield from self._stream(call, shard.first_element - first, "start",
-                                    shard.num_elements)
-
-    def _stream(self, call: Any, offset: int, field: str, shard_elements: int | None
-                ) -> Iterator[tuple[int, int, bytes, bytes]]:
-        """Chunks of one call as (offset + chunk.<field>, elements, lengths, data);
-        cancel() stops it. shard_elements: the call is a ReadShard of whole blocks
-        (k elements each, the shard's last one possibly short)."""
-        with self._lock:
-            self._calls.add(call)
-        try:
-            if self._closing.is_set():
-                call.cancel()
-            for chunk in call:
-                start, values = getattr(chunk, field), len(chunk.lengths) // 4
-                count = values if shard_elements is None else min(
-                    values * self._k, shard_elements - start)
-                yield offset + start, count, chunk.lengths, chunk.data
-        finally:
-            with self._lock:
-                self._calls.discard(call)
+            request.close()

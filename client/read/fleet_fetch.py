@@ -15,20 +15,24 @@ import numpy as np
 from client._fleet import Fleet
 from client._transport import pb
 from client.errors import ServerUnavailableError, ShardcacheError
+from client.format.layout import Layout
 from client.format.values import split_chunk
 from client.read import plane as data_plane
-from client.read.direct import DirectReads, LocalFetcher, ReadLease
-from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
+from client.read.direct import DirectReads, LocalFetcher
+from client.read.fetch import Calls, Indices, Piece, is_run, shard_runs
 from client.read.fleet_calls import MemberQueue
 from client.read.plane import PlaneCall, PlaneLease
 from client.wire import plane
 
 #: A fleet request's shard calls asked ahead of the one being read (fleet_calls.py).
 CALLS_AHEAD = 32
+#: A fleet read's calls asked ahead and not read when its try failed, by (member, shard,
+#: start, count): the request's next try reads them (client/read/fleet_calls.py).
+Ahead = dict[tuple[str, int, int, int], Any]
 
 
-class FleetFetcher(Fetcher):
-    """A Fetcher over a fleet (client/_fleet.py): each shard's records from its owner.
+class FleetFetcher:
+    """A Remote over a fleet (client/_fleet.py): each shard's records from its owner.
 
     A run of the stored order is one ReadShard per shard, to the shard's owner;
     the calls of the shard being read and the next CALLS_AHEAD are asked at once,
@@ -37,27 +41,31 @@ class FleetFetcher(Fetcher):
     indices are grouped by owner, one ReadElements each, and put back in request
     order. A member found down is skipped (its shards go to their next owners)
     and what it had not sent is asked of them; what arrived is kept, and so are
-    the calls asked ahead of the other members, which the next try reads instead
-    of asking again. Members on this host are read from their files.
+    the calls asked ahead of the other members, which the request's next try
+    reads instead of asking again. Members on this host are read from their files.
     """
 
-    def __init__(self, fleet: Fleet, cache: pb.Cache, reconnect_timeout: float,
-                 closing: threading.Event, direct: DirectReads | None = None) -> None:
-        super().__init__(fleet.transport(fleet.owner(cache.name, -1)), cache,
-                         reconnect_timeout, closing)
+    path = "fleet"
+    lost_level = logging.DEBUG  # the fleet said which member, and who serves now
+
+    def __init__(self, fleet: Fleet, cache: pb.Cache, calls: Calls, chunk_bytes: int,
+                 direct: DirectReads | None = None) -> None:
         self._fleet = fleet
+        self._cache = cache
+        self._calls = calls
+        self._k = Layout.from_json(cache.layout_json).block_elements
+        self.chunk_bytes = chunk_bytes
         self.target = f"targets {fleet!r}"
-        self.lost_level = logging.DEBUG  # the fleet said which member, and who serves now
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
-        self._local: dict[str, tuple[ReadLease, LocalFetcher]] = {}
+        self._local: dict[str, LocalFetcher] = {}
         self._queues: dict[str, MemberQueue] = {}  # this read's calls per member
         self._queues_lock = threading.Lock()
         self._planes: dict[str, PlaneLease | None] = {}  # each member's data plane, leased
         self._planes_lock = threading.Lock()
         if direct is not None and direct.mode is not False:
-            self._lease_local(direct, closing)
+            self._lease_local(direct)
 
-    def _lease_local(self, direct: DirectReads, closing: threading.Event) -> None:
+    def _lease_local(self, direct: DirectReads) -> None:
         """Lease the shards each member on this host owns: read from its files (docs/direct.md).
 
         A member is on this host when its lease's token file is visible here (one probe per
@@ -69,21 +77,27 @@ class FleetFetcher(Fetcher):
             for member, shards in owned.items():
                 reads = direct.member(self._fleet.transport(member))
                 try:
-                    lease, _ = reads.lease(self._cache, shards)  # a hit on each member
+                    local, _ = reads.fetcher(self._cache, shards)  # a hit on each member
                 except ServerUnavailableError as exc:
                     self._fleet.mark_down(member, str(exc))
                     continue
-                if lease is not None:
-                    self._local[member] = (lease, lease.fetcher(closing))
+                if local is not None:
+                    self._local[member] = local
         except BaseException:
             self.close()
             raise
 
+    def request(self) -> _FleetRequest:
+        return _FleetRequest(self)
+
+    def failed(self) -> None:
+        pass
+
     def close(self) -> None:
         """End the leases on the members on this host and on the members' data planes."""
-        leases, self._local = self._local, {}
-        for lease, _ in leases.values():
-            lease.close()
+        local, self._local = self._local, {}
+        for fetcher in local.values():
+            fetcher.close()
         with self._planes_lock:
             planes, self._planes = self._planes, {}
         for plane_lease in planes.values():
@@ -107,10 +121,11 @@ class FleetFetcher(Fetcher):
 
     def _local_for(self, member: str, shard: int) -> LocalFetcher | None:
         local = self._local.get(member)
-        return local[1] if local is not None and local[0].holds(shard) else None
+        return local if local is not None and local.holds(shard) else None
 
-    def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
-                 ) -> Iterator[tuple[int, int, bytes, bytes]]:
+    def attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead) -> Iterator[Piece]:
+        """One try at indices; ahead: the calls a failed try of the same request asked
+        ahead of members still up, which this one reads instead of asking again."""
         if not is_run(indices):
             yield self._gathered(np.asarray(indices, np.uint64), epoch_start)
             return
@@ -167,8 +182,8 @@ class FleetFetcher(Fetcher):
                     continue
                 try:
                     with self._fleet.watching(member):
-                        yield from self._stream(calls.pop(i), shard.first_element - first,
-                                                "start", shard.num_elements)
+                        yield from self._calls.stream(calls.pop(i), shard.first_element - first,
+                                                      "start", self._k, shard.num_elements)
                 except grpc.RpcError as err:
                     if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                         lost = member
@@ -208,9 +223,9 @@ class FleetFetcher(Fetcher):
             for member in np.unique(by_member):
                 positions = missing[by_member == member]
                 local = self._local.get(str(member))
-                if local is not None and all(local[0].holds(int(s))
+                if local is not None and all(local.holds(int(s))
                                              for s in np.unique(shards[positions])):
-                    place(positions, local[1].gather(indices[positions]))
+                    place(positions, local.gather(indices[positions]))
                     continue
                 permits = self._fleet.permits(str(member))
                 permits.acquire()  # this thread holds no other
@@ -227,7 +242,7 @@ class FleetFetcher(Fetcher):
                     permits.release()
             left = np.array([p for p in missing if values[p] is None], np.int64)
             if failed is not None and left.size == missing.size:
-                raise failed  # nobody answered: Fetcher.stream backs off and tries again
+                raise failed  # nobody answered: Reconnecting backs off and tries again
             missing = left
         return 0, len(indices), b"", values
 
@@ -247,6 +262,22 @@ class FleetFetcher(Fetcher):
         call = self._fleet.transport(member).stub.ReadElements(pb.ReadElementsRequest(
             name=self._cache.name, fingerprint=self._cache.fingerprint, indices=wanted,
             chunk_bytes=self.chunk_bytes, epoch_start=epoch_start))
-        for at, _, sizes, values in self._stream(call, 0, "position", None):
+        for at, _, sizes, values in self._calls.stream(call, 0, "position", self._k, None):
             yield at, sizes, values
+
+
+class _FleetRequest:
+    """One request's tries at a fleet: the calls a failed try asked ahead, for the next."""
+
+    def __init__(self, fetcher: FleetFetcher) -> None:
+        self._fetcher = fetcher
+        self._ahead: Ahead = {}
+
+    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
+        return self._fetcher.attempt(indices, epoch_start, self._ahead)
+
+    def close(self) -> None:
+        for call in self._ahead.values():  # kept by the last try, read by none
+            call.cancel()
+        self._ahead.clear()
 

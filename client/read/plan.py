@@ -18,8 +18,8 @@ import json
 import math
 import secrets
 import threading
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from client.errors import InvalidArgumentError, ResumeMismatchError
@@ -30,6 +30,8 @@ from client.read.shares import Runs
 #: shuffle="shards" reads blocks of about this many stored bytes front to back.
 SHARD_BLOCK_BYTES = 1 << 20
 DEFAULT_RECONNECT_TIMEOUT = 60.0
+#: prefetch_bytes= when not given: chunks of prefetch_bytes / 8 stored bytes, at most 4 MiB.
+DEFAULT_PREFETCH_BYTES = 256 << 20
 _MODES = {False: "none", True: "elements", "shards": "shards"}
 
 
@@ -50,7 +52,10 @@ def share_range(num_elements: int, worker_index: int, num_workers: int) -> tuple
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """The read options of cc.dataset() / cc.cache(), checked on construction."""
+    """The reading keywords of every reader (cc.dataset(), cc.cache(), cc.mix(), cc.numpy(),
+    cc.torch(), cc.source()), checked on construction: the one value a read is opened with
+    (client/read/opening.py). The public methods declare these keywords with these
+    defaults (a test holds them to it) and build this value with :meth:`of`."""
 
     shuffle: bool | str = False
     seed: int | None = None
@@ -59,10 +64,26 @@ class ReadOptions:
     parallel_shards: int = 0  # chunks in flight; 0: tf.data's AUTOTUNE picks
     epoch: int = 0
     start: int = 0
+    #: A ReadState, or the states of every worker of a split (an elastic resume); applied
+    #: (and cleared) when the read is opened.
+    resume: Resume = None
     reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT
+    #: "auto", True or False; None: $SHARDCACHE_DIRECT, resolved when the read is opened.
+    direct: bool | str | None = None
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    #: Batches of this many elements (the NumPy and PyTorch readers; cc.dataset()'s Keras
+    #: resume counts them); None: elements.
+    batch_size: int | None = None
+    drop_remainder: bool = False
     #: The positions of epoch ``epoch`` this split divides (None: all of them): what an
     #: interrupted split left unread, set by an elastic resume (apply_resume).
     remaining: Runs | None = None
+
+    @classmethod
+    def of(cls, keywords: Mapping[str, Any]) -> ReadOptions:
+        """The options among keywords (a public method's locals()): the one place a reader's
+        keywords become its options."""
+        return cls(**{f.name: keywords[f.name] for f in fields(cls) if f.name in keywords})
 
     def __post_init__(self) -> None:
         if not (self.shuffle is True or self.shuffle is False or self.shuffle == "shards"):
@@ -90,6 +111,16 @@ class ReadOptions:
                 timeout >= 0 and math.isfinite(timeout)):
             raise InvalidArgumentError(f"reconnect_timeout must be a finite number of seconds "
                                        f">= 0, got {timeout!r}")
+        if not (self.direct is None or self.direct is True or self.direct is False
+                or self.direct == "auto"):
+            raise InvalidArgumentError(f"direct must be 'auto', True or False, got "
+                                       f"{self.direct!r}")
+        _int("prefetch_bytes", self.prefetch_bytes, 1)
+        if self.batch_size is not None:
+            _int("batch_size", self.batch_size, 1)
+        if not isinstance(self.drop_remainder, bool):
+            raise InvalidArgumentError(f"drop_remainder must be True or False, got "
+                                       f"{self.drop_remainder!r}")
 
     @property
     def mode(self) -> str:
@@ -99,16 +130,12 @@ class ReadOptions:
         """These options with a fixed seed: a random one when shuffling without one."""
         if self.seed is not None or not self.shuffle:
             return self
-        return _replace(self, seed=secrets.randbits(63))
+        return replace(self, seed=secrets.randbits(63))
 
     @property
     def whole_epochs(self) -> bool:
         """True when every iteration yields every element (one worker, not resumed)."""
         return self.num_workers == 1 and self.start == 0 and self.remaining is None
-
-
-def _replace(options: ReadOptions, **changes: Any) -> ReadOptions:
-    return ReadOptions(**{**asdict(options), **changes})
 
 
 @dataclass(frozen=True)
@@ -196,7 +223,7 @@ def apply_resume(cache: Any, options: ReadOptions, resume: Resume) -> ReadOption
                     "or pass the states of all the old workers as a list (resume=[...]) to "
                     "split what they left unread among this split's workers")
         remaining = _remaining(cache, resume)
-        return _replace(options, epoch=resume.epoch, start=resume.start, remaining=remaining)
+        return replace(options, epoch=resume.epoch, start=resume.start, remaining=remaining)
     if isinstance(resume, (str, bytes)) or not isinstance(resume, Sequence) or not resume:
         raise InvalidArgumentError(
             f"resume must be a ReadState or a list of the ReadStates of every worker of the "
@@ -208,9 +235,9 @@ def apply_resume(cache: Any, options: ReadOptions, resume: Resume) -> ReadOption
         _check_order(cache, options, state)
     epoch, left = _unread(cache, list(resume))
     if not left:  # the old split had read the whole epoch
-        return _replace(options, epoch=epoch + 1)
+        return replace(options, epoch=epoch + 1)
     whole = left == ((0, cache.num_elements),)
-    return _replace(options, epoch=epoch, remaining=None if whole else left)
+    return replace(options, epoch=epoch, remaining=None if whole else left)
 
 
 def _unread(cache: Any, states: list[ReadState]) -> tuple[int, Runs]:

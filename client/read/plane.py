@@ -29,15 +29,15 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import grpc
 import numpy as np
 
 from client._transport import Transport, pb
-from client.errors import InvalidArgumentError, ServerUnavailableError, ShardcacheError
-from client.read.direct import ReadLease, _Releaser
-from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
+from client.errors import InvalidArgumentError, ServerUnavailableError
+from client.read import lease as read_lease
+from client.read.fetch import GrpcFetcher, Indices, Piece, Stateless, is_run, shard_runs
 from client.wire import plane
 from client.wire.status import REASON_KEY, LeaseNotFound, TooManyStreams, Unauthenticated
 
@@ -53,7 +53,7 @@ CONNECT_TIMEOUT = 3.0
 RECEIVE_TIMEOUT = 120.0
 #: Seconds after which a data connection over a link that went down counts as lost.
 KEEPALIVE_S = 7
-_PLANES: weakref.WeakKeyDictionary[Transport, DataPlane] = weakref.WeakKeyDictionary()
+_PLANES: weakref.WeakKeyDictionary[Transport, DataPort] = weakref.WeakKeyDictionary()
 _PLANES_LOCK = threading.Lock()
 
 
@@ -65,12 +65,12 @@ def enabled() -> bool:
     return text not in ("off", "false", "0")
 
 
-def for_transport(transport: Transport) -> DataPlane:
+def for_transport(transport: Transport) -> DataPort:
     """The data plane of transport's daemon, one per transport and process."""
     with _PLANES_LOCK:
         found = _PLANES.get(transport)
         if found is None:
-            found = _PLANES[transport] = DataPlane(transport)
+            found = _PLANES[transport] = DataPort(transport)
         return found
 
 
@@ -102,7 +102,7 @@ def _lost(where: str, exc: BaseException) -> PlaneStatus:
                        f"data connection to {where} lost: {exc or type(exc).__name__}")
 
 
-class DataPlane:
+class DataPort:
     """Where one daemon's data plane is, how to reach it, and whether it can be reached."""
 
     def __init__(self, transport: Transport) -> None:
@@ -119,23 +119,19 @@ class DataPlane:
         count the pass's hit (plane.EPOCH_START), not the lease."""
         if self._none or not enabled():
             return None
-        request = pb.AcquireReadLeaseRequest(name=cache.name, fingerprint=cache.fingerprint,
-                                             data_plane=True)
         try:
-            granted = self.transport.call(self.transport.stub.AcquireReadLease, request)
+            lease = read_lease.acquire(self.transport, cache, data_plane=True)
         except ServerUnavailableError:
             return None  # down now: the pass's gRPC calls wait for it (reconnect_timeout)
-        except ShardcacheError as exc:
-            if type(exc) is not ShardcacheError:  # not found, replaced: as gRPC would say
-                raise
+        except read_lease.NotGranted:
             self._none = True  # a daemon without read leases
             return None
-        release = _Releaser(self.transport, granted.lease_id)
-        if not granted.ticket:  # --data-listen off, or not for this caller
-            release()
+        if not lease.granted.ticket:  # --data-listen off, or not for this caller
+            lease.release()
             self._none = True
             return None
-        return PlaneLease(self, release, granted)
+        lease.renew_in_background("the pass reads on")
+        return PlaneLease(self, lease)
 
     def connect(self, ticket: bytes, port: int) -> socket.socket:
         """A data connection that presented ticket; PlaneStatus when it cannot be had."""
@@ -198,12 +194,11 @@ def _client_context(transport: Transport) -> ssl.SSLContext:
 class PlaneLease:
     """One pass's lease with a ticket: its renewal, and its data connections."""
 
-    def __init__(self, data_plane: DataPlane, release: _Releaser,
-                 granted: pb.AcquireReadLeaseResponse) -> None:
-        self._renewal = ReadLease(release, granted, [], [], lost="the pass reads on")
-        self.plane = data_plane
-        self.ticket, self.port = granted.ticket, granted.data_port
-        self.where = f"{data_plane.host}:{self.port}"
+    def __init__(self, port: DataPort, lease: read_lease.Lease) -> None:
+        self._lease = lease
+        self.plane = port
+        self.ticket, self.port = lease.granted.ticket, lease.granted.data_port
+        self.where = f"{port.host}:{self.port}"
         self._idle: list[socket.socket] = []
         self._busy: set[socket.socket] = set()
         self.closed = False
@@ -211,10 +206,6 @@ class PlaneLease:
         self._lock = threading.Lock()
         self.worked = False  # a connection got through
         self.ended = False  # the daemon no longer knows the ticket: gRPC from now on
-
-    def fetcher(self, transport: Transport, cache: pb.Cache, reconnect_timeout: float,
-                closing: threading.Event) -> PlaneFetcher:
-        return PlaneFetcher(transport, cache, reconnect_timeout, closing, self)
 
     def take(self) -> socket.socket:
         """A connection for one request: an idle one, else a new one."""
@@ -310,41 +301,56 @@ class PlaneLease:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         self.drop_idle()
-        self._renewal.close()
+        self._lease.release()
 
 
-class PlaneFetcher(Fetcher):
-    """A Fetcher whose requests go over data connections; gRPC when the plane is out."""
+class PlaneFetcher:
+    """A Remote whose requests go over data connections; gRPC's when the plane is out for
+    the pass. Owns the pass's lease."""
 
-    def __init__(self, transport: Transport, cache: pb.Cache, reconnect_timeout: float,
-                 closing: threading.Event, lease: PlaneLease) -> None:
-        super().__init__(transport, cache, reconnect_timeout, closing)
+    path = "plane"
+
+    def __init__(self, lease: PlaneLease, grpc_fetcher: GrpcFetcher) -> None:
         self._lease = lease
+        self._grpc = grpc_fetcher
+        self._cache = grpc_fetcher.cache
+        self.target = grpc_fetcher.target
+        self.lost_level = grpc_fetcher.lost_level
 
-    def _attempt(self, indices: Indices, epoch_start: bool, ahead: Ahead
-                 ) -> Iterator[tuple[int, int, bytes, Any]]:
+    def request(self) -> Stateless:
+        return Stateless(self.attempt)
+
+    def failed(self) -> None:
+        self._lease.close()  # the read ends here: so does its lease
+
+    def close(self) -> None:
+        self._lease.close()
+
+    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
         lease = self._lease
         sock = lease.connection()
         if sock is None:
-            yield from super()._attempt(indices, epoch_start, ahead)  # UNAVAILABLE if down
+            yield from self._grpc.attempt(indices, epoch_start)  # UNAVAILABLE if down
             return
         flags = plane.EPOCH_START if epoch_start else 0
         first = int(indices[0])
+        chunk_bytes = self._grpc.chunk_bytes
         if not is_run(indices):
             wanted = np.asarray(indices, "<u8")
             request = plane.REQUEST.pack(plane.ELEMENTS, flags, len(wanted), 0, 0,
-                                         self.chunk_bytes) + wanted.tobytes()
+                                         chunk_bytes) + wanted.tobytes()
             for _, position, values, lengths, data in lease.responses(sock, [request]):
                 yield position, values, lengths, data
             return
         runs = list(shard_runs(self._cache, first, first + len(indices)))
         requests = (plane.REQUEST.pack(plane.SHARD, flags if i == 0 else 0, shard.index, start,
-                                       count, self.chunk_bytes)
+                                       count, chunk_bytes)
                     for i, (shard, start, count) in enumerate(runs))
+        k = self._grpc.k
         for i, start, values, lengths, data in lease.responses(sock, requests):
             shard = runs[i][0]  # a chunk of whole blocks: Decoder trims
             yield (shard.first_element - first + start,
-                   min(values * self._k, shard.num_elements - start), lengths, data)
+                   min(values * k, shard.num_elements - start), lengths, data)
 
 
 class _Chunk(NamedTuple):
@@ -390,5 +396,5 @@ def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]
         yield first, n, lengths, data
 
 
-__all__ = ["PLANE_ENV", "DataPlane", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
+__all__ = ["PLANE_ENV", "DataPort", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
            "for_transport"]

@@ -24,11 +24,10 @@ from client.errors import (
 )
 from client.format.blocks import blocked, write_batch_elements
 from client.format.layout import Layout
-from client.read import direct as direct_read
-from client.read import mix as mixing
 from client.read import plan
-from client.read.chunks import CacheReads, EpochChunks, chunk_target
+from client.read.chunks import EpochChunks
 from client.read.mix_chunks import MixChunks
+from client.read.opening import OpenRead, direct_reads, open_mix, open_read, opened
 from client.read.report import ReadFigures, Reports
 from client.tf import convert, graphs, malloc, tap
 from client.tf import fit as keras_fit
@@ -46,13 +45,17 @@ Dataset: TypeAlias = tf.data.Dataset
 
 @dataclass
 class _Committed:
-    """The committed cache a cc.cache() dataset reads, once an iteration has found it."""
+    """What a cc.cache() dataset's iterations share: its write's begin, its options and
+    direct reads, and the read of the committed cache once an iteration has found it."""
 
-    cache: pb.Cache | None = None
+    begin: pb.WriteBegin = dataclasses.field(default_factory=pb.WriteBegin)
+    options: plan.ReadOptions = dataclasses.field(default_factory=plan.ReadOptions)
+    direct: Any = None  # client/read/direct.py's DirectReads
+    read: OpenRead | None = None
 
 
 class DatasetBuilder:
-    """Builds a CacheClient's datasets; the arguments come checked (client/_client.py)."""
+    """Builds a CacheClient's datasets; the options come checked (client/read/plan.py)."""
 
     def __init__(self, catalog: Catalog, local_data_dir: Path | None, tune_malloc: bool,
                  reports: Reports | None = None) -> None:
@@ -64,67 +67,43 @@ class DatasetBuilder:
     def _figures(self, name: str) -> ReadFigures | None:
         return self._reports.reader(name) if self._reports is not None else None
 
-    def _direct(self, name: str, mode: direct_read.Mode) -> direct_read.DirectReads:
-        return direct_read.DirectReads(self._catalog.home(name), mode, self._local_data_dir)
+    def dataset(self, name: str, options: plan.ReadOptions,
+                resume_from: Any | None = None) -> Dataset:
+        """cc.dataset(): a dataset over an existing READY cache; resume_from: a Keras
+        backup_dir whose position the first epoch starts at (client/tf/fit.py)."""
+        position = None if resume_from is None else functools.partial(
+            keras_fit.resume_at, resume_from, options.batch_size)
+        read = open_read(self._catalog, self._local_data_dir, name, options,
+                         "call dataset() again", position)
+        fmt = convert.BatchFormat(convert.decode_spec(read.cache.element_spec), read.layout)
+        reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, read),
+                                 read.epochs(), read.options.parallel_shards,
+                                 self._figures(name))
+        return tf_reads.elements(fmt, reader.dataset, read.cardinality)
 
-    def dataset(self, name: str, options: plan.ReadOptions, resume: plan.Resume,
-                prefetch_bytes: int, direct: direct_read.Mode,
-                fit: tuple[Any, Any] | None = None) -> Dataset:
-        """cc.dataset(): a dataset over an existing READY cache; fit: (backup_dir,
-        batch_size) of resume_from= (client/tf/fit.py)."""
-        reads = self._direct(name, direct)
-        cache = self._catalog.ready(name, "call dataset() again")
-        fmt = convert.BatchFormat(convert.decode_spec(cache.element_spec),
-                                  Layout.from_json(cache.layout_json))
-        options = plan.apply_resume(cache, options, resume).with_seed()
-        cardinality = plan.cardinality(cache, options)
-        if fit is not None and (at := keras_fit.resume_at(*fit, cardinality)) is not None:
-            # every epoch declares a whole share: Keras keeps its steps an epoch
-            options = dataclasses.replace(options, epoch=at[0], start=at[1])
-        plan.check_start(cache, options)
-        if self._catalog.fleet is None:  # a fleet's members on this host are found per pass
-            reads.check(cache)
-        reader = tf_reads.Reader(Wire(fmt), functools.partial(
-            self._epoch_chunks, cache, fmt.layout, options, prefetch_bytes, reads),
-            plan.Epochs(options), options.parallel_shards, self._figures(name))
-        return tf_reads.elements(fmt, reader.dataset, cardinality)
-
-    def mix(self, weights: dict[str, Any], size: int | None, options: plan.ReadOptions,
-            resume: plan.Resume, prefetch_bytes: int, direct: direct_read.Mode) -> Dataset:
+    def mix(self, weights: dict[str, Any], size: int | None,
+            options: plan.ReadOptions) -> Dataset:
         """cc.mix(): a dataset over a weighted mix of READY caches (client/read/mix.py)."""
-        caches = [self._catalog.ready(name, "call mix() again", of=" of the mix")
-                  for name in sorted(weights)]
-        fmt = _mixed_format(caches)
-        mix = mixing.plan(caches, weights, size, options.seed or 0)
-        mixing.check_seed(options.seed or 0, resume)
-        options = plan.apply_resume(mix, options, resume)
-        plan.check_start(mix, options)
-        reads = {c.name: self._direct(c.name, direct) for c in caches}
-        if self._catalog.fleet is None:
-            for cache in caches:
-                reads[cache.name].check(cache)
+        read = open_mix(self._catalog, self._local_data_dir, weights, size, options)
+        fmt = _mixed_format(read.caches)
+        reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, read),
+                                 read.epochs(), read.options.parallel_shards)
+        return tf_reads.elements(fmt, reader.dataset, read.cardinality)
 
-        def open_chunks(epoch: int, start: int) -> MixChunks:
-            if self._tune_malloc:
-                malloc.tune()
-            chunk_bytes = chunk_target(prefetch_bytes)
-
-            def open_source(s: int) -> CacheReads:
-                cache = mix.sources[s]
-                return CacheReads(self._catalog.home(cache.name), cache, fmt.layout, options,
-                                  chunk_bytes, True, reads[cache.name], self._catalog.fleet)
-            return MixChunks(mix, options, epoch, start, chunk_bytes, open_source)
-
-        reader = tf_reads.Reader(Wire(fmt), open_chunks, plan.Epochs(options),
-                                 options.parallel_shards)
-        return tf_reads.elements(fmt, reader.dataset, plan.cardinality(mix, options))
+    def _chunks(self, read: OpenRead | _Committed, epoch: int, start: int
+                ) -> EpochChunks | MixChunks:
+        """epoch of read from position start of this share, in chunks (read/chunks.py); a
+        cc.cache() dataset's committed read (a restored read epoch looks it up)."""
+        if isinstance(read, _Committed):
+            read = self._committed(read)
+        if self._tune_malloc:
+            malloc.tune()
+        return read.chunks(epoch, start)
 
     def cache(self, dataset: Dataset, name: str, version: str | None,
-              options: plan.ReadOptions, resume: plan.Resume, prefetch_bytes: int,
-              direct: direct_read.Mode, block_bytes: int) -> Dataset:
+              options: plan.ReadOptions, block_bytes: int) -> Dataset:
         """cc.cache(): dataset's elements, written through to cache name on the first full
         iteration, read from it once committed."""
-        reads = self._direct(name, direct)
         spec = dataset.element_spec
         layout = blocked(convert.layout_of(spec), block_bytes)
         fmt = convert.BatchFormat(spec, layout)
@@ -138,38 +117,36 @@ class DatasetBuilder:
             existing = self._catalog.get(name)
         except (CacheNotFoundError, StoreUnavailableError):  # the daemon builds it, unless
             existing = None  # its WriteBegin finds it in the store (docs/operations.md)
-        if resume is not None and (existing is None
-                                   or existing.state != pb.CACHE_STATE_READY):
+        ready = existing is not None and existing.state == pb.CACHE_STATE_READY
+        if options.resume is not None and not ready:
             raise (CacheNotFoundError if existing is None else CacheNotReadyError)(
                 f"cannot resume reading cache {name!r}: it is not READY on this daemon, so "
                 "there is no epoch to continue; iterate cc.cache() without resume= (its "
                 "first iteration writes the cache)")
         if existing is not None:
             _check_same_source(existing, fingerprint, layout)
-            options = plan.apply_resume(existing, options, resume)
-            if existing.state == pb.CACHE_STATE_READY:
-                plan.check_start(existing, options)
-                if self._catalog.fleet is None:
-                    reads.check(existing)
-                cardinality = plan.cardinality(existing, options)
-            elif not options.whole_epochs:
+        committed = _Committed()
+        if ready:
+            committed.read = opened(self._catalog, self._local_data_dir, existing,
+                                    (existing,), options)
+            options, direct = committed.read.options, committed.read.direct[name]
+            cardinality = committed.read.cardinality
+        else:
+            options, by_name = direct_reads(self._catalog, self._local_data_dir, [name],
+                                            options)
+            options, direct = options.with_seed(), by_name[name]
+            if not options.whole_epochs:
                 cardinality = -2  # a writing iteration yields all, reading ones a share
-        elif not options.whole_epochs:
-            cardinality = -2
         begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                               element_spec=convert.encode_spec(spec))
-        options = options.with_seed()  # after resume=, which checks the seed it was given
+        committed.begin, committed.options, committed.direct = begin, options, direct
         epochs = plan.Epochs(options)
-        ready = _Committed(existing if existing is not None
-                           and existing.state == pb.CACHE_STATE_READY else None)
-        reader = tf_reads.Reader(Wire(fmt), functools.partial(
-            self._cache_chunks, ready, begin, options, prefetch_bytes, reads), epochs,
-            options.parallel_shards, self._figures(name))
+        reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, committed), epochs,
+                                 options.parallel_shards, self._figures(name))
         iterations = Iterations(reader, epochs, dataset.options())
         if self._tune_malloc:
             iterations.source_started = malloc.tune
-        decide = iterations.deciding(functools.partial(self._begin_epoch, begin, epochs, reads,
-                                                       ready))
+        decide = iterations.deciding(functools.partial(self._begin_epoch, committed, epochs))
         if source_count >= 0 and tap.enabled():  # the source stays in tf.data
             taps = tap.TapEpochs(layout, decide, source_count, reader.wire.batch)
 
@@ -185,26 +162,13 @@ class DatasetBuilder:
             lambda decision: self._write_through(dataset, fmt, decision.writer),
             fmt.signature), cardinality)
 
-    def _epoch_chunks(self, cache: pb.Cache, layout: Layout, options: plan.ReadOptions,
-                      prefetch_bytes: int, direct: direct_read.DirectReads | None,
-                      epoch: int, start: int) -> EpochChunks:
-        """epoch over cache from position start of this share, in chunks (read/chunks.py)."""
-        if self._tune_malloc:
-            malloc.tune()
-        return EpochChunks(self._catalog.home(cache.name), cache, layout, options, epoch, start,
-                           prefetch_bytes, direct, self._catalog.fleet)
-
-    def _cache_chunks(self, ready: _Committed, begin: pb.WriteBegin,
-                      options: plan.ReadOptions, prefetch_bytes: int,
-                      direct: direct_read.DirectReads, epoch: int, start: int) -> EpochChunks:
-        """A read epoch of a cc.cache() dataset, in chunks."""
-        return self._epoch_chunks(self._ready(ready, begin), Layout.from_json(
-            begin.layout_json), options, prefetch_bytes, direct, epoch, start)
-
-    def _ready(self, ready: _Committed, begin: pb.WriteBegin) -> pb.Cache:
-        """The committed cache a cc.cache() dataset reads: ready.cache, when known (a read
-        epoch restored from a checkpoint looks it up)."""
-        cache = ready.cache
+    def _committed(self, committed: _Committed, cache: pb.Cache | None = None) -> OpenRead:
+        """The read of the committed cache a cc.cache() dataset reads: cache (just found
+        READY), else the one known, else looked up (a read epoch restored from a
+        checkpoint)."""
+        begin = committed.begin
+        if cache is None and committed.read is not None:
+            return committed.read
         if cache is None:
             cache = self._catalog.get(begin.name)
             if cache.state != pb.CACHE_STATE_READY:
@@ -213,20 +177,22 @@ class DatasetBuilder:
                     "READY on this daemon: restore on the daemon that holds the cache, or "
                     "build it again first (one full pass over cc.cache())")
             _check_same_source(cache, begin.fingerprint, Layout.from_json(begin.layout_json))
-            ready.cache = cache
-        return cache
+        committed.read = OpenRead(self._catalog, cache, (cache,), committed.options,
+                                  {cache.name: committed.direct},
+                                  plan.cardinality(cache, committed.options))
+        return committed.read
 
-    def _begin_epoch(self, begin: pb.WriteBegin, epochs: plan.Epochs,
-                     direct: direct_read.DirectReads, ready: _Committed) -> tap.Decision:
+    def _begin_epoch(self, committed: _Committed, epochs: plan.Epochs) -> tap.Decision:
         """What an iteration of a cc.cache() dataset does: read, write through, or pass through.
 
         A READ iteration reads the epoch its control took (client/tf/iterations.py)."""
         if self._tune_malloc:  # from_generator has applied its own setting by now
             malloc.tune()
-        writer = direct_write.writer_for(self._catalog.home(begin.name), begin, direct,
-                                          self._local_data_dir)  # docs/writing.md
+        begin = committed.begin
+        writer = direct_write.writer_for(self._catalog.home(begin.name), begin,
+                                          committed.direct, self._local_data_dir)
         try:
-            begun = writer.begin()
+            begun = writer.begin()  # docs/writing.md
         except ServerUnavailableError as exc:
             writer.abort()
             log.warning("%s; this epoch runs the source pipeline without the cache", exc)
@@ -236,7 +202,7 @@ class DatasetBuilder:
         writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             plan.check_start(begun.cache, epochs.options)
-            ready.cache = begun.cache
+            self._committed(committed, begun.cache)
             return tap.Decision(tap.READ)
         log.info("cache %r is being written by another process; streaming the source "
                  "pipeline without writing", begin.name)
@@ -263,7 +229,7 @@ class DatasetBuilder:
                 behind.close()
 
 
-def _mixed_format(caches: list[pb.Cache]) -> convert.BatchFormat:
+def _mixed_format(caches: tuple[pb.Cache, ...]) -> convert.BatchFormat:
     """The one element format of a mix's caches; refuses caches whose elements differ."""
     first, spec = caches[0], convert.decode_spec(caches[0].element_spec)
     leaves = Layout.from_json(first.layout_json).leaves

@@ -85,7 +85,7 @@ def position(backup_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
     return epoch, batch + 1
 
 
-def resume_at(backup_dir: str | os.PathLike[str], batch_size: int, share: int
+def resume_at(backup_dir: str | os.PathLike[str], batch_size: int | None, share: int
               ) -> tuple[int, int] | None:
     """(epoch, start) of the element after the backed-up batches of this worker's share of
     share elements an epoch, in batches of batch_size; None: no backup."""

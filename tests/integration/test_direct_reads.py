@@ -175,7 +175,7 @@ import sys
 from client import CacheClient
 from client.read.direct import DirectReads
 cc = CacheClient(sys.argv[1])
-lease, _ = DirectReads(cc._transport, True, None).lease(cc._get(sys.argv[2]))
+fetcher, _ = DirectReads(cc._transport, True, None).fetcher(cc._get(sys.argv[2]))
 print("leased", flush=True)
 sys.stdin.read()
 """

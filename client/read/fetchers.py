@@ -1,0 +1,50 @@
+"""The one choice of a pass's fetcher (client/read/fetch.py's Fetcher): which kind reads it.
+
+In order: the leased shard files when this process sees the daemon's (a same-host
+pass, client/read/direct.py); a fleet's owners when the cache is read from a fleet
+(client/read/fleet_fetch.py); the daemon's data plane when it offers one
+(client/read/plane.py); else gRPC. The three remote kinds reconnect alike
+(fetch.Reconnecting).
+"""
+
+from __future__ import annotations
+
+from client._fleet import Fleet, routed
+from client._transport import Transport, pb
+from client.read import plane as data_plane
+from client.read.direct import DirectReads
+from client.read.fetch import Calls, Fetcher, GrpcFetcher, Reconnecting, Remote
+from client.read.fleet_fetch import FleetFetcher
+from client.read.plane import PlaneFetcher
+
+
+def message_bytes(chunk_bytes: int) -> int:
+    """Record bytes asked per message (or per local chunk) for chunks of chunk_bytes: a
+    chunk's bytes in one where they fit, between 1 and 16 MiB."""
+    return min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
+
+
+def open_fetcher(transport: Transport, cache: pb.Cache, reconnect_timeout: float,
+                 chunk_bytes: int, reading: bool = True, direct: DirectReads | None = None,
+                 fleet: Fleet | None = None) -> tuple[Fetcher, bool]:
+    """(the fetcher of one pass over cache, whether the daemon counted the pass's hit
+    already). reading: the pass reads something (no lease is taken for an empty one);
+    direct: how this dataset reads directly (None: never); fleet: the fleet read from."""
+    per_message = message_bytes(chunk_bytes)
+    by_owner = fleet is not None and routed(cache)
+    counted = False
+    if direct is not None and reading and not by_owner:
+        local, counted = direct.fetcher(cache)
+        if local is not None:
+            local.chunk_bytes = per_message
+            return local, counted
+    calls = Calls()
+    grpc_fetcher = GrpcFetcher(transport, cache, calls, per_message)
+    remote: Remote = grpc_fetcher
+    if fleet is not None and by_owner:  # members on this host are read from their files
+        remote = FleetFetcher(fleet, cache, calls, per_message, direct)
+    elif reading:  # its requests count the hit
+        lease = data_plane.for_transport(transport).lease(cache)
+        if lease is not None:
+            remote = PlaneFetcher(lease, grpc_fetcher)
+    return Reconnecting(remote, calls, cache.name, reconnect_timeout), counted

@@ -1,0 +1,127 @@
+"""The one opening of a read: every reader opens a READY cache (or a mix of them) here.
+
+cc.dataset(), cc.mix(), cc.cache()'s read epochs, cc.numpy(), cc.torch() and
+cc.source() all read through an :class:`OpenRead`, made by :func:`open_read`
+(one cache, by name), :func:`open_mix` (a weighted mix) or :func:`opened` (a
+cache already looked up, as cc.cache() has it). The sequence is the same for
+all, in :func:`opened`: the direct-read decision, the resume (elastic too),
+the seed, the start check, and, for one daemon, the direct-read check (a fleet's
+members on this host are found per pass). It takes one plan.ReadOptions value;
+what comes out holds the resolved options, and opens each pass's chunks
+(client/read/chunks.py) or the cache's records by index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from client._catalog import Catalog
+from client.format.layout import Layout
+from client.read import direct as direct_read
+from client.read import mix as mixing
+from client.read import plan
+from client.read.chunks import CHUNK_BYTES, CacheReads, EpochChunks, chunk_target
+from client.read.mix_chunks import MixChunks
+
+#: Moves a read's first epoch and start given its cardinality (a Keras backup's position).
+Position = Callable[[int], tuple[int, int] | None]
+
+
+@dataclass(frozen=True)
+class OpenRead:
+    """A read opened on a READY cache, or a mix of them: what each pass reads with."""
+
+    catalog: Catalog
+    #: pb.Cache, or a mix.Mix (which read/plan.py's functions take as a cache)
+    cache: Any
+    #: The caches read (one, or the mix's sources, in name order).
+    caches: tuple[Any, ...]
+    #: The read's options, resumed (resume=None, remaining set), seeded, direct resolved.
+    options: plan.ReadOptions
+    #: How each cache's passes read directly, by name (client/read/direct.py).
+    direct: dict[str, direct_read.DirectReads]
+    #: What every iteration yields; -2 when the first one is resumed mid-epoch (a Keras
+    #: position keeps a whole share: Keras keeps its steps an epoch).
+    cardinality: int
+
+    @property
+    def layout(self) -> Layout:
+        return Layout.from_json(self.caches[0].layout_json)
+
+    def epochs(self) -> plan.Epochs:
+        """Which epoch each iteration of one dataset reads, from the options' epoch on."""
+        return plan.Epochs(self.options)
+
+    def chunks(self, epoch: int, start: int, batch: int = 1) -> EpochChunks | MixChunks:
+        """epoch's share, from position start, as numbered chunks; batch: the consumer cuts
+        batches of that many elements (chunks hold whole ones where they can)."""
+        options = self.options
+        if isinstance(self.cache, mixing.Mix):
+            def open_source(s: int) -> CacheReads:
+                return self._reads(self.cache.sources[s], chunk_target(options.prefetch_bytes))
+            return MixChunks(self.cache, options, epoch, start,
+                             chunk_target(options.prefetch_bytes), open_source)
+        return EpochChunks(self.catalog.home(self.cache.name), self.cache, self.layout,
+                           options, epoch, start, options.prefetch_bytes,
+                           self.direct[self.cache.name], self.catalog.fleet, batch)
+
+    def records(self, chunk_bytes: int = CHUNK_BYTES) -> CacheReads:
+        """The cache's records by index, decoded: random access (cc.source())."""
+        return self._reads(self.cache, chunk_bytes)
+
+    def _reads(self, cache: Any, chunk_bytes: int) -> CacheReads:
+        return CacheReads(self.catalog.home(cache.name), cache, Layout.from_json(
+            cache.layout_json), self.options, chunk_bytes, True, self.direct[cache.name],
+            self.catalog.fleet)
+
+
+def open_read(catalog: Catalog, local_data_dir: Path | None, name: str,
+              options: plan.ReadOptions, then: str, position: Position | None = None
+              ) -> OpenRead:
+    """A read of READY cache name (then: what to do once a WRITING one is READY)."""
+    cache = catalog.ready(name, then)
+    return opened(catalog, local_data_dir, cache, (cache,), options, position)
+
+
+def open_mix(catalog: Catalog, local_data_dir: Path | None, weights: Mapping[str, Any],
+             size: int | None, options: plan.ReadOptions) -> OpenRead:
+    """A read of a weighted mix of READY caches (client/read/mix.py); options.seed set."""
+    caches = tuple(catalog.ready(name, "call mix() again", of=" of the mix")
+                   for name in sorted(weights))
+    seed = options.seed or 0
+    mixing.check_seed(seed, options.resume)
+    return opened(catalog, local_data_dir, mixing.plan(caches, weights, size, seed), caches,
+                  options)
+
+
+def opened(catalog: Catalog, local_data_dir: Path | None, cache: Any,
+           caches: tuple[Any, ...], options: plan.ReadOptions,
+           position: Position | None = None) -> OpenRead:
+    """The read of cache (READY, or a mix of READY caches), options applied: the sequence
+    every reader's opening runs."""
+    options, direct = direct_reads(catalog, local_data_dir, [c.name for c in caches], options)
+    options = dataclasses.replace(plan.apply_resume(cache, options, options.resume),
+                                  resume=None).with_seed()
+    cardinality = plan.cardinality(cache, options)
+    if position is not None and (at := position(cardinality)) is not None:
+        options = dataclasses.replace(options, epoch=at[0], start=at[1])
+    plan.check_start(cache, options)
+    if catalog.fleet is None:  # a fleet's members on this host are found per pass
+        for c in caches:
+            direct[c.name].check(c)
+    return OpenRead(catalog, cache, caches, options, direct, cardinality)
+
+
+def direct_reads(catalog: Catalog, local_data_dir: Path | None, names: list[str],
+                 options: plan.ReadOptions
+                 ) -> tuple[plan.ReadOptions, dict[str, direct_read.DirectReads]]:
+    """The direct-read decision: (options with direct resolved, how each cache's passes
+    read directly, by name). cc.cache() takes it for a cache it is yet to write, too."""
+    mode = direct_read.resolve_mode(options.direct)
+    return dataclasses.replace(options, direct=mode), {
+        name: direct_read.DirectReads(catalog.home(name), mode, local_data_dir)
+        for name in names}
