@@ -9,8 +9,8 @@ cc.numpy(), cc.write() and cc.source() read and write caches as NumPy arrays
 without it (docs/frameworks.md).
 """
 
-from client._catalog import CacheInfo
 from client._client import CacheClient
+from client._daemons import CacheInfo
 from client._materialize import MaterializeOperation, Progress
 from client.errors import (
     CacheExistsError,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client._catalog import CacheInfo, Catalog
+from client._daemons import CacheInfo, Daemons
 from client.errors import InvalidArgumentError
 from client.format.blocks import check_block_bytes
 from client.read import direct as direct_read
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 class ArrayMethods:
     """cc.numpy(), cc.source(), cc.torch() and cc.write() (docs/frameworks.md)."""
 
-    _catalog: Catalog
+    _daemons: Daemons
     _local_data_dir: Path | None
 
-    def _reopener(self) -> Callable[[], tuple[Catalog, Path | None]]:
+    def _reopener(self) -> Callable[[], tuple[Daemons, Path | None]]:
         raise NotImplementedError
 
     def numpy(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
@@ -52,7 +52,7 @@ class ArrayMethods:
         """
         from client.numpy.reader import ArrayReader
 
-        return ArrayReader(self._catalog, self._local_data_dir, name,
+        return ArrayReader(self._daemons, self._local_data_dir, name,
                            plan.ReadOptions.of(locals()))
 
     def source(self, name: str, *, direct: bool | str | None = None,
@@ -67,7 +67,7 @@ class ArrayMethods:
         from client.numpy.source import CacheSource
 
         options = plan.ReadOptions.of(locals())
-        cache = self._catalog.ready(name, "call source() again")
+        cache = self._daemons.ready(name, "call source() again")
         return CacheSource(name, self._reopener(), options, cache.num_elements)
 
     def torch(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
@@ -92,7 +92,7 @@ class ArrayMethods:
                                        "torch.distributed's are used)")
         worker_index, num_workers = rank or 0, world_size or 1
         options = plan.ReadOptions.of(locals())
-        self._catalog.ready(name, "call torch() again")
+        self._daemons.ready(name, "call torch() again")
         placement = None if rank is None or world_size is None else (rank, world_size)
         return CacheIterable(name, self._reopener(), options, placement)
 
@@ -121,7 +121,7 @@ class ArrayMethods:
                                        f"{type(elements).__name__}")
         mode = direct_read.resolve_mode(direct)
         return CacheInfo.from_proto(writer.write(
-            self._catalog, name, elements, version, check_block_bytes(block_bytes), mode,
+            self._daemons, name, elements, version, check_block_bytes(block_bytes), mode,
             self._local_data_dir))
 
 

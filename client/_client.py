@@ -1,8 +1,9 @@
 """CacheClient: the public entry point of the client library, a facade over its parts.
 
-The catalog's calls are client/_catalog.py's, the datasets client/tf/builder.py's
-(loaded with TensorFlow on first use), the NumPy, Grain and PyTorch readers and
-cc.write() client/_arrays.py's (no TensorFlow), materialization client/_materialize.py's.
+The catalog's calls (list, info, rm, pin) go through client/_daemons.py; the datasets
+are client/tf/builder.py's (loaded with TensorFlow on first use); the NumPy, Grain and
+PyTorch readers and cc.write() client/_arrays.py's (no TensorFlow); materialization
+client/_materialize.py's. Every read opens through client/read/opening.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from client import _materialize
 from client._arrays import ArrayMethods
-from client._catalog import CacheInfo, Catalog
+from client._daemons import CacheInfo, Daemons
 from client._fleet import TARGETS_ENV, Fleet, parse_targets
 from client._materialize import MaterializeOperation
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
@@ -125,10 +126,10 @@ class CacheClient(ArrayMethods):
         else:
             self.target = resolve_target(target)
             self._transport = Transport(self.target, connect_timeout, credentials=credentials)
-        self._catalog = Catalog(self._transport, self._fleet)
+        self._daemons = Daemons(self._transport, self._fleet)
         self._tune_malloc = malloc.enabled(tune_malloc)
         self._local_data_dir = direct_read.resolve_local_data_dir(local_data_dir)
-        self._reports = Reports.make(job, rank, self._catalog.home) if report else None
+        self._reports = Reports.make(job, rank, self._daemons.home) if report else None
         _exit_hook()
 
     def __enter__(self) -> CacheClient:
@@ -140,7 +141,7 @@ class CacheClient(ArrayMethods):
     def close(self) -> None:
         if self._reports is not None:
             self._reports.close()
-        self._catalog.close()
+        self._daemons.close()
 
     def __repr__(self) -> str:
         return f"CacheClient({self.target!r})"
@@ -148,12 +149,12 @@ class CacheClient(ArrayMethods):
     # ------------------------------------------------------------------ catalog
 
     def _get(self, name: str) -> pb.Cache:
-        return self._catalog.get(name)
+        return self._daemons.get(name)
 
     def list(self, *, store: bool = False) -> list[CacheInfo]:
         """Every cache on the daemon, READY and WRITING; store=True: every cache in the
         daemon's object store instead (store_state REMOTE, or this daemon's own state)."""
-        response = self._catalog.call("", "ListCaches", pb.ListCachesRequest(store=store))
+        response = self._daemons.call("", "ListCaches", pb.ListCachesRequest(store=store))
         return [CacheInfo.from_proto(c) for c in response.caches]
 
     def info(self, name: str) -> CacheInfo:
@@ -164,7 +165,7 @@ class CacheClient(ArrayMethods):
         """Delete a READY cache and its files on the daemon; store=True: also its copy in
         the daemon's object store, so no daemon finds it any more. Returns what was
         removed: (the daemon's copy, the stored copy)."""
-        response = self._catalog.call(name, "DeleteCache",
+        response = self._daemons.call(name, "DeleteCache",
                                       pb.DeleteCacheRequest(name=name, store=store))
         return response.local, response.stored
 
@@ -185,19 +186,19 @@ class CacheClient(ArrayMethods):
 
     def _retention(self, name: str, **fields: Any) -> CacheInfo:
         request = pb.SetCacheRetentionRequest(name=name, **fields)
-        return CacheInfo.from_proto(self._catalog.call(name, "SetCacheRetention",
+        return CacheInfo.from_proto(self._daemons.call(name, "SetCacheRetention",
                                                        request).cache)
 
     # ------------------------------------------------------------------ datasets
 
-    def _reopener(self) -> Callable[[], tuple[Catalog, Path | None]]:
+    def _reopener(self) -> Callable[[], tuple[Daemons, Path | None]]:
         """How a worker process opens a client as this one was opened (cc.source()'s pickles)."""
         return functools.partial(_reopen, self._opened_with)
 
     def _datasets(self) -> DatasetBuilder:
         from client.tf.builder import DatasetBuilder  # imports tensorflow
 
-        return DatasetBuilder(self._catalog, self._local_data_dir, self._tune_malloc,
+        return DatasetBuilder(self._daemons, self._local_data_dir, self._tune_malloc,
                               self._reports)
 
     @_no_checkpoint_keyword
@@ -357,7 +358,7 @@ class CacheClient(ArrayMethods):
         resume attaches to a running or interrupted materialization of name.
         block_bytes: as for cache() (None: the daemon's default, 256 KiB blocks).
         """
-        op = _materialize.start(self._catalog.home(name), source, name=name,
+        op = _materialize.start(self._daemons.home(name), source, name=name,
                                 num_shards=num_shards, workers=workers, overwrite=overwrite,
                                 resume=resume, block_bytes=block_bytes)
         if not wait:
@@ -384,7 +385,7 @@ class CacheClient(ArrayMethods):
         return plan.state_of(cache, plan.apply_resume(cache, options, resume), elements_seen)
 
 
-def _reopen(opened_with: dict[str, Any]) -> tuple[Catalog, Path | None]:
-    """The catalog and local data dir of a new client opened as one was (cc.source())."""
+def _reopen(opened_with: dict[str, Any]) -> tuple[Daemons, Path | None]:
+    """The daemons and local data dir of a new client opened as one was (cc.source())."""
     client = CacheClient(**opened_with)
-    return client._catalog, client._local_data_dir
+    return client._daemons, client._local_data_dir

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from client._catalog import Catalog
+from client._daemons import Daemons
 from client.numpy.batches import Columns, format_of
 from client.numpy.prefetch import MAX_AHEAD, Prefetch, threads
 from client.read import plan
@@ -35,9 +35,9 @@ class ArrayReader:
     stacked, variable-shape ones a list of one array per element.
     """
 
-    def __init__(self, catalog: Catalog, local_data_dir: Path | None, name: str,
+    def __init__(self, daemons: Daemons, local_data_dir: Path | None, name: str,
                  options: plan.ReadOptions) -> None:
-        self._read = read = open_read(catalog, local_data_dir, name, options,
+        self._read = read = open_read(daemons, local_data_dir, name, options,
                                       "call numpy() again")
         self.cache = read.cache
         self.structure = format_of(name, read.cache.element_spec, read.layout)

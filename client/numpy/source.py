@@ -10,7 +10,7 @@ leased shard files: client/read/chunks.py's CacheReads), decoded chunk-wide and
 cut into elements of the stored structure (client/numpy/batches.py).
 
 The source connects lazily, in the process that first reads: pickling keeps the
-cache's name, the read options and ``opener`` (which makes the client's catalog
+cache's name, the read options and ``opener`` (which makes the client's daemons
 anew), never a channel or a lease, which do not survive a fork. Worker processes
 are to be spawned (Grain's are; PyTorch: ``multiprocessing_context="spawn"`` or
 "forkserver"): gRPC aborts a forked child that opens a channel while a thread of
@@ -32,17 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from client._catalog import Catalog
+from client._daemons import Daemons
 from client.numpy.batches import Columns, format_of
 from client.read import plan
 from client.read.opening import open_read
 
-#: Makes the catalog of a client like the one the source came from, and its local data dir.
-Opener = Callable[[], tuple[Catalog, Path | None]]
+#: Makes the daemons of a client like the one the source came from, and its local data dir.
+Opener = Callable[[], tuple[Daemons, Path | None]]
 
 
 class _Open:
-    """What a process reads the source with: the catalog, the cache, its records."""
+    """What a process reads the source with: the daemons, the cache, its records."""
 
     def __init__(self, opener: Opener, name: str, options: plan.ReadOptions) -> None:
         self.pid = os.getpid()

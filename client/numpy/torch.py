@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, default_convert, get_worker_info
 
-from client._catalog import Catalog
+from client._daemons import Daemons
 from client.errors import InvalidArgumentError
 from client.numpy.reader import ArrayReader
 from client.numpy.source import Opener
@@ -61,7 +61,7 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
         self._resume: plan.Resume = None  # loaded: where the next iteration starts
         self._distributed: tuple[int, int] | None = None  # torch.distributed's, when pickled
         self._reader: ArrayReader | None = None
-        self._opened: tuple[int, Catalog, Path | None] | None = None
+        self._opened: tuple[int, Daemons, Path | None] | None = None
         self._sent = False  # pickled (to DataLoader workers) since this process last read
 
     def __getstate__(self) -> dict[str, Any]:
@@ -112,19 +112,19 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
         options = dataclasses.replace(self._options, worker_index=worker_index,
                                       num_workers=num_workers, resume=self._resume,
                                       epoch=self._epoch if self._resume is None else 0)
-        catalog, local_data_dir = self._catalog()
+        daemons, local_data_dir = self._daemons()
         self._resume = None
-        reader = ArrayReader(catalog, local_data_dir, self.name, options)
+        reader = ArrayReader(daemons, local_data_dir, self.name, options)
         self._reader, self._sent = reader, False
         self._epoch = reader.options.epoch + 1
         for item in reader:
             yield default_convert(item)
 
-    def _catalog(self) -> tuple[Catalog, Path | None]:
+    def _daemons(self) -> tuple[Daemons, Path | None]:
         if self._opened is None or self._opened[0] != os.getpid():
             self._opened = None  # a forked copy: the parent's channels stay its own
-            catalog, local_data_dir = self._opener()
-            self._opened = (os.getpid(), catalog, local_data_dir)
+            daemons, local_data_dir = self._opener()
+            self._opened = (os.getpid(), daemons, local_data_dir)
         return self._opened[1], self._opened[2]
 
     def state_dict(self) -> dict[str, Any]:

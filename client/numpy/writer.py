@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from client._catalog import Catalog
+from client._daemons import Daemons
 from client._transport import pb
 from client.errors import CacheExistsError, CacheNotFoundError, InvalidArgumentError
 from client.format import spec
@@ -240,12 +240,12 @@ def _leaf_values(element: Any) -> Iterator[Any]:
         yield element
 
 
-def write(catalog: Catalog, name: str, elements: Iterable[Any], version: str | None,
+def write(daemons: Daemons, name: str, elements: Iterable[Any], version: str | None,
           block_bytes: int, direct: direct_read.Mode, local_data_dir: Path | None
           ) -> pb.Cache:
     """Build cache name from elements (checked arguments; client/_client.py)."""
     try:
-        existing: pb.Cache | None = catalog.get(name)
+        existing: pb.Cache | None = daemons.get(name)
     except CacheNotFoundError:
         existing = None
     if existing is not None and version is not None and (
@@ -279,8 +279,8 @@ def write(catalog: Catalog, name: str, elements: Iterable[Any], version: str | N
                    else f"numpy:{hashlib.sha256(element_spec).hexdigest()[:16]}")
     begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
                           element_spec=element_spec)
-    reads = direct_read.DirectReads(catalog.home(name), direct, local_data_dir)
-    writer = direct_write.writer_for(catalog.home(name), begin, reads, local_data_dir)
+    reads = direct_read.DirectReads(daemons.home(name), direct, local_data_dir)
+    writer = direct_write.writer_for(daemons.home(name), begin, reads, local_data_dir)
     begun = writer.begin()
     if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
         writer.abort()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client._catalog import Catalog
+from client._daemons import Daemons
 from client.format.layout import Layout
 from client.read import direct as direct_read
 from client.read import mix as mixing
@@ -35,7 +35,7 @@ Position = Callable[[int], tuple[int, int] | None]
 class OpenRead:
     """A read opened on a READY cache, or a mix of them: what each pass reads with."""
 
-    catalog: Catalog
+    daemons: Daemons
     #: pb.Cache, or a mix.Mix (which read/plan.py's functions take as a cache)
     cache: Any
     #: The caches read (one, or the mix's sources, in name order).
@@ -65,63 +65,63 @@ class OpenRead:
                 return self._reads(self.cache.sources[s], chunk_target(options.prefetch_bytes))
             return MixChunks(self.cache, options, epoch, start,
                              chunk_target(options.prefetch_bytes), open_source)
-        return EpochChunks(self.catalog.home(self.cache.name), self.cache, self.layout,
+        return EpochChunks(self.daemons.home(self.cache.name), self.cache, self.layout,
                            options, epoch, start, options.prefetch_bytes,
-                           self.direct[self.cache.name], self.catalog.fleet, batch)
+                           self.direct[self.cache.name], self.daemons.fleet, batch)
 
     def records(self, chunk_bytes: int = CHUNK_BYTES) -> CacheReads:
         """The cache's records by index, decoded: random access (cc.source())."""
         return self._reads(self.cache, chunk_bytes)
 
     def _reads(self, cache: Any, chunk_bytes: int) -> CacheReads:
-        return CacheReads(self.catalog.home(cache.name), cache, Layout.from_json(
+        return CacheReads(self.daemons.home(cache.name), cache, Layout.from_json(
             cache.layout_json), self.options, chunk_bytes, True, self.direct[cache.name],
-            self.catalog.fleet)
+            self.daemons.fleet)
 
 
-def open_read(catalog: Catalog, local_data_dir: Path | None, name: str,
+def open_read(daemons: Daemons, local_data_dir: Path | None, name: str,
               options: plan.ReadOptions, then: str, position: Position | None = None
               ) -> OpenRead:
     """A read of READY cache name (then: what to do once a WRITING one is READY)."""
-    cache = catalog.ready(name, then)
-    return opened(catalog, local_data_dir, cache, (cache,), options, position)
+    cache = daemons.ready(name, then)
+    return opened(daemons, local_data_dir, cache, (cache,), options, position)
 
 
-def open_mix(catalog: Catalog, local_data_dir: Path | None, weights: Mapping[str, Any],
+def open_mix(daemons: Daemons, local_data_dir: Path | None, weights: Mapping[str, Any],
              size: int | None, options: plan.ReadOptions) -> OpenRead:
     """A read of a weighted mix of READY caches (client/read/mix.py); options.seed set."""
-    caches = tuple(catalog.ready(name, "call mix() again", of=" of the mix")
+    caches = tuple(daemons.ready(name, "call mix() again", of=" of the mix")
                    for name in sorted(weights))
     seed = options.seed or 0
     mixing.check_seed(seed, options.resume)
-    return opened(catalog, local_data_dir, mixing.plan(caches, weights, size, seed), caches,
+    return opened(daemons, local_data_dir, mixing.plan(caches, weights, size, seed), caches,
                   options)
 
 
-def opened(catalog: Catalog, local_data_dir: Path | None, cache: Any,
+def opened(daemons: Daemons, local_data_dir: Path | None, cache: Any,
            caches: tuple[Any, ...], options: plan.ReadOptions,
            position: Position | None = None) -> OpenRead:
     """The read of cache (READY, or a mix of READY caches), options applied: the sequence
     every reader's opening runs."""
-    options, direct = direct_reads(catalog, local_data_dir, [c.name for c in caches], options)
+    options, direct = direct_reads(daemons, local_data_dir, [c.name for c in caches], options)
     options = dataclasses.replace(plan.apply_resume(cache, options, options.resume),
                                   resume=None).with_seed()
     cardinality = plan.cardinality(cache, options)
     if position is not None and (at := position(cardinality)) is not None:
         options = dataclasses.replace(options, epoch=at[0], start=at[1])
     plan.check_start(cache, options)
-    if catalog.fleet is None:  # a fleet's members on this host are found per pass
+    if daemons.fleet is None:  # a fleet's members on this host are found per pass
         for c in caches:
             direct[c.name].check(c)
-    return OpenRead(catalog, cache, caches, options, direct, cardinality)
+    return OpenRead(daemons, cache, caches, options, direct, cardinality)
 
 
-def direct_reads(catalog: Catalog, local_data_dir: Path | None, names: list[str],
+def direct_reads(daemons: Daemons, local_data_dir: Path | None, names: list[str],
                  options: plan.ReadOptions
                  ) -> tuple[plan.ReadOptions, dict[str, direct_read.DirectReads]]:
     """The direct-read decision: (options with direct resolved, how each cache's passes
     read directly, by name). cc.cache() takes it for a cache it is yet to write, too."""
     mode = direct_read.resolve_mode(options.direct)
     return dataclasses.replace(options, direct=mode), {
-        name: direct_read.DirectReads(catalog.home(name), mode, local_data_dir)
+        name: direct_read.DirectReads(daemons.home(name), mode, local_data_dir)
         for name in names}

@@ -1,4 +1,4 @@
-"""DatasetBuilder: the datasets cc.dataset() and cc.cache() return, over a catalog's caches."""
+"""DatasetBuilder: the datasets cc.dataset() and cc.cache() return, over a client's caches."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 
 import tensorflow as tf
 
-from client._catalog import Catalog
+from client._daemons import Daemons
 from client._transport import pb
 from client.errors import (
     CacheNotFoundError,
@@ -57,9 +57,9 @@ class _Committed:
 class DatasetBuilder:
     """Builds a CacheClient's datasets; the options come checked (client/read/plan.py)."""
 
-    def __init__(self, catalog: Catalog, local_data_dir: Path | None, tune_malloc: bool,
+    def __init__(self, daemons: Daemons, local_data_dir: Path | None, tune_malloc: bool,
                  reports: Reports | None = None) -> None:
-        self._catalog = catalog
+        self._daemons = daemons
         self._reports = reports  # the reads' figures for the daemon (client/read/report.py)
         self._local_data_dir = local_data_dir
         self._tune_malloc = tune_malloc
@@ -73,7 +73,7 @@ class DatasetBuilder:
         backup_dir whose position the first epoch starts at (client/tf/fit.py)."""
         position = None if resume_from is None else functools.partial(
             keras_fit.resume_at, resume_from, options.batch_size)
-        read = open_read(self._catalog, self._local_data_dir, name, options,
+        read = open_read(self._daemons, self._local_data_dir, name, options,
                          "call dataset() again", position)
         fmt = convert.BatchFormat(convert.decode_spec(read.cache.element_spec), read.layout)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, read),
@@ -84,7 +84,7 @@ class DatasetBuilder:
     def mix(self, weights: dict[str, Any], size: int | None,
             options: plan.ReadOptions) -> Dataset:
         """cc.mix(): a dataset over a weighted mix of READY caches (client/read/mix.py)."""
-        read = open_mix(self._catalog, self._local_data_dir, weights, size, options)
+        read = open_mix(self._daemons, self._local_data_dir, weights, size, options)
         fmt = _mixed_format(read.caches)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, read),
                                  read.epochs(), read.options.parallel_shards)
@@ -114,7 +114,7 @@ class DatasetBuilder:
                 f"cannot cache {name!r}: the dataset is infinite; call cc.cache() before "
                 ".repeat()")
         try:
-            existing = self._catalog.get(name)
+            existing = self._daemons.get(name)
         except (CacheNotFoundError, StoreUnavailableError):  # the daemon builds it, unless
             existing = None  # its WriteBegin finds it in the store (docs/operations.md)
         ready = existing is not None and existing.state == pb.CACHE_STATE_READY
@@ -127,12 +127,12 @@ class DatasetBuilder:
             _check_same_source(existing, fingerprint, layout)
         committed = _Committed()
         if ready:
-            committed.read = opened(self._catalog, self._local_data_dir, existing,
+            committed.read = opened(self._daemons, self._local_data_dir, existing,
                                     (existing,), options)
             options, direct = committed.read.options, committed.read.direct[name]
             cardinality = committed.read.cardinality
         else:
-            options, by_name = direct_reads(self._catalog, self._local_data_dir, [name],
+            options, by_name = direct_reads(self._daemons, self._local_data_dir, [name],
                                             options)
             options, direct = options.with_seed(), by_name[name]
             if not options.whole_epochs:
@@ -170,14 +170,14 @@ class DatasetBuilder:
         if cache is None and committed.read is not None:
             return committed.read
         if cache is None:
-            cache = self._catalog.get(begin.name)
+            cache = self._daemons.get(begin.name)
             if cache.state != pb.CACHE_STATE_READY:
                 raise CacheNotReadyError(
                     f"a checkpoint restores a read epoch of cache {begin.name!r}, which is not "
                     "READY on this daemon: restore on the daemon that holds the cache, or "
                     "build it again first (one full pass over cc.cache())")
             _check_same_source(cache, begin.fingerprint, Layout.from_json(begin.layout_json))
-        committed.read = OpenRead(self._catalog, cache, (cache,), committed.options,
+        committed.read = OpenRead(self._daemons, cache, (cache,), committed.options,
                                   {cache.name: committed.direct},
                                   plan.cardinality(cache, committed.options))
         return committed.read
@@ -189,7 +189,7 @@ class DatasetBuilder:
         if self._tune_malloc:  # from_generator has applied its own setting by now
             malloc.tune()
         begin = committed.begin
-        writer = direct_write.writer_for(self._catalog.home(begin.name), begin,
+        writer = direct_write.writer_for(self._daemons.home(begin.name), begin,
                                           committed.direct, self._local_data_dir)
         try:
             begun = writer.begin()  # docs/writing.md

@@ -20,7 +20,7 @@ def _write(cc: CacheClient, name: str) -> None:
 
 def _chunks(cc: CacheClient, name: str) -> object:
     """Epoch 0 of cache name over gRPC (the unix socket has no data plane), in small chunks."""
-    read = open_read(cc._catalog, None, name, ReadOptions(direct=False,
+    read = open_read(cc._daemons, None, name, ReadOptions(direct=False,
                                                          prefetch_bytes=512 << 10), "")
     return read.chunks(0, 0)
 

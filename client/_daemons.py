@@ -1,4 +1,4 @@
-"""CacheInfo and the catalog's calls: to the one daemon, or to each cache name's home in a fleet."""
+"""CacheInfo, and Daemons: where a cache name's calls go (one daemon, or its home in a fleet)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class CacheInfo:
                    c.store.bytes_out)
 
 
-class Catalog:
+class Daemons:
     """Where a cache name's calls go: the one daemon, or the name's home member in a fleet
     (client/_fleet.py), the next member in the name's order when the home is down."""
 
