@@ -100,10 +100,14 @@ def open_mix(daemons: Daemons, local_data_dir: Path | None, weights: Mapping[str
 
 def opened(daemons: Daemons, local_data_dir: Path | None, cache: Any,
            caches: tuple[Any, ...], options: plan.ReadOptions,
-           position: Position | None = None) -> OpenRead:
+           position: Position | None = None,
+           direct: dict[str, direct_read.DirectReads] | None = None) -> OpenRead:
     """The read of cache (READY, or a mix of READY caches), options applied: the sequence
-    every reader's opening runs."""
-    options, direct = direct_reads(daemons, local_data_dir, [c.name for c in caches], options)
+    every reader's opening runs. direct: the direct-read decision already taken (a
+    cc.cache() dataset's, one per dataset)."""
+    if direct is None:
+        options, direct = direct_reads(daemons, local_data_dir, [c.name for c in caches],
+                                       options)
     options = dataclasses.replace(plan.apply_resume(cache, options, options.resume),
                                   resume=None).with_seed()
     cardinality = plan.cardinality(cache, options)

@@ -146,7 +146,7 @@ class DatasetBuilder:
         iterations = Iterations(reader, epochs, dataset.options())
         if self._tune_malloc:
             iterations.source_started = malloc.tune
-        decide = iterations.deciding(functools.partial(self._begin_epoch, committed, epochs))
+        decide = iterations.deciding(functools.partial(self._begin_epoch, committed))
         if source_count >= 0 and tap.enabled():  # the source stays in tf.data
             taps = tap.TapEpochs(layout, decide, source_count, reader.wire.batch)
 
@@ -177,12 +177,11 @@ class DatasetBuilder:
                     "READY on this daemon: restore on the daemon that holds the cache, or "
                     "build it again first (one full pass over cc.cache())")
             _check_same_source(cache, begin.fingerprint, Layout.from_json(begin.layout_json))
-        committed.read = OpenRead(self._daemons, cache, (cache,), committed.options,
-                                  {cache.name: committed.direct},
-                                  plan.cardinality(cache, committed.options))
+        committed.read = opened(self._daemons, self._local_data_dir, cache, (cache,),
+                                committed.options, direct={cache.name: committed.direct})
         return committed.read
 
-    def _begin_epoch(self, committed: _Committed, epochs: plan.Epochs) -> tap.Decision:
+    def _begin_epoch(self, committed: _Committed) -> tap.Decision:
         """What an iteration of a cc.cache() dataset does: read, write through, or pass through.
 
         A READ iteration reads the epoch its control took (client/tf/iterations.py)."""
@@ -201,8 +200,7 @@ class DatasetBuilder:
             return tap.Decision(tap.WRITE, writer=writer)
         writer.abort()  # ends the stream's request thread
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
-            plan.check_start(begun.cache, epochs.options)
-            self._committed(committed, begun.cache)
+            self._committed(committed, begun.cache)  # checks the start against it
             return tap.Decision(tap.READ)
         log.info("cache %r is being written by another process; streaming the source "
                  "pipeline without writing", begin.name)

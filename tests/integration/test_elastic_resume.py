@@ -106,7 +106,7 @@ def test_a_resumed_worker_stopped_again_resumes_with_its_own_state(cc, sharded) 
 
 
 def test_an_iterator_of_a_resumed_read_saves_and_restores(cc, sharded, tmp_path) -> None:
-    opts = {"shuffle": "shards", "seed": 6, "checkpoint": True, "prefetch_bytes": 16 << 10}
+    opts = {"shuffle": "shards", "seed": 6, "prefetch_bytes": 16 << 10}
     _, states = stop_old_split(cc, lambda **w: cc.dataset(sharded, **opts, **w), sharded,
                                {"shuffle": "shards", "seed": 6})
 
