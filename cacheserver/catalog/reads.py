@@ -64,7 +64,7 @@ def read_shard(catalog: Catalog, name: str, shard: int, start: int, chunk_bytes:
         catalog.tier.ensure(name, [shard])
     chunk = chunk_size(chunk_bytes)
     stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
-    chunks = catalog.readers.read_chunks(catalog.shard_path(record, shard), start, stop, chunk,
+    chunks = catalog.shard_readers.read_chunks(catalog.shard_path(record, shard), start, stop, chunk,
                                          k, join=join)
     return ((first, lengths, data,  # whole blocks: the first and last may stick out
              min(first + len(lengths) // 4 * k, stop) - max(first, start))
@@ -95,7 +95,7 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
     def opened(shard: int) -> Any:
         if catalog.tier is not None:
             catalog.tier.ensure(name, [shard])
-        return catalog.readers.opened(catalog.shard_path(record, shard))
+        return catalog.shard_readers.opened(catalog.shard_path(record, shard))
 
     return lookup.gather_chunks(opened, wanted, firsts, window, record.layout_json,
                                 f"cache {name!r}")

@@ -17,7 +17,7 @@ from cacheserver.catalog.direct_writes import StagedShard
 from cacheserver.catalog.manifest import validate_name
 from cacheserver.catalog.reads import MAX_INDICES
 from cacheserver.logs import shown
-from cacheserver.readers import PATHS, Figures, Labels
+from cacheserver.reader_reports import PATHS, Figures, Labels
 from client.format.layout import Layout
 from client.format.values import MAX_ZSTD_EXPANSION
 from client.wire.status import InvalidArgument

@@ -1,5 +1,5 @@
 """What this process's readers tell their daemon: per cache, how much they read and how long
-the training loop waited (ReportReads; the daemon side is cacheserver/readers.py).
+the training loop waited (ReportReads; the daemon side is cacheserver/reader_reports.py).
 
 A read (an iteration of ``cc.dataset()`` or of a READY ``cc.cache()``) counts, per chunk it
 hands to tf.data, the chunk's elements and decoded bytes and the seconds it took to fetch
