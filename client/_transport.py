@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, TypeVar
 import grpc
 
 from client.errors import InvalidArgumentError, ServerUnavailableError, from_rpc_error
+from client.wire.limits import MAX_MESSAGE_BYTES
 from client.wire.v1 import cache_service_pb2 as pb
 from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
@@ -17,7 +18,6 @@ T = TypeVar("T")
 #: The daemon's address when none is given: the sidecar/DaemonSet manifests set it.
 TARGET_ENV = "SHARDCACHE_TARGET"
 DEFAULT_TARGET = "127.0.0.1:50051"
-MAX_MESSAGE_BYTES = 256 << 20
 #: The bearer token when CacheClient(token=...) is not given.
 TOKEN_ENV = "CACHESERVER_TOKEN"
 Pem = str | Path | bytes

@@ -40,12 +40,13 @@ from client.read import plane as data_plane
 from client.read.buffers import Buffers
 from client.read.decode import Decoder
 from client.read.direct import DirectReads, LocalFetcher, ReadLease
-from client.read.fetch import MAX_REQUEST_INDICES, Fetcher, Indices, chunk_positions
+from client.read.fetch import Fetcher, Indices, chunk_positions
 from client.read.fleet_fetch import FleetFetcher
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
 from client.read.plane import PlaneLease
 from client.read.shares import Chunking
+from client.wire.limits import MAX_CHUNK_BYTES, MAX_INDICES
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
 #: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
@@ -86,7 +87,7 @@ class CacheReads:
         self.path = ("plane" if isinstance(self._lease, PlaneLease) else "direct"
                      if self._lease is not None else "fleet"
                      if isinstance(self._fetch, FleetFetcher) else "grpc")
-        self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
+        self._fetch.chunk_bytes = min(max(chunk_bytes + (64 << 10), 1 << 20), MAX_CHUNK_BYTES)
         self.buffers = Buffers()  # the chunks' arrays, reused (client/read/buffers.py)
         self._decode = Decoder(cache, layout, self.buffers.empty)
 
@@ -159,7 +160,7 @@ def batch_positions(per_chunk: int, batch: int, k: int) -> int:
     MiB and joined: a second copy of every byte). Caches in blocks (k > 1) keep chunks of
     whole blocks when those hold a batch or more: a batch then spans two chunks at most
     once per chunk."""
-    if batch <= 1 or batch > MAX_REQUEST_INDICES or (k > 1 and per_chunk >= batch):
+    if batch <= 1 or batch > MAX_INDICES or (k > 1 and per_chunk >= batch):
         return per_chunk
     return max(1, round(per_chunk / batch)) * batch
 

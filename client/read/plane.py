@@ -39,6 +39,7 @@ from client.errors import InvalidArgumentError, ServerUnavailableError, Shardcac
 from client.read.direct import ReadLease, _Releaser
 from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
 from client.wire import plane
+from client.wire.limits import MAX_ERROR_TEXT
 from client.wire.status import REASON_KEY, LeaseNotFound, TooManyStreams, Unauthenticated
 
 log = logging.getLogger("client")
@@ -183,7 +184,7 @@ def keepalive(sock: socket.socket) -> None:
 
 def _error(sock: socket.socket, size: int, code: int) -> PlaneStatus:
     """The status of the ERROR frame whose header said size and code: its text read."""
-    reason, message = plane.parse_error(plane.recv_bytes(sock, min(size, plane.MAX_ERROR_TEXT)))
+    reason, message = plane.parse_error(plane.recv_bytes(sock, min(size, MAX_ERROR_TEXT)))
     return PlaneStatus(_CODES.get(code, grpc.StatusCode.UNKNOWN), reason, message)
 
 

@@ -34,6 +34,7 @@ from typing import TypeVar
 
 from client._transport import Transport, pb
 from client.errors import InvalidArgumentError, ShardcacheError
+from client.wire.limits import LABEL_PATTERN, MAX_RANK, MAX_REPORTED_READERS
 
 log = logging.getLogger("client")
 T = TypeVar("T")
@@ -41,8 +42,7 @@ T = TypeVar("T")
 REPORT_SECONDS = 5.0
 JOB_ENV = "SHARDCACHE_JOB"
 RANK_ENV = "SHARDCACHE_RANK"
-_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_MAX_PER_REQUEST = 64  # the daemon's limit (cacheserver/rpc/validate.py)
+_LABEL = re.compile(LABEL_PATTERN)
 
 
 def check_job(job: str) -> str:
@@ -77,8 +77,8 @@ def default_rank() -> int:
 
 
 def check_rank(rank: int) -> int:
-    if not 0 <= rank <= 1 << 20:
-        raise InvalidArgumentError(f"rank {rank} must be between 0 and {1 << 20}")
+    if not 0 <= rank <= MAX_RANK:
+        raise InvalidArgumentError(f"rank {rank} must be between 0 and {MAX_RANK}")
     return rank
 
 
@@ -298,9 +298,9 @@ class Reports:
             by_daemon.setdefault(transport.target, (transport, []))[1].append(
                 f.proto(self.job, self.rank))
         for target, (transport, readers) in by_daemon.items():
-            for i in range(0, len(readers), _MAX_PER_REQUEST):
+            for i in range(0, len(readers), MAX_REPORTED_READERS):
                 request = pb.ReportReadsRequest(reporter=self.reporter,
-                                                readers=readers[i:i + _MAX_PER_REQUEST])
+                                                readers=readers[i:i + MAX_REPORTED_READERS])
                 try:
                     transport.call(transport.stub.ReportReads, request, timeout=5)
                 except ShardcacheError as exc:
