@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import ssl
 import threading
@@ -34,8 +33,9 @@ from typing import Any, NamedTuple
 import grpc
 import numpy as np
 
+from client import settings
 from client._transport import Transport, pb
-from client.errors import InvalidArgumentError, ServerUnavailableError, ShardcacheError
+from client.errors import ServerUnavailableError, ShardcacheError
 from client.read.direct import ReadLease, _Releaser
 from client.read.fetch import Ahead, Fetcher, Indices, is_run, shard_runs
 from client.wire import plane
@@ -43,7 +43,6 @@ from client.wire.limits import MAX_ERROR_TEXT
 from client.wire.status import REASON_KEY, LeaseNotFound, TooManyStreams, Unauthenticated
 
 log = logging.getLogger("client")
-PLANE_ENV = "SHARDCACHE_DATA_PLANE"
 #: Data connections one pass keeps to its daemon, each carrying one request at a time.
 MAX_CONNECTIONS = 16
 #: Seconds between tries of a data port found unreachable; gRPC carries the reads meanwhile.
@@ -60,10 +59,7 @@ _PLANES_LOCK = threading.Lock()
 
 def enabled() -> bool:
     """$SHARDCACHE_DATA_PLANE: auto (the default) or off."""
-    text = os.environ.get(PLANE_ENV, "auto").strip().lower()
-    if text not in ("auto", "on", "off", "true", "false", "1", "0"):
-        raise InvalidArgumentError(f"${PLANE_ENV}={text!r}: use auto or off")
-    return text not in ("off", "false", "0")
+    return settings.DATA_PLANE.get() is not False
 
 
 def for_transport(transport: Transport) -> DataPlane:
@@ -391,5 +387,5 @@ def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]
         yield first, n, lengths, data
 
 
-__all__ = ["PLANE_ENV", "DataPlane", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
+__all__ = ["DataPlane", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
            "for_transport"]
