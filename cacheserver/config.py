@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 
 import click
 
+from client.wire.limits import MAX_MESSAGE_BYTES
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -173,7 +175,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth_token_file", _PATH, None,
             "File holding a bearer token every RPC but health must carry."),
     Setting("socket_mode", OctalMode(), 0o660, "Mode of unix sockets, octal."),
-    Setting("max_message_bytes", ByteSize(), 256 << 20,
+    Setting("max_message_bytes", ByteSize(), MAX_MESSAGE_BYTES,
             "Largest record a WriteCache message may carry (a chunk of records, or one larger "
             "record alone) and largest StartMaterialize graph, plus 64 KiB of framing; other "
             "calls take at most 64 KiB (ReadElements 1 MiB)."),

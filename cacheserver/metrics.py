@@ -98,7 +98,7 @@ STORE_BYTES = Counter("shardcache_store_bytes",
                       unit="bytes", registry=REGISTRY)
 READERS_DROPPED = Counter("shardcache_readers_dropped",
                           "Readers forgotten before their expiry to keep at most 256 "
-                          "(cacheserver/readers.py): the one reported longest ago first.",
+                          "(cacheserver/reader_reports.py): the one reported longest ago first.",
                           registry=REGISTRY)
 STORE_UNPUBLISHED = Gauge("shardcache_store_unpublished_caches",
                           "Committed caches waiting to be published (or retrying).",

@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from client import _materialize
+from client import _materialize, settings
 from client._arrays import ArrayMethods
 from client._daemons import CacheInfo, Daemons
-from client._fleet import TARGETS_ENV, Fleet, parse_targets
+from client._fleet import Fleet, parse_targets
 from client._materialize import MaterializeOperation
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client.errors import InvalidArgumentError
@@ -117,7 +117,7 @@ class CacheClient(ArrayMethods):
         if target is not None and targets is not None:
             raise InvalidArgumentError("give target (one daemon) or targets (a fleet), not both")
         if targets is None and target is None:
-            targets = os.environ.get(TARGETS_ENV) or None
+            targets = settings.TARGETS.get()
         self._fleet: Fleet | None = None
         self._transport: Transport | None = None
         if targets is not None:

@@ -3,7 +3,7 @@
 ``CacheClient(targets=[...])`` reads from a fleet: the daemons of a cluster over
 one object store (``serve --store``). Membership is whatever the targets name:
 fixed addresses, or ``dns:///NAME:PORT``, every address NAME resolves to (the
-headless Service of the DaemonSet), resolved again every ``REFRESH_SECONDS``
+headless Service of the DaemonSet), resolved again every few seconds
 (``$SHARDCACHE_RESOLVE_SECONDS``) as Kubernetes changes the endpoints. There
 is no membership service.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import socket
 import threading
 import time
@@ -35,17 +34,13 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from client import settings
 from client._transport import Credentials, Transport, pb
 from client.errors import InvalidArgumentError, ServerUnavailableError
 
 log = logging.getLogger("client")
-#: A dns:/// member list is resolved again after this many seconds (default).
-REFRESH_SECONDS = 10.0
-REFRESH_ENV = "SHARDCACHE_RESOLVE_SECONDS"
 #: A member whose call failed with UNAVAILABLE is skipped for this long.
 DOWN_SECONDS = 5.0
-#: The targets when CacheClient() is given none: comma-separated, dns:/// allowed.
-TARGETS_ENV = "SHARDCACHE_TARGETS"
 _DNS = "dns:///"
 #: Streams one client keeps open to one member at most: well under the daemon's
 #: --max-streams-per-client (48 by default), which every process of a host shares.
@@ -95,17 +90,6 @@ def _host_port(text: str, item: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _refresh_seconds() -> float:
-    text = os.environ.get(REFRESH_ENV, "")
-    try:
-        seconds = float(text) if text.strip() else REFRESH_SECONDS
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise InvalidArgumentError(f"${REFRESH_ENV}={text!r}: give a positive number of seconds")
-    return seconds
-
-
 def _resolve(item: str) -> list[str]:
     """The members item names: itself, or every address its DNS name has now."""
     if not item.startswith(_DNS):
@@ -138,7 +122,7 @@ class Fleet:
         #: (cache, shard) -> its members in rendezvous order, for the members now
         self._orders: dict[tuple[str, int], list[str]] = {}
         self._members: list[str] = []
-        self._refresh = _refresh_seconds()
+        self._refresh = settings.RESOLVE_SECONDS.get()
         self._resolved_at = -self._refresh
         self._dynamic = any(t.startswith(_DNS) for t in self.targets)
 

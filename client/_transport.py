@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
+from client import settings
 from client.errors import InvalidArgumentError, ServerUnavailableError, from_rpc_error
+from client.wire.limits import MAX_MESSAGE_BYTES
 from client.wire.v1 import cache_service_pb2 as pb
 from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
-#: The daemon's address when none is given: the sidecar/DaemonSet manifests set it.
-TARGET_ENV = "SHARDCACHE_TARGET"
-DEFAULT_TARGET = "127.0.0.1:50051"
-MAX_MESSAGE_BYTES = 256 << 20
-#: The bearer token when CacheClient(token=...) is not given.
-TOKEN_ENV = "CACHESERVER_TOKEN"
 Pem = str | Path | bytes
 
 
 def resolve_target(target: str | None) -> str:
-    return target or os.environ.get(TARGET_ENV) or DEFAULT_TARGET
+    return target or settings.TARGET.get()
 
 
 class Transport:
@@ -114,7 +109,7 @@ class Credentials(NamedTuple):
         PEMs are file paths or the PEM bytes themselves; tls_cert/tls_key are the
         client's certificate for mutual TLS.
         """
-        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        token = token if token is not None else settings.TOKEN.get()
         if token is not None and (not token.strip() or any(c.isspace() for c in token.strip())):
             raise InvalidArgumentError("token must be non-empty printable text without spaces")
         if (tls_cert is None) != (tls_key is None):

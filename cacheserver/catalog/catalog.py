@@ -73,7 +73,7 @@ class Catalog:
         self._caches_dir.mkdir(parents=True, exist_ok=True)
         self._trash.mkdir(exist_ok=True)
         self._lock = threading.RLock()
-        self.readers = ReaderPool()
+        self.shard_readers = ReaderPool()
         found = self._recover()
         self._caches: dict[str, CacheRecord] = found.caches
         #: Caches whose manifest cannot be read: name -> what is wrong.
@@ -140,7 +140,7 @@ class Catalog:
     def _to_trash(self, d: Path) -> Path:
         target = self._trash / f"{d.name}.{uuid.uuid4().hex}"
         os.rename(d, target)
-        self.readers.forget(d)  # idle shard maps would keep the deleted files' space
+        self.shard_readers.forget(d)  # idle shard maps would keep the deleted files' space
         return target
 
     @staticmethod

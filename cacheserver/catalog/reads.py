@@ -21,9 +21,6 @@ from client.format.blocks import block_elements
 from client.wire.chunks import chunk_size
 from client.wire.status import InvalidArgument
 
-#: Most global indices one ReadElements request may name.
-MAX_INDICES = 65536
-
 
 @contextmanager
 def reading(catalog: Catalog, name: str, hit: bool = True) -> Iterator[None]:
@@ -64,8 +61,8 @@ def read_shard(catalog: Catalog, name: str, shard: int, start: int, chunk_bytes:
         catalog.tier.ensure(name, [shard])
     chunk = chunk_size(chunk_bytes)
     stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
-    chunks = catalog.readers.read_chunks(catalog.shard_path(record, shard), start, stop, chunk,
-                                         k, join=join)
+    chunks = catalog.shard_readers.read_chunks(catalog.shard_path(record, shard), start, stop,
+                                               chunk, k, join=join)
     return ((first, lengths, data,  # whole blocks: the first and last may stick out
              min(first + len(lengths) // 4 * k, stop) - max(first, start))
             for first, lengths, data in chunks)
@@ -73,16 +70,11 @@ def read_shard(catalog: Catalog, name: str, shard: int, start: int, chunk_bytes:
 
 def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
                   chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:
-    """ReadElements: validate the request, then yield (position, u32 lengths, data) chunks
-    in request order."""
+    """ReadElements: validate the indices against the cache, then yield (position, u32
+    lengths, data) chunks in request order. indices: little-endian uint64s, at most
+    MAX_INDICES (client/wire/limits.py), as the door that took the request checked."""
     record = catalog.get_ready(name, fingerprint)
-    if len(indices) % 8:
-        raise InvalidArgument(f"indices is {len(indices)} bytes, not a whole number of "
-                              "little-endian uint64s")
     wanted = np.frombuffer(indices, "<u8")
-    if wanted.size > MAX_INDICES:
-        raise InvalidArgument(f"{wanted.size} indices in one ReadElements request; the limit "
-                              f"is {MAX_INDICES}: split the request")
     total = record.num_elements
     if wanted.size and int(wanted.max()) >= total:
         bad = int(wanted[np.argmax(wanted >= total)])
@@ -95,7 +87,7 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
     def opened(shard: int) -> Any:
         if catalog.tier is not None:
             catalog.tier.ensure(name, [shard])
-        return catalog.readers.opened(catalog.shard_path(record, shard))
+        return catalog.shard_readers.opened(catalog.shard_path(record, shard))
 
     return lookup.gather_chunks(opened, wanted, firsts, window, record.layout_json,
                                 f"cache {name!r}")

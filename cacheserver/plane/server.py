@@ -33,7 +33,7 @@ from cacheserver.catalog import reads
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.leases import Lease, LeaseTable
 from cacheserver.security import TlsMaterial, peer_ip
-from client.wire import plane
+from client.wire import limits, plane
 from client.wire.status import (
     CacheServerError,
     InvalidArgument,
@@ -215,9 +215,9 @@ class DataPlane:
         if version != plane.VERSION:
             raise InvalidArgument(f"data-plane version {version} is not served here (version "
                                   f"{plane.VERSION}): upgrade the client or the daemon")
-        if not 0 < size <= plane.MAX_TICKET:
+        if not 0 < size <= limits.MAX_TICKET:
             raise InvalidArgument(f"a ticket of {size} bytes; tickets are 1-"
-                                  f"{plane.MAX_TICKET} bytes")
+                                  f"{limits.MAX_TICKET} bytes")
         lease = self._leases.by_ticket(plane.recv_bytes(conn, size))
         if lease is None:
             raise LeaseNotFound("unknown or expired data-plane ticket (its read lease ended, "
@@ -250,9 +250,7 @@ class DataPlane:
             for _first, _lengths, _sent, elements in chunks:
                 metrics.READ_ELEMENTS.inc(elements)
         elif kind == plane.ELEMENTS:
-            if n > reads.MAX_INDICES:
-                raise InvalidArgument(f"{n} indices in one request; the limit is "
-                                      f"{reads.MAX_INDICES}: split the request")
+            limits.check_indices(n)  # before receiving them
             indices = plane.recv_bytes(conn, 8 * n)
             send = _Sender(conn)
             for position, lengths, data in reads.read_elements(

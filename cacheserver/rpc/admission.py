@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 CONTROL_WORKERS = 16
 #: A control request: a name (at most 200 characters), a few numbers.
 CONTROL_MESSAGE_BYTES = 64 << 10
-#: ReadElements: up to 65536 indices of 8 bytes (client/format/lookup.py) and a name.
+#: ReadElements: up to MAX_INDICES (65536, client/wire/limits.py) indices of 8 bytes and a name.
 READ_ELEMENTS_MESSAGE_BYTES = 1 << 20
 #: A WriteCacheRequest's framing around its records (tags, lengths, the u32 length table
 #: of a chunk is counted in --max-message-bytes).

@@ -31,6 +31,7 @@ from cacheserver.rpc.service import CacheService
 from cacheserver.rpc.streams import wire_handlers
 from cacheserver.security import load_tls, load_token, warn_if_exposed
 from cacheserver.tier.bucket import Bucket, StoreRefused
+from client.wire.limits import MAX_MESSAGE_BYTES
 from client.wire.status import StoreUnavailable
 from client.wire.v1 import cache_service_pb2 as pb
 from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
@@ -40,8 +41,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
 #: A health service name that is NOT_SERVING while the disk is full (reads go on).
 WRITES_HEALTH_SERVICE = "shardcache.writes"
-#: Messages carry chunks of ~1 MiB, but one record may be larger than that.
-MAX_MESSAGE_BYTES = 256 << 20
 
 
 def sd_notify(state: str) -> bool:

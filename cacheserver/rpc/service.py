@@ -26,7 +26,7 @@ from cacheserver.catalog.retention import Retention
 from cacheserver.catalog.writes import CacheWrite
 from cacheserver.logs import shown
 from cacheserver.materialize.materializer import Materializer
-from cacheserver.readers import READERS
+from cacheserver.reader_reports import READERS
 from cacheserver.rpc import validate
 from cacheserver.rpc.operations import operation_to_proto
 from cacheserver.rpc.streams import BegunGuard

@@ -15,11 +15,11 @@ from typing import Any
 
 from cacheserver.catalog.direct_writes import StagedShard
 from cacheserver.catalog.manifest import validate_name
-from cacheserver.catalog.reads import MAX_INDICES
 from cacheserver.logs import shown
-from cacheserver.readers import PATHS, Figures, Labels
+from cacheserver.reader_reports import PATHS, Figures, Labels
 from client.format.layout import Layout
 from client.format.values import MAX_ZSTD_EXPANSION
+from client.wire.limits import LABEL_PATTERN, MAX_RANK, MAX_REPORTED_READERS, check_indices
 from client.wire.status import InvalidArgument
 
 MAX_FINGERPRINT_CHARS = 512
@@ -30,9 +30,7 @@ MAX_WATCH_INTERVAL = 3600.0
 MAX_OPERATION_NAME_CHARS = 256
 MAX_LEASE_ID_CHARS = 64
 MAX_ENTRY_POINT_CHARS = 1024
-MAX_REPORTED_READERS = 64
-MAX_RANK = 1 << 20
-_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_LABEL = re.compile(LABEL_PATTERN)
 
 
 def name(value: str) -> str:
@@ -107,9 +105,7 @@ def read_elements(cache: str, fp: str, indices: bytes) -> None:
     if len(indices) % 8:
         raise InvalidArgument(f"indices is {len(indices)} bytes, not a whole number of "
                               "little-endian uint64s")
-    if len(indices) // 8 > MAX_INDICES:
-        raise InvalidArgument(f"{len(indices) // 8} indices in one ReadElements request; the "
-                              f"limit is {MAX_INDICES}: split the request")
+    check_indices(len(indices) // 8)
 
 
 def retention(cache: str, ttl_seconds: float | None) -> None:

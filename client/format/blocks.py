@@ -4,7 +4,8 @@ A cache whose leaves are all fixed-shape numbers stores ``block_elements`` (k)
 consecutive elements per LMDB value: the k record bodies back to back, wrapped
 once (one zstd frame or one CRC-32 for the whole block). k is chosen when
 writing starts, from the record size, for blocks of about
-:data:`BLOCK_TARGET_BYTES` of raw bytes; a record at least that large, or
+``$SHARDCACHE_BLOCK_BYTES`` of raw bytes (client/settings.py: 256 KiB; docs/format.md,
+"Blocks" measures 16, 64 and 256 KiB); a record at least that large, or
 over :data:`MAX_BLOCKED_RECORD_BYTES`, gets k = 1, which is exactly format 1
 (one element per value). Every block holds k elements except the last block
 of each shard.
@@ -32,12 +33,12 @@ Undoing it is one vectorized add per row, across the whole batch.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from client import settings
 from client.errors import InvalidArgumentError
 from client.format.codec import (
     Empty,
@@ -51,8 +52,6 @@ from client.format.codec import (
 from client.format.layout import MAX_BLOCK_BYTES, Layout, row_delta_leaf
 from client.format.values import Compressor, Decompressor
 
-#: Raw bytes per block aimed at (docs/format.md, "Blocks" measures 16, 64 and 256 KiB).
-BLOCK_TARGET_BYTES = int(os.environ.get("SHARDCACHE_BLOCK_BYTES", 256 << 10))
 #: Larger records stay one per value whatever the target: a block of a few of them saves
 #: no per-element work worth having and adds the unshuffle and zstd to every read
 #: (110 KB float32 records read 1.65x slower in blocks of two, docs/format.md, "Blocks").
@@ -95,7 +94,7 @@ def write_batch_elements(layout: Layout) -> int:
 def check_block_bytes(block_bytes: object) -> int:
     """block_bytes as given to cc.cache() or materialize(): None is the default target."""
     if block_bytes is None:
-        return BLOCK_TARGET_BYTES
+        return settings.BLOCK_BYTES.get()
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 0:
         raise InvalidArgumentError(f"block_bytes must be an int >= 0 (0: one element per "
                                    f"stored value), got {block_bytes!r}")
@@ -124,8 +123,9 @@ def undelta_rows(layout: Layout, batch: list[Any]) -> list[Any]:
     return batch
 
 
-def blocked(layout: Layout, target: int = BLOCK_TARGET_BYTES) -> Layout:
-    """layout with block_elements chosen for blocks of about target raw bytes.
+def blocked(layout: Layout, target: int | None = None) -> Layout:
+    """layout with block_elements chosen for blocks of about target raw bytes (None:
+    $SHARDCACHE_BLOCK_BYTES).
 
     Only fixed-numeric layouts of records up to MAX_BLOCKED_RECORD_BYTES are
     packed (their elements are found in a block by arithmetic, no length table);
@@ -135,6 +135,7 @@ def blocked(layout: Layout, target: int = BLOCK_TARGET_BYTES) -> Layout:
     if not layout.fixed_numeric or layout.record_size == 0:
         return Layout(layout.leaves, 1)
     small = layout.record_size <= MAX_BLOCKED_RECORD_BYTES
+    target = settings.BLOCK_BYTES.get() if target is None else target
     k = max(1, min(target, MAX_BLOCK_BYTES) // layout.record_size) if small else 1
     stride = min(leaf.np_dtype.itemsize for leaf in layout.leaves) if k > 1 else 1
     return Layout(layout.leaves, k, stride, any(map(row_delta_leaf, layout.leaves)))

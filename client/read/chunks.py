@@ -38,11 +38,12 @@ from client.format.layout import Layout
 from client.read.buffers import Buffers
 from client.read.decode import Decoder
 from client.read.direct import DirectReads
-from client.read.fetch import MAX_REQUEST_INDICES, Closed, Indices, chunk_positions
+from client.read.fetch import Closed, Indices, chunk_positions
 from client.read.fetchers import open_fetcher
 from client.read.order import EpochOrder
 from client.read.plan import ReadOptions, epoch_range
 from client.read.shares import Chunking
+from client.wire.limits import MAX_INDICES
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
 #: its bytes, small enough that a few chunks in flight stay well under prefetch_bytes.
@@ -132,7 +133,7 @@ def batch_positions(per_chunk: int, batch: int, k: int) -> int:
     MiB and joined: a second copy of every byte). Caches in blocks (k > 1) keep chunks of
     whole blocks when those hold a batch or more: a batch then spans two chunks at most
     once per chunk."""
-    if batch <= 1 or batch > MAX_REQUEST_INDICES or (k > 1 and per_chunk >= batch):
+    if batch <= 1 or batch > MAX_INDICES or (k > 1 and per_chunk >= batch):
         return per_chunk
     return max(1, round(per_chunk / batch)) * batch
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from client import settings
 from client._transport import Transport, pb
 from client.errors import (
     DataLossError,
@@ -44,16 +45,11 @@ from client.errors import (
 )
 from client.format.layout import Layout
 from client.read import lease as read_lease
-from client.read.fetch import CHUNK_BYTES, Closed, is_run, shard_runs
+from client.read.fetch import Closed, is_run, shard_runs
+from client.wire.limits import DEFAULT_CHUNK_BYTES
 from client.wire.status import DataLoss
 
 log = logging.getLogger("client")
-#: direct= when the argument is left at None: auto, true or false.
-DIRECT_ENV = "SHARDCACHE_DIRECT"
-#: Where the daemon's data dir is mounted here, when not at the daemon's own path.
-LOCAL_DATA_DIR_ENV = "SHARDCACHE_LOCAL_DATA_DIR"
-_WORDS: dict[str, bool | str] = {"auto": "auto", "true": True, "1": True, "yes": True,
-                                 "false": False, "0": False, "no": False}
 _POOL: Any = None  # client.format.store.ReaderPool, made on first use (imports lmdb)
 _POOL_LOCK = threading.Lock()
 Mode = bool | str
@@ -62,17 +58,14 @@ Mode = bool | str
 def resolve_mode(direct: Mode | None) -> Mode:
     """direct= as given, else $SHARDCACHE_DIRECT, else "auto"; checked."""
     if direct is None:
-        text = os.environ.get(DIRECT_ENV, "auto").strip().lower()
-        if text not in _WORDS:
-            raise InvalidArgumentError(f"${DIRECT_ENV}={text!r}: use auto, true or false")
-        return _WORDS[text]
+        return settings.DIRECT.get()
     if direct is True or direct is False or direct == "auto":
         return direct
     raise InvalidArgumentError(f"direct must be 'auto', True or False, got {direct!r}")
 
 
 def resolve_local_data_dir(local_data_dir: str | Path | None) -> Path | None:
-    value = local_data_dir or os.environ.get(LOCAL_DATA_DIR_ENV) or None
+    value = local_data_dir or settings.LOCAL_DATA_DIR.get()
     return Path(value) if value is not None else None
 
 
@@ -193,7 +186,7 @@ def local_view(granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None
     where = (f"the daemon's data dir {daemon_dir}" if local_data_dir is None else
              f"local_data_dir {local_data_dir} (the daemon's {daemon_dir})")
     hint = ("run on the daemon's host, or mount its data dir here and pass local_data_dir= "
-            f"(${LOCAL_DATA_DIR_ENV}) naming where")
+            f"(${settings.LOCAL_DATA_DIR.name}) naming where")
 
     def here(path: str) -> Path:
         return base / Path(path).relative_to(daemon_dir)
@@ -244,7 +237,7 @@ class LocalFetcher:
         # copy fixed-shape numeric values out into fresh arrays before the pass ends and the
         # map goes (docs/reading.md); other layouts' arrays may be views of their values
         self._views = layout.fixed_numeric
-        self.chunk_bytes = CHUNK_BYTES  # of records per chunk
+        self.chunk_bytes = DEFAULT_CHUNK_BYTES  # of records per chunk
         self._lock = threading.Lock()
         self._ahead: dict[int, Any] = {}  # per shard, for every read of the pass
         self._released = False

@@ -40,10 +40,9 @@ from client.errors import (
     from_rpc_error,
 )
 from client.format.layout import Layout
+from client.wire.limits import MAX_INDICES
 
 log = logging.getLogger("client")
-CHUNK_BYTES = 1 << 20
-MAX_REQUEST_INDICES = 65536  # the daemon's limit (client/format/lookup.py)
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
 
 #: (position in the request, u32 lengths, data); a direct read of a layout decode_into
@@ -163,7 +162,7 @@ def chunk_positions(cache: pb.Cache, stored_bytes: int) -> int:
     """Positions per chunk of about stored_bytes of records, whole blocks of a blocked cache."""
     avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
     k = Layout.from_json(cache.layout_json).block_elements
-    n = int(min(max(stored_bytes // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
+    n = int(min(max(stored_bytes // max(avg, 1.0), 1), MAX_INDICES))
     return max(n // k * k, k) if k > 1 else n
 
 
@@ -190,7 +189,7 @@ class GrpcFetcher:
     lost_level = logging.WARNING
 
     def __init__(self, transport: Transport, cache: pb.Cache, calls: Calls,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int) -> None:
         self._transport = transport
         self.cache = cache
         self._calls = calls

@@ -16,12 +16,13 @@ from client.read.direct import DirectReads
 from client.read.fetch import Calls, Fetcher, GrpcFetcher, Reconnecting, Remote
 from client.read.fleet_fetch import FleetFetcher
 from client.read.plane import PlaneFetcher
+from client.wire.limits import MAX_CHUNK_BYTES
 
 
 def message_bytes(chunk_bytes: int) -> int:
     """Record bytes asked per message (or per local chunk) for chunks of chunk_bytes: a
-    chunk's bytes in one where they fit, between 1 and 16 MiB."""
-    return min(max(chunk_bytes + (64 << 10), 1 << 20), 16 << 20)
+    chunk's bytes in one where they fit, between 1 MiB and the protocol's most."""
+    return min(max(chunk_bytes + (64 << 10), 1 << 20), MAX_CHUNK_BYTES)
 
 
 def open_fetcher(transport: Transport, cache: pb.Cache, reconnect_timeout: float,

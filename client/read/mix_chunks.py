@@ -24,10 +24,10 @@ from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
 from client.read import shares
 from client.read.chunks import CacheReads, joined
-from client.read.fetch import MAX_REQUEST_INDICES
 from client.read.mix import Mix, MixOrder
 from client.read.plan import ReadOptions, share_of
 from client.read.shares import Chunking
+from client.wire.limits import MAX_INDICES
 
 #: Threads that open the sources' reads (their leases) when an epoch opens; then they end.
 OPENING_THREADS = 8
@@ -43,7 +43,7 @@ class MixChunks:
         self._order = MixOrder(mix, options.mode, epoch)
         runs = shares.skip(share_of(mix, options, epoch), start)
         avg = mix.stored_bytes / mix.num_elements if mix.num_elements else 1.0
-        self._per_chunk = int(min(max(chunk_bytes // max(avg, 1.0), 1), MAX_REQUEST_INDICES))
+        self._per_chunk = int(min(max(chunk_bytes // max(avg, 1.0), 1), MAX_INDICES))
         self._open_source = open_source
         self._lock = threading.Lock()
         self._sources: dict[int, CacheReads] = {}

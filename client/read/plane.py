@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import ssl
 import threading
@@ -34,15 +33,16 @@ from typing import NamedTuple
 import grpc
 import numpy as np
 
+from client import settings
 from client._transport import Transport, pb
-from client.errors import InvalidArgumentError, ServerUnavailableError
+from client.errors import ServerUnavailableError
 from client.read import lease as read_lease
 from client.read.fetch import GrpcFetcher, Indices, Piece, Stateless, is_run, shard_runs
 from client.wire import plane
+from client.wire.limits import MAX_ERROR_TEXT
 from client.wire.status import REASON_KEY, LeaseNotFound, TooManyStreams, Unauthenticated
 
 log = logging.getLogger("client")
-PLANE_ENV = "SHARDCACHE_DATA_PLANE"
 #: Data connections one pass keeps to its daemon, each carrying one request at a time.
 MAX_CONNECTIONS = 16
 #: Seconds between tries of a data port found unreachable; gRPC carries the reads meanwhile.
@@ -59,10 +59,7 @@ _PLANES_LOCK = threading.Lock()
 
 def enabled() -> bool:
     """$SHARDCACHE_DATA_PLANE: auto (the default) or off."""
-    text = os.environ.get(PLANE_ENV, "auto").strip().lower()
-    if text not in ("auto", "on", "off", "true", "false", "1", "0"):
-        raise InvalidArgumentError(f"${PLANE_ENV}={text!r}: use auto or off")
-    return text not in ("off", "false", "0")
+    return settings.DATA_PLANE.get() is not False
 
 
 def for_transport(transport: Transport) -> DataPort:
@@ -179,7 +176,7 @@ def keepalive(sock: socket.socket) -> None:
 
 def _error(sock: socket.socket, size: int, code: int) -> PlaneStatus:
     """The status of the ERROR frame whose header said size and code: its text read."""
-    reason, message = plane.parse_error(plane.recv_bytes(sock, min(size, plane.MAX_ERROR_TEXT)))
+    reason, message = plane.parse_error(plane.recv_bytes(sock, min(size, MAX_ERROR_TEXT)))
     return PlaneStatus(_CODES.get(code, grpc.StatusCode.UNKNOWN), reason, message)
 
 
@@ -396,5 +393,5 @@ def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]
         yield first, n, lengths, data
 
 
-__all__ = ["PLANE_ENV", "DataPort", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
+__all__ = ["DataPort", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
            "for_transport"]

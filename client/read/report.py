@@ -1,5 +1,5 @@
 """What this process's readers tell their daemon: per cache, how much they read and how long
-the training loop waited (ReportReads; the daemon side is cacheserver/readers.py).
+the training loop waited (ReportReads; the daemon side is cacheserver/reader_reports.py).
 
 A read (an iteration of ``cc.dataset()`` or of a READY ``cc.cache()``) counts, per chunk it
 hands to tf.data, the chunk's elements and decoded bytes and the seconds it took to fetch
@@ -32,31 +32,31 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from client import settings
 from client._transport import Transport, pb
 from client.errors import InvalidArgumentError, ShardcacheError
+from client.wire.limits import LABEL_PATTERN, MAX_RANK, MAX_REPORTED_READERS
 
 log = logging.getLogger("client")
 T = TypeVar("T")
 
 REPORT_SECONDS = 5.0
-JOB_ENV = "SHARDCACHE_JOB"
-RANK_ENV = "SHARDCACHE_RANK"
-_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_MAX_PER_REQUEST = 64  # the daemon's limit (cacheserver/rpc/validate.py)
+_LABEL = re.compile(LABEL_PATTERN)
 
 
 def check_job(job: str) -> str:
     if not _LABEL.fullmatch(job):
         raise InvalidArgumentError(f"job {job!r} must be 1-64 of A-Z a-z 0-9 _ . - "
-                                   f"(CacheClient(job=...) or ${JOB_ENV})")
+                                   f"(CacheClient(job=...) or ${settings.JOB.name})")
     return job
 
 
 def default_job() -> str:
     """$SHARDCACHE_JOB, else the program's name (a script's, or the package's run with
     python -m; characters outside the label's set replaced by -), else "python"."""
-    if os.environ.get(JOB_ENV):
-        return check_job(os.environ[JOB_ENV])
+    job = settings.JOB.get()
+    if job is not None:
+        return job
     program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
     program = program.parent if program.stem == "__main__" else program  # python -m NAME
     return re.sub(r"[^A-Za-z0-9_.-]", "-", program.stem)[:64].strip("-") or "python"
@@ -64,21 +64,18 @@ def default_job() -> str:
 
 def default_rank() -> int:
     """$SHARDCACHE_RANK, else TF_CONFIG's task index (a multi-worker job's), else 0."""
-    if os.environ.get(RANK_ENV):
-        try:
-            return check_rank(int(os.environ[RANK_ENV]))
-        except ValueError:
-            raise InvalidArgumentError(f"${RANK_ENV}={os.environ[RANK_ENV]!r} is not a "
-                                       "number") from None
-    try:
+    rank = settings.RANK.get()
+    if rank is not None:
+        return rank
+    try:  # TF's own variable, not a shardcache setting
         return check_rank(int(json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["index"]))
     except (ValueError, KeyError, TypeError):
         return 0
 
 
 def check_rank(rank: int) -> int:
-    if not 0 <= rank <= 1 << 20:
-        raise InvalidArgumentError(f"rank {rank} must be between 0 and {1 << 20}")
+    if not 0 <= rank <= MAX_RANK:
+        raise InvalidArgumentError(f"rank {rank} must be between 0 and {MAX_RANK}")
     return rank
 
 
@@ -298,9 +295,9 @@ class Reports:
             by_daemon.setdefault(transport.target, (transport, []))[1].append(
                 f.proto(self.job, self.rank))
         for target, (transport, readers) in by_daemon.items():
-            for i in range(0, len(readers), _MAX_PER_REQUEST):
+            for i in range(0, len(readers), MAX_REPORTED_READERS):
                 request = pb.ReportReadsRequest(reporter=self.reporter,
-                                                readers=readers[i:i + _MAX_PER_REQUEST])
+                                                readers=readers[i:i + MAX_REPORTED_READERS])
                 try:
                     transport.call(transport.stub.ReportReads, request, timeout=5)
                 except ShardcacheError as exc:

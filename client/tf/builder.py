@@ -32,8 +32,8 @@ from client.read.report import ReadFigures, Reports
 from client.tf import convert, graphs, malloc, tap
 from client.tf import fit as keras_fit
 from client.tf import reads as tf_reads
+from client.tf.flat_arrays import Wire
 from client.tf.iterations import Iterations, generated
-from client.tf.wire import Wire
 from client.write import direct as direct_write
 from client.write.stream import CacheWriter
 from client.write.write_behind import WriteBehind

@@ -34,7 +34,8 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import os
+
+from client import settings
 
 log = logging.getLogger("client")
 
@@ -61,7 +62,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def enabled(requested: bool) -> bool:
-    return requested and os.environ.get("SHARDCACHE_TUNE_MALLOC", "1") != "0"
+    return requested and settings.TUNE_MALLOC.get()
 
 
 def tune() -> bool:

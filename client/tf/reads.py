@@ -70,7 +70,7 @@ from client.tf.datasets import (
     declared,
     with_spec,
 )
-from client.tf.wire import Wire
+from client.tf.flat_arrays import Wire
 
 log = logging.getLogger("client")
 

@@ -52,13 +52,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from client import settings
 from client.format.layout import Layout
 from client.write.stream import CacheWriter
 from client.write.write_behind import WriteBehind
@@ -67,13 +67,11 @@ log = logging.getLogger("client")
 
 #: What one iteration does; the control element's second component.
 WRITE, SOURCE, READ = 0, 1, 2
-#: "0" turns the tap off: every write-through iteration takes the generator path.
-TAP_ENV = "SHARDCACHE_WRITE_TAP"
 
 
 def enabled() -> bool:
     """Whether cc.cache() taps batchable sources ($SHARDCACHE_WRITE_TAP, default on)."""
-    return os.environ.get(TAP_ENV, "1") != "0"
+    return settings.WRITE_TAP.get()
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from client.wire.limits import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
 from client.wire.v1 import cache_service_pb2 as pb
-
-#: Bytes of records per chunk when a request leaves chunk_bytes at 0.
-DEFAULT_CHUNK_BYTES = 1 << 20
 
 
 def chunk_size(requested: int) -> int:
     """Bytes per chunk for a request's chunk_bytes: 0 is the default; 4 KiB to 16 MiB."""
-    return min(max(requested or DEFAULT_CHUNK_BYTES, 4096), 16 << 20)
+    return min(max(requested or DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES), MAX_CHUNK_BYTES)
 
 _LEN, _VARINT = 2, 0
 #: Field numbers: WriteCacheRequest.chunk; WriteChunk.lengths, .data, .raw_bytes.

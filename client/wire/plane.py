@@ -28,17 +28,16 @@ import struct
 import tempfile
 from collections.abc import Sequence
 
+from client.wire.limits import MAX_ERROR_TEXT
+
 MAGIC = b"SCDP"
 VERSION = 1
 HELLO = struct.Struct("<4sBB")  # magic, version, ticket length; the ticket follows
-MAX_TICKET = 64
 REQUEST = struct.Struct("<BB2xIQQQ")  # kind, flags, n, start, count, chunk_bytes
 SHARD, ELEMENTS = 1, 2
 EPOCH_START = 1
 FRAME = struct.Struct("<B3xIQQ")  # kind, n, first, size
 CHUNK, END, ERROR, OK = 1, 2, 3, 4
-#: Most bytes one ERROR frame's text may have; a longer one is cut.
-MAX_ERROR_TEXT = 4096
 #: Most buffers one sendmsg call takes (Linux's IOV_MAX is 1024).
 _IOV = 512
 

@@ -43,7 +43,7 @@ from client.errors import (
     ShardcacheError,
 )
 from client.read import direct as direct_read
-from client.wire.chunks import DEFAULT_CHUNK_BYTES
+from client.wire.limits import DEFAULT_CHUNK_BYTES
 from client.wire.status import DataLoss, DiskFull
 from client.write.stream import CacheWriter
 

@@ -22,11 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.errors import InvalidArgumentError
+from client import settings
 
-#: "always" (the default): compress every slice; "spare-cpu": only while CPU is spare.
-COMPRESS_ENV = "SHARDCACHE_COMPRESS"
-COMPRESS_MODES = ("always", "spare-cpu")
 #: Compressing goes on while at least this many cores' worth of CPU stays idle beside it.
 KEEP_CORES = 0.1
 #: The shortest window idle time is measured over (/proc/stat counts 10 ms ticks per CPU).
@@ -35,13 +32,7 @@ WINDOW_S = 0.2
 
 def compress_mode() -> str:
     """$SHARDCACHE_COMPRESS, checked: "always" or "spare-cpu"."""
-    mode = os.environ.get(COMPRESS_ENV, "always").strip().lower() or "always"
-    if mode not in COMPRESS_MODES:
-        raise InvalidArgumentError(f"{COMPRESS_ENV}={os.environ[COMPRESS_ENV]!r} is not one of "
-                                   f"{', '.join(COMPRESS_MODES)}: 'always' compresses every "
-                                   "record a write epoch stores, 'spare-cpu' only while the "
-                                   "process has CPU to spare")
-    return mode
+    return settings.COMPRESS.get()
 
 
 @dataclass(frozen=True)

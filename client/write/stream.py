@@ -11,7 +11,8 @@ import grpc
 
 from client._transport import Transport, pb
 from client.errors import ShardcacheError, from_rpc_error
-from client.wire.chunks import DEFAULT_CHUNK_BYTES, encode_chunk_request, serialize_request
+from client.wire.chunks import encode_chunk_request, serialize_request
+from client.wire.limits import DEFAULT_CHUNK_BYTES
 
 _WRITE_CACHE = "/cacheserver.v1.CacheService/WriteCache"
 _SEND_QUEUE = 4

@@ -286,11 +286,12 @@ def test_the_image_runs_exactly_the_command_the_manifests_run() -> None:
 def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount(
         scratch: Path) -> None:
     from client import CacheClient
-    from client.read.direct import LOCAL_DATA_DIR_ENV, DirectReads, resolve_local_data_dir
+    from client.read.direct import DirectReads, resolve_local_data_dir
+    from client.settings import LOCAL_DATA_DIR
 
     spec = load_one(SIDECAR_JOB, "Job")["spec"]["template"]["spec"]
     server, train = container(spec, "cacheserver"), container(spec, "train")
-    local = {e["name"]: e["value"] for e in train["env"]}[LOCAL_DATA_DIR_ENV]
+    local = {e["name"]: e["value"] for e in train["env"]}[LOCAL_DATA_DIR.name]
     [mount] = [m for m in train["volumeMounts"] if m["mountPath"] == local]
     [served] = [m for m in server["volumeMounts"]
                 if m["mountPath"] == flag(server["args"], "--data-dir")]
@@ -305,7 +306,7 @@ def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount
     try:
         kubelet_probe(dep.probe_port, dep.probes["startupProbe"], 60)
         write_zero_cache(dep.client_target, "direct", chunks=2)
-        local_dir = resolve_local_data_dir(dep.client_env[LOCAL_DATA_DIR_ENV])
+        local_dir = resolve_local_data_dir(dep.client_env[LOCAL_DATA_DIR.name])
         with CacheClient(dep.client_target, local_data_dir=local_dir) as cc:
             reads = DirectReads(cc._transport, True, local_dir)
             lease, counted = reads.lease(cc._get("direct"))

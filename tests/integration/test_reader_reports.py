@@ -15,7 +15,7 @@ from daemon import Daemon, free_port
 from exposition import scrape
 from wire import stub
 
-from cacheserver.readers import MAX_READERS
+from cacheserver.reader_reports import MAX_READERS
 from client import CacheClient
 from client.wire.v1 import cache_service_pb2 as pb
 

@@ -16,10 +16,10 @@ from waits import gone, wait_until
 
 tf = pytest.importorskip("tensorflow")
 
+from client import settings  # noqa: E402
 from client._transport import Transport, pb  # noqa: E402
 from client.format.layout import Layout, Leaf  # noqa: E402
 from client.tf.convert import encode_spec  # noqa: E402
-from client.tf.tap import TAP_ENV  # noqa: E402
 from client.write import write_behind  # noqa: E402
 from client.write.stream import CacheWriter  # noqa: E402
 from client.write.write_behind import WriteBehind  # noqa: E402
@@ -43,7 +43,7 @@ def graph_ops(ds: tf.data.Dataset) -> set[str]:
 @pytest.mark.parametrize(("tap", "inside"), [("1", True), ("0", False)], ids=["tap", "generator"])
 def test_a_fixed_shape_source_runs_inside_the_cached_datasets_graph_unless_the_tap_is_off(
         cc, name, monkeypatch, tap, inside) -> None:
-    monkeypatch.setenv(TAP_ENV, tap)
+    monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     src = tf.data.Dataset.range(10).map(lambda x: tf.bitwise.left_shift(x, 3))
     ds = cc.cache(src, name=name)
     assert ("LeftShift" in graph_ops(ds)) is inside
@@ -65,7 +65,7 @@ def test_a_source_of_unknown_cardinality_keeps_the_generator_path(cc, name) -> N
 def test_ragged_sparse_and_variable_shape_sources_are_tapped_too(
         cc, name, monkeypatch, tap, inside) -> None:
     """Flattened and ragged_batch'ed in tf.data, handed to the tap as their wire form."""
-    monkeypatch.setenv(TAP_ENV, tap)
+    monkeypatch.setenv(settings.WRITE_TAP.name, tap)
 
     def element(x: tf.Tensor) -> dict[str, object]:
         return {"ragged": tf.ragged.range(x),  # shape (1, None)
@@ -89,7 +89,7 @@ def test_ragged_sparse_and_variable_shape_sources_are_tapped_too(
 @PATHS
 def test_the_cached_dataset_has_the_sources_options_as_ds_cache_has(
         cc, name, monkeypatch, tap) -> None:
-    monkeypatch.setenv(TAP_ENV, tap)
+    monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     options = tf.data.Options()
     options.deterministic = False
     options.threading.private_threadpool_size = 3
@@ -108,7 +108,7 @@ def test_the_cached_dataset_has_the_sources_options_as_ds_cache_has(
 @PATHS
 def test_a_second_iterator_started_during_the_write_streams_the_source_and_one_write_commits(
         cc, name, monkeypatch, tap, no_thread_leak) -> None:
-    monkeypatch.setenv(TAP_ENV, tap)
+    monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     ds = cc.cache(tf.data.Dataset.range(3000).map(lambda x: (tf.fill([16], x), x)), name=name)
     writing = iter(ds)
     first = [int(next(writing)[1]) for _ in range(10)]
@@ -126,7 +126,7 @@ def test_a_second_iterator_started_during_the_write_streams_the_source_and_one_w
 @PATHS
 def test_a_source_error_mid_write_reaches_the_caller_and_commits_nothing(
         cc, name, monkeypatch, tap, no_thread_leak) -> None:
-    monkeypatch.setenv(TAP_ENV, tap)
+    monkeypatch.setenv(settings.WRITE_TAP.name, tap)
 
     def check(x: tf.Tensor) -> tf.Tensor:
         bad = tf.debugging.assert_less(x, np.int64(700), message="element 700 is corrupt")
@@ -156,7 +156,7 @@ def test_a_source_error_mid_write_reaches_the_caller_and_commits_nothing(
 @PATHS
 def test_take_of_fewer_elements_than_the_source_discards_the_write_then_a_full_epoch_commits(
         cc, name, monkeypatch, tap, no_thread_leak) -> None:
-    monkeypatch.setenv(TAP_ENV, tap)
+    monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     ds = cc.cache(tf.data.Dataset.range(5000), name=name)
     assert [int(x) for x in ds.take(300)] == list(range(300))
     wait_until(lambda: gone(cc, name), 20, f"cache {name!r} deleted")
@@ -170,7 +170,7 @@ def test_batch_in_the_write_epoch_gives_tf_datas_batches_and_writes_every_elemen
         cc, name, monkeypatch, tap, drop, no_thread_leak) -> None:
     """batch() on a writing iteration taps the consumer's own batches (no rebatch copy);
     drop_remainder drops the short last batch only after the tap has written it."""
-    monkeypatch.setenv(TAP_ENV, tap)
+    monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     src = tf.data.Dataset.range(100).map(lambda x: (tf.fill([3], x), x))
     ds = cc.cache(src, name=name).batch(7, drop_remainder=drop)
     expected = [y.numpy().tolist() for _, y in src.batch(7, drop_remainder=drop)]

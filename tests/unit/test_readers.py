@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cacheserver.readers import Figures, Labels, Readers
+from cacheserver.reader_reports import Figures, Labels, Readers
 from client.read.report import Pace, Reports
 
 

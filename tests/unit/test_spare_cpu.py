@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from client import settings
 from client.errors import InvalidArgumentError
 from client.write import spare_cpu
 from client.write.spare_cpu import CompressGate, Sample, SpareCpu, idle_ticks, spare_between
@@ -114,11 +115,11 @@ def test_spare_cpu_measures_windows_of_at_least_window_s(monkeypatch: pytest.Mon
                                         (" Always ", "always")])
 def test_compress_mode_reads_the_environment(monkeypatch: pytest.MonkeyPatch, value: str,
                                              mode: str) -> None:
-    monkeypatch.setenv(spare_cpu.COMPRESS_ENV, value)
+    monkeypatch.setenv(settings.COMPRESS.name, value)
     assert spare_cpu.compress_mode() == mode
 
 
 def test_an_unknown_compress_mode_says_which_are_known(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(spare_cpu.COMPRESS_ENV, "never")
+    monkeypatch.setenv(settings.COMPRESS.name, "never")
     with pytest.raises(InvalidArgumentError, match="'never' is not one of always, spare-cpu"):
         spare_cpu.compress_mode()

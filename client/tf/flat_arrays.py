@@ -1,4 +1,4 @@
-"""Wire: a cache's decoded batches as a numpy_function's flat arrays, and back."""
+"""A cache's decoded batches as a numpy_function's flat arrays, and back."""
 
 from __future__ import annotations
 
