@@ -219,26 +219,25 @@ class Shardcache:
     def read(self, plane: bool, k: int, chunks: list[range] | None = None) -> int:
         """The cache's chunks (default: all), dealt round-robin to k threads, over the data
         plane (a lease of its own, its connections opened here) or gRPC (the channel's)."""
-        from client.read.fetch import Fetcher
-        from client.read.plane import for_transport
+        from client.read.fetch import Calls, GrpcFetcher, Reconnecting, Remote
+        from client.read.plane import PlaneFetcher, for_transport
 
         chunks = self.chunks if chunks is None else chunks
-        closing = threading.Event()
+        calls = Calls()
+        grpc_fetcher = GrpcFetcher(self.transport, self.cache, calls, self.chunk_bytes)
+        remote: Remote = grpc_fetcher
         lease = None
-        fetcher: Fetcher
         if plane:
             lease = for_transport(self.transport).lease(self.cache)
             if lease is None:
                 raise RuntimeError(f"the daemon at {self.transport.target} offers no data "
                                    f"plane (or $SHARDCACHE_DATA_PLANE=off): see its log, "
                                    f"{self.daemon.log_path}")
-            fetcher = lease.fetcher(self.transport, self.cache, RECONNECT_TIMEOUT, closing)
-        else:
-            fetcher = Fetcher(self.transport, self.cache, RECONNECT_TIMEOUT, closing)
-        fetcher.chunk_bytes = self.chunk_bytes
+            remote = PlaneFetcher(lease, grpc_fetcher)
+        fetcher = Reconnecting(remote, calls, self.cache.name, RECONNECT_TIMEOUT)
 
         def share(j: int) -> int:
-            return sum(len(data) for run in chunks[j::k] for _, _, data in fetcher(run))
+            return sum(len(data) for run in chunks[j::k] for _, _, data in fetcher.stream(run))
 
         try:
             with ThreadPoolExecutor(k) as pool:
@@ -248,8 +247,7 @@ class Shardcache:
                                    f"and the daemon's, {self.daemon.log_path}")
             return moved
         finally:
-            if lease is not None:
-                lease.close()
+            fetcher.close()
 
     def stop(self) -> None:
         if hasattr(self, "transport"):
