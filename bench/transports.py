@@ -190,7 +190,7 @@ class Shardcache:
 
     def start(self) -> None:
         from client._transport import Transport, pb
-        from client.read.fetch import chunk_positions
+        from client.read.fetching.fetch import chunk_positions
         from client.write.direct import LocalWriter
 
         self.daemon.start()
@@ -212,15 +212,17 @@ class Shardcache:
         n = self.cache.num_elements
         per_chunk = chunk_positions(self.cache, CHUNK)
         self.chunks = [range(a, min(a + per_chunk, n)) for a in range(0, n, per_chunk)]
-        # what client/read/chunks.py asks per message: a chunk's bytes in one
+        # what client/read/assembly/chunks.py asks per message: a chunk's bytes in one
         self.chunk_bytes = min(max(per_chunk * self.cache.stored_bytes // n + (64 << 10),
                                    1 << 20), 16 << 20)
 
     def read(self, plane: bool, k: int, chunks: list[range] | None = None) -> int:
         """The cache's chunks (default: all), dealt round-robin to k threads, over the data
         plane (a lease of its own, its connections opened here) or gRPC (the channel's)."""
-        from client.read.fetch import Calls, GrpcFetcher, Reconnecting, Remote
-        from client.read.plane import PlaneFetcher, for_transport
+        from client.read.fetching.fetch import Calls, Remote
+        from client.read.fetching.plane import PlaneFetcher, for_transport
+        from client.read.fetching.reconnect import Reconnecting
+        from client.read.fetching.rpc import GrpcFetcher
 
         chunks = self.chunks if chunks is None else chunks
         calls = Calls()

@@ -1,6 +1,6 @@
 """The readers of this daemon's caches, as they report themselves: /metrics per training job.
 
-Each client process reports its readers every few seconds (ReportReads, client/read/report.py):
+Each client process reports its readers every few seconds (ReportReads, client/observe/report.py):
 per cache, the running totals of elements, bytes and chunks it handed to tf.data, the
 seconds its chunks took to fetch and decode, and the seconds its training loop asked for an
 element that was not ready yet (the input stall). :class:`Readers` keeps the latest report of each
@@ -32,7 +32,7 @@ from cacheserver import metrics
 MAX_READERS = 256
 #: A reader not reported for this long is forgotten (clients report every 5 s).
 EXPIRY_SECONDS = 30.0
-#: The ways a reader's chunks come (client/read/chunks.py).
+#: The ways a reader's chunks come (client/read/assembly/chunks.py).
 PATHS = ("direct", "plane", "grpc", "fleet", "mix")
 LABELS = ("training_job", "rank", "cache", "path")
 

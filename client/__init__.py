@@ -37,8 +37,8 @@ from client.errors import (
     TooManyStreamsError,
     UnauthenticatedError,
 )
-from client.read.plan import ReadState
-from client.read.report import InputStall
+from client.observe.report import InputStall
+from client.read.planning.plan import ReadState
 
 __all__ = [
     "CacheClient",

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from client._daemons import CacheInfo, Daemons
 from client.errors import InvalidArgumentError
 from client.format.blocks import check_block_bytes
-from client.read import direct as direct_read
-from client.read import plan
+from client.read.fetching import direct as direct_read
+from client.read.planning import plan
 
 if TYPE_CHECKING:
     from client.numpy.reader import ArrayReader

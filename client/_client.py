@@ -26,10 +26,10 @@ from client._materialize import MaterializeOperation
 from client._transport import Credentials, Pem, Transport, pb, resolve_target
 from client.errors import InvalidArgumentError
 from client.format.blocks import check_block_bytes
-from client.read import direct as direct_read
-from client.read import mix as mixing
-from client.read import plan
-from client.read.report import Reports
+from client.observe.report import Reports
+from client.read.fetching import direct as direct_read
+from client.read.planning import mix as mixing
+from client.read.planning import plan
 from client.tf import malloc
 from client.write.spare_cpu import compress_mode
 
@@ -303,7 +303,7 @@ class CacheClient(ArrayMethods):
         about once a second: put it after batch(). Its iterators save with the external
         state policy IGNORE (docs/reading.md, "Is the job waiting on input?").
         """
-        from client.read.report import stalled
+        from client.observe.report import stalled
         from client.tf.stall import timed  # imports tensorflow
 
         return timed(dataset, functools.partial(stalled, reports=self._reports))

@@ -32,13 +32,13 @@ class Transport:
         self.target = target
         self.connect_timeout = connect_timeout
         credentials = credentials or Credentials()
-        self.credentials = credentials  # the data plane's TLS too (client/read/plane.py)
+        self.credentials = credentials  # the data plane's TLS too (client/read/fetching/plane.py)
         self._tls = credentials.tls is not None
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             # a restarted daemon is found within a second (gRPC's default backoff
-            # grows to 120 s); reads reconnect mid-epoch (client/read/fetch.py)
+            # grows to 120 s); reads reconnect mid-epoch (client/read/fetching/fetch.py)
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
             *(options or []),

@@ -1,7 +1,7 @@
 """Read leases: the daemon's record of clients reading shard files directly.
 
 A client on the daemon's host may read a READY cache's committed shards itself
-(read-only LMDB, mmap; client/read/direct.py) instead of streaming them. It first
+(read-only LMDB, mmap; client/read/fetching/direct.py) instead of streaming them. It first
 takes a lease: while the lease lives, the cache counts as being read
 (:func:`cacheserver.catalog.reads.reading`), so capacity eviction and the TTL sweeper skip it
 exactly as they skip a cache read over gRPC. A lease expires ``ttl`` seconds

@@ -194,7 +194,7 @@ def decode_fixed(layout: Layout, joined: Any, n: int, empty: Empty | None = None
 
     One leaf: a view of joined. Several: each copied out of the rows; from
     _SHARED_MIN_BYTES on, into its part of one array made by empty, so a chunk makes one
-    array, not one per leaf: a pass's reused buffers (client/read/buffers.py) spare the
+    array, not one per leaf: a pass's reused buffers (client/read/assembly/buffers.py) spare the
     page faults of fresh arrays, ~5 ms per 4 MiB chunk of 1 KB records in two leaves.
     """
     rows = np.frombuffer(joined, np.uint8).reshape(n, layout.record_size)

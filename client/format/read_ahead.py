@@ -5,7 +5,7 @@ only around the faulting page (a shard streamed at ~250 MB/s from a disk that
 reads a plain file at ~1.5 GB/s, bench/ceilings.py), and the thread that
 faults waits for the disk *holding the GIL*: py-lmdb hands out views into the
 map, and the fault happens when Python copies them. Every other thread of the
-process stands still meanwhile; in a direct reader (client/read/direct.py) those
+process stands still meanwhile; in a direct reader (client/read/fetching/direct.py) those
 are the decoders and TensorFlow's generator, so a cold direct epoch ran at
 0.73x `cache(file)` on a 200 MB/s disk where the same read over gRPC, whose
 stall is in another process, ran at 1.29x (docs/benchmarks.md).

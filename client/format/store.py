@@ -197,7 +197,7 @@ class ReaderPool:
         """Open the shard at path and keep it open until release(path, env).
 
         The files stay mapped however the shard changes meanwhile: a direct
-        reader's snapshot (client/read/direct.py). Raises DataLoss for a damaged shard.
+        reader's snapshot (client/read/fetching/direct.py). Raises DataLoss for a damaged shard.
         """
         return self._acquire(path)
 
@@ -252,7 +252,7 @@ class ReaderPool:
         pins an old snapshot. held: an environment from hold(), read even if the
         shard was deleted or rebuilt since. views: with held, yield each chunk's data as
         the list of its values' memoryviews into the map instead of one joined copy; they
-        stay valid until held is released (a direct reader's pass, client/read/direct.py).
+        stay valid until held is released (a direct reader's pass, client/read/fetching/direct.py).
         join: instead of joining a chunk's values, data = join(first, lengths, views of
         the values), called while the views are valid (the daemon frames its ReadShard
         response there: client/wire/chunks.py). ahead: the shard's read-ahead, shared

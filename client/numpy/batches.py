@@ -1,6 +1,6 @@
 """Elements and batches of NumPy arrays from decoded chunks, in the stored structure.
 
-A decoded chunk (client/read/decode.py) holds one column per layout leaf: a
+A decoded chunk (client/read/assembly/decode.py) holds one column per layout leaf: a
 stacked array for a fixed-shape leaf (strings: an object array of bytes), a
 :class:`VarLeaf` for a variable-shape one. :class:`Columns` turns chunks into
 the element structure (client/format/spec.py) one element at a time, or cuts

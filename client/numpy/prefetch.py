@@ -1,6 +1,6 @@
 """Chunk calls run ahead on a small thread pool, delivered in order, bounded.
 
-An epoch's chunks (client/read/chunks.py's EpochChunks) are each a function of
+An epoch's chunks (client/read/assembly/chunks.py's EpochChunks) are each a function of
 their index: :class:`Prefetch` keeps up to ``ahead`` of them in flight on
 ``threads`` threads and hands them over in index order, as tf.data's
 ``range(count).map(chunk, deterministic=True)`` does for cc.dataset(). A

@@ -1,8 +1,8 @@
 """ArrayReader: what cc.numpy() returns, a cache's epochs as NumPy arrays, no TensorFlow.
 
 The same read path as cc.dataset(): the epoch's share cut into chunks
-(client/read/chunks.py's EpochChunks: direct reads, the data plane, gRPC, a
-fleet's owners), the same plan (client/read/plan.py: shuffle, worker shares,
+(client/read/assembly/chunks.py's EpochChunks: direct reads, the data plane, gRPC, a
+fleet's owners), the same plan (client/read/planning/plan.py: shuffle, worker shares,
 epochs, resume and elastic resume), run ahead on a few threads
 (client/numpy/prefetch.py) and turned into the stored structure
 (client/numpy/batches.py). Each ``iter()`` reads the next epoch, as each
@@ -21,9 +21,9 @@ from typing import Any
 from client._daemons import Daemons
 from client.numpy.batches import Columns, format_of
 from client.numpy.prefetch import MAX_AHEAD, Prefetch, threads
-from client.read import plan
-from client.read.chunks import EpochChunks
+from client.read.assembly.chunks import EpochChunks
 from client.read.opening import open_read
+from client.read.planning import plan
 
 
 class ArrayReader:

@@ -6,7 +6,7 @@ the stored order, and a batched fetch of a list of indices (``__getitems__``,
 PyTorch's name; ``_getitems``, Grain's), thread-safe, picklable so that worker
 processes reopen it. A batched fetch is one request for all its indices (the
 records' ReadElements call, the data plane's, a fleet's owners', or reads of the
-leased shard files: client/read/chunks.py's CacheReads), decoded chunk-wide and
+leased shard files: client/read/assembly/chunks.py's CacheReads), decoded chunk-wide and
 cut into elements of the stored structure (client/numpy/batches.py).
 
 The source connects lazily, in the process that first reads: pickling keeps the
@@ -34,8 +34,8 @@ import numpy as np
 
 from client._daemons import Daemons
 from client.numpy.batches import Columns, format_of
-from client.read import plan
 from client.read.opening import open_read
+from client.read.planning import plan
 
 #: Makes the daemons of a client like the one the source came from, and its local data dir.
 Opener = Callable[[], tuple[Daemons, Path | None]]

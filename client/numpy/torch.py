@@ -34,7 +34,7 @@ from client._daemons import Daemons
 from client.errors import InvalidArgumentError
 from client.numpy.reader import ArrayReader
 from client.numpy.source import Opener
-from client.read import plan
+from client.read.planning import plan
 
 
 def _distributed() -> tuple[int, int] | None:

@@ -28,7 +28,7 @@ from client.errors import CacheExistsError, CacheNotFoundError, InvalidArgumentE
 from client.format import spec
 from client.format.blocks import BlockPacker, blocked, write_batch_elements
 from client.format.layout import Layout, Leaf
-from client.read import direct as direct_read
+from client.read.fetching import direct as direct_read
 from client.write import direct as direct_write
 
 #: The first elements (at most this many, and SPEC_BYTES) whose shapes make the spec.

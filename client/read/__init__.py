@@ -1,6 +1,11 @@
-"""The client's read path: epoch orders, worker shares and resume (:mod:`.order`,
-:mod:`.plan`), an epoch's share as chunks read in tf.data's threads (:mod:`.chunks`),
-fetched over gRPC with reconnect (:mod:`.fetch`), from a fleet's owners
-(:mod:`.fleet_fetch`, :mod:`.fleet_calls`) or from the shard files on the daemon's
-host (:mod:`.direct`), and decoded (:mod:`.decode`). Internal: use :class:`client.CacheClient`.
+"""The client's read path, in three stages, behind one opening (:mod:`.opening`).
+
+- :mod:`.planning`: what one worker reads each epoch: orders, shares, options,
+  resume states, mixes of caches (pure: no I/O).
+- :mod:`.fetching`: records by index: one Fetcher interface, picked in one place
+  (same-host shard files, the data plane, gRPC, a fleet's owners), with leases and
+  reconnect.
+- :mod:`.assembly`: an epoch's share as numbered chunks, decoded into arrays.
+
+Internal: use :class:`client.CacheClient`.
 """

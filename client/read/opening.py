@@ -8,7 +8,7 @@ all, in :func:`opened`: the direct-read decision, the resume (elastic too),
 the seed, the start check, and, for one daemon, the direct-read check (a fleet's
 members on this host are found per pass). It takes one plan.ReadOptions value;
 what comes out holds the resolved options, and opens each pass's chunks
-(client/read/chunks.py) or the cache's records by index.
+(client/read/assembly/chunks.py) or the cache's records by index.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 from client._daemons import Daemons
 from client.format.layout import Layout
-from client.read import direct as direct_read
-from client.read import mix as mixing
-from client.read import plan
-from client.read.chunks import CHUNK_BYTES, CacheReads, EpochChunks, chunk_target
-from client.read.mix_chunks import MixChunks
+from client.read.assembly.chunks import CHUNK_BYTES, CacheReads, EpochChunks, chunk_target
+from client.read.assembly.mix_chunks import MixChunks
+from client.read.fetching import direct as direct_read
+from client.read.planning import mix as mixing
+from client.read.planning import plan
 
 #: Moves a read's first epoch and start given its cardinality (a Keras backup's position).
 Position = Callable[[int], tuple[int, int] | None]
@@ -42,7 +42,7 @@ class OpenRead:
     caches: tuple[Any, ...]
     #: The read's options, resumed (resume=None, remaining set), seeded, direct resolved.
     options: plan.ReadOptions
-    #: How each cache's passes read directly, by name (client/read/direct.py).
+    #: How each cache's passes read directly, by name (client/read/fetching/direct.py).
     direct: dict[str, direct_read.DirectReads]
     #: What every iteration yields; -2 when the first one is resumed mid-epoch (a Keras
     #: position keeps a whole share: Keras keeps its steps an epoch).
@@ -89,7 +89,7 @@ def open_read(daemons: Daemons, local_data_dir: Path | None, name: str,
 
 def open_mix(daemons: Daemons, local_data_dir: Path | None, weights: Mapping[str, Any],
              size: int | None, options: plan.ReadOptions) -> OpenRead:
-    """A read of a weighted mix of READY caches (client/read/mix.py); options.seed set."""
+    """A read of a weighted mix of READY caches (client/read/planning/mix.py); options.seed set."""
     caches = tuple(daemons.ready(name, "call mix() again", of=" of the mix")
                    for name in sorted(weights))
     seed = options.seed or 0

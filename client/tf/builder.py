@@ -24,11 +24,11 @@ from client.errors import (
 )
 from client.format.blocks import blocked, write_batch_elements
 from client.format.layout import Layout
-from client.read import plan
-from client.read.chunks import EpochChunks
-from client.read.mix_chunks import MixChunks
+from client.observe.report import ReadFigures, Reports
+from client.read.assembly.chunks import EpochChunks
+from client.read.assembly.mix_chunks import MixChunks
 from client.read.opening import OpenRead, direct_reads, open_mix, open_read, opened
-from client.read.report import ReadFigures, Reports
+from client.read.planning import plan
 from client.tf import convert, graphs, malloc, tap
 from client.tf import fit as keras_fit
 from client.tf import reads as tf_reads
@@ -50,17 +50,17 @@ class _Committed:
 
     begin: pb.WriteBegin = dataclasses.field(default_factory=pb.WriteBegin)
     options: plan.ReadOptions = dataclasses.field(default_factory=plan.ReadOptions)
-    direct: Any = None  # client/read/direct.py's DirectReads
+    direct: Any = None  # client/read/fetching/direct.py's DirectReads
     read: OpenRead | None = None
 
 
 class DatasetBuilder:
-    """Builds a CacheClient's datasets; the options come checked (client/read/plan.py)."""
+    """Builds a CacheClient's datasets; the options come checked (client/read/planning/plan.py)."""
 
     def __init__(self, daemons: Daemons, local_data_dir: Path | None, tune_malloc: bool,
                  reports: Reports | None = None) -> None:
         self._daemons = daemons
-        self._reports = reports  # the reads' figures for the daemon (client/read/report.py)
+        self._reports = reports  # the reads' figures for the daemon (client/observe/report.py)
         self._local_data_dir = local_data_dir
         self._tune_malloc = tune_malloc
 
@@ -83,7 +83,7 @@ class DatasetBuilder:
 
     def mix(self, weights: dict[str, Any], size: int | None,
             options: plan.ReadOptions) -> Dataset:
-        """cc.mix(): a dataset over a weighted mix of READY caches (client/read/mix.py)."""
+        """cc.mix(): a dataset over a weighted mix of READY caches (client/read/planning/mix.py)."""
         read = open_mix(self._daemons, self._local_data_dir, weights, size, options)
         fmt = _mixed_format(read.caches)
         reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, read),
@@ -92,7 +92,7 @@ class DatasetBuilder:
 
     def _chunks(self, read: OpenRead | _Committed, epoch: int, start: int
                 ) -> EpochChunks | MixChunks:
-        """epoch of read from position start of this share, in chunks (read/chunks.py); a
+        """epoch of read from position start of this share, in chunks (read/assembly/chunks.py); a
         cc.cache() dataset's committed read (a restored read epoch looks it up)."""
         if isinstance(read, _Committed):
             read = self._committed(read)

@@ -20,7 +20,7 @@ until every arena holds its share. Measured on 12 epochs of a 300 MB cache
 | 1 GiB                | 372 -> 517 MiB, still rising | ~930 |
 
 So the kept memory is bounded by arenas x 16 MiB whatever the dataset size. The
-read's own chunk arrays stay out of the arenas (client/read/buffers.py): what
+read's own chunk arrays stay out of the arenas (client/read/assembly/buffers.py): what
 arenas keep comes from TensorFlow's batches and gRPC's messages
 (docs/benchmarks.md, RssAnon by read path at 1x, 4x and 10x the data).
 

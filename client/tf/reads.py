@@ -13,7 +13,7 @@ pure given that index. One iteration of a cache's dataset is::
 chunk's index: ``tf.train.Checkpoint(iterator=it)`` saves both, and a restored
 iterator, in any process, rebuilds the inner dataset from the saved element
 (``open`` runs again) and asks the chunks from the saved index on. A chunk's
-batch is a function of its index alone (client/read/chunks.py); the elements
+batch is a function of its index alone (client/read/assembly/chunks.py); the elements
 after unbatch (or ``rebatch``) do not depend on how they were cut. Every
 dataset is checkpointable: there is no other read path.
 
@@ -62,7 +62,7 @@ import numpy as np
 import tensorflow as tf
 
 from client.format.fixed_decode import aligned_empty
-from client.read.report import Pace, ReadFigures
+from client.observe.report import Pace, ReadFigures
 from client.tf.datasets import (
     BatchBuilder,
     CachedElements,
@@ -76,7 +76,7 @@ log = logging.getLogger("client")
 
 #: What each iteration's batches go through inside the iteration (unbatch, rebatch).
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
-#: The chunks of epoch from position start (client/read/chunks.py's EpochChunks).
+#: The chunks of epoch from position start (client/read/assembly/chunks.py's EpochChunks).
 OpenChunks = Callable[[int, int], Any]
 #: Threads of the pool that runs a read's chunk calls (at least): with chunks of
 #: prefetch_bytes / 8, eight in flight hold about prefetch_bytes.
@@ -159,7 +159,7 @@ def own_threads(ds: tf.data.Dataset, threads: int) -> tf.data.Dataset:
 class Reader:
     """The Python side of a checkpointable read: an epoch's chunks by hold, served by index.
 
-    open_chunks(epoch, start) gives the chunks (client/read/chunks.py's
+    open_chunks(epoch, start) gives the chunks (client/read/assembly/chunks.py's
     EpochChunks) of epoch's share from position start; epochs is the dataset's
     plan.Epochs: a restored iterator at epoch e moves it to e + 1 (the next
     iteration reads the next epoch).
@@ -168,7 +168,7 @@ class Reader:
     def __init__(self, wire: Wire, open_chunks: OpenChunks, epochs: Any,
                  parallel: int = 0, figures: ReadFigures | None = None) -> None:
         self.wire = wire
-        self._figures = figures  # what the read reports (client/read/report.py), if anything
+        self._figures = figures  # what the read reports (client/observe/report.py), if anything
         self._open_chunks = open_chunks
         self._parallel = parallel or tf.data.AUTOTUNE
         # A chunk's call blocks on I/O (a daemon, a fleet member, the disk) for most of its

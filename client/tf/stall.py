@@ -2,7 +2,7 @@
 ready, timed at the top of its pipeline (:func:`timed`, ``cc.timed(ds)``), and a Keras
 callback that reports the share of each epoch it waited.
 
-The callback's figure is :class:`client.InputStall`'s (client/read/report.py): the seconds
+The callback's figure is :class:`client.InputStall`'s (client/observe/report.py): the seconds
 the loop waited in the datasets ``cc.timed()`` wraps, over the epoch's wall time. It goes
 into the epoch's ``logs`` as ``input_stall`` (History, CSVLogger, and a TensorBoard callback
 placed after this one show it), to the ``client`` logger, and, with ``log_dir``, to
@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import map_op
 
-from client.read.report import InputStall, timing
+from client.observe.report import InputStall, timing
 
 #: A wait is sent to Python once the waits not yet sent add up to this many seconds, or
 #: FLUSH_SECONDS after the last was sent: a Python call per element would cost a loop of

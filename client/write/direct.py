@@ -7,7 +7,7 @@ When the client runs on the daemon's host, :class:`LocalWriter` asks for a
 local write in its WriteBegin; the daemon answers with a staging directory
 (inside the cache's directory) and its instance token. The client proves it
 sees the daemon's files (the token, read through the path it will write to,
-client/read/direct.py's ``local_view``) and writes the shards there with the
+client/read/fetching/direct.py's ``local_view``) and writes the shards there with the
 store's own ShardWriter (client/format/store.py: the same LMDB layout, fsync at
 each shard's end). finish() sends one WriteFinish naming the shards and their
 counts; the daemon checks them (cacheserver/catalog/direct_writes.py) and commits.
@@ -42,7 +42,7 @@ from client.errors import (
     DiskFullError,
     ShardcacheError,
 )
-from client.read import direct as direct_read
+from client.read.fetching import direct as direct_read
 from client.wire.limits import DEFAULT_CHUNK_BYTES
 from client.wire.status import DataLoss, DiskFull
 from client.write.stream import CacheWriter

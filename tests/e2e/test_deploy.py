@@ -286,7 +286,7 @@ def test_the_image_runs_exactly_the_command_the_manifests_run() -> None:
 def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount(
         scratch: Path) -> None:
     from client import CacheClient
-    from client.read.direct import DirectReads, resolve_local_data_dir
+    from client.read.fetching.direct import DirectReads, resolve_local_data_dir
     from client.settings import LOCAL_DATA_DIR
 
     spec = load_one(SIDECAR_JOB, "Job")["spec"]["template"]["spec"]

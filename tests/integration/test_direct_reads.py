@@ -173,7 +173,7 @@ def test_a_daemon_killed_mid_epoch_lets_the_direct_pass_finish_from_local_files(
 _HOLDER = """
 import sys
 from client import CacheClient
-from client.read.direct import DirectReads
+from client.read.fetching.direct import DirectReads
 cc = CacheClient(sys.argv[1])
 fetcher, _ = DirectReads(cc._transport, True, None).fetcher(cc._get(sys.argv[2]))
 print("leased", flush=True)

@@ -22,7 +22,7 @@ from client import (  # noqa: E402
     InvalidArgumentError,
     ResumeMismatchError,
 )
-from client.read.mix import apportion  # noqa: E402
+from client.read.planning.mix import apportion  # noqa: E402
 
 SIZES = {"a": 300, "b": 120, "c": 50}
 WEIGHTS = {"a": 1, "b": 2, "c": 1}

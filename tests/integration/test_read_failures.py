@@ -7,9 +7,9 @@ import pytest
 from daemon import Daemon
 
 from client import CacheClient, CacheNotFoundError
-from client.read.fetch import Closed
+from client.read.fetching.fetch import Closed
 from client.read.opening import open_read
-from client.read.plan import ReadOptions
+from client.read.planning.plan import ReadOptions
 
 
 def _write(cc: CacheClient, name: str) -> None:

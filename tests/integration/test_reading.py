@@ -256,7 +256,7 @@ def test_each_readers_pass_counts_one_hit_however_many_shards_and_requests_it_ta
 def test_a_pass_reuses_its_chunks_arrays_however_many_chunks_it_reads(daemon, path,
                                                                       monkeypatch) -> None:
     """Memory flat in the data read: 100 chunks of 384 KiB arrays, a few buffers."""
-    from client.read import chunks
+    from client.read.assembly import chunks
 
     passes: list[chunks.Buffers] = []
 

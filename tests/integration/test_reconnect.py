@@ -1,5 +1,5 @@
 """Reconnect: a daemon lost mid-epoch (kill -9, restart on the same socket) loses nothing,
-over gRPC (the unix socket) and over the data plane (TCP: client/read/plane.py)."""
+over gRPC (the unix socket) and over the data plane (TCP: client/read/fetching/plane.py)."""
 
 from __future__ import annotations
 

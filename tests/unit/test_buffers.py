@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from client.format.fixed_decode import ALIGN
-from client.read.buffers import MIN_BYTES, Buffers
+from client.read.assembly.buffers import MIN_BYTES, Buffers
 
 IMAGES = ((8, 224, 224, 3), np.dtype(np.float32))  # 4.8 MB, as a chunk of 602 KB images
 

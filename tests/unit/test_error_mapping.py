@@ -6,7 +6,7 @@ import grpc
 
 import client.errors as client_errors
 import client.wire.status as server_errors
-from client.read.plane import PlaneStatus
+from client.read.fetching.plane import PlaneStatus
 
 
 def _server_classes() -> list[type[server_errors.CacheServerError]]:

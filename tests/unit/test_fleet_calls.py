@@ -1,4 +1,4 @@
-"""A fleet read's per-member call queue (client/read/fleet_calls.py): calls go out lowest
+"""A fleet read's per-member call queue (client/read/fetching/fleet_calls.py): calls go out lowest
 epoch position first, a call gives its stream slot back once drained (before it is
 read), and a call cancelled while queued is never sent."""
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from client.read.fetch import Closed
-from client.read.fleet_calls import DRAIN_CHUNKS, MemberQueue
+from client.read.fetching.fetch import Closed
+from client.read.fetching.fleet_calls import DRAIN_CHUNKS, MemberQueue
 from tests.waits import wait_until
 
 

@@ -1,4 +1,4 @@
-"""Epoch orders (client/read/order.py): bijections, determinism, windows, sequential blocks."""
+"""Epoch orders (client/read/planning/order.py): bijections, determinism, windows, blocks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.read.order import EpochOrder, half_bits, permute, round_keys
+from client.read.planning.order import EpochOrder, half_bits, permute, round_keys
 
 shard_sizes = st.lists(st.integers(0, 300), min_size=1, max_size=8).filter(lambda s: sum(s) > 0)
 modes = st.sampled_from(["none", "elements", "shards"])

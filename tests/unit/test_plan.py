@@ -1,4 +1,4 @@
-"""Read options, worker shares and resume states (client/read/plan.py); no daemon, no TF."""
+"""Read options, worker shares, resume states (client/read/planning/plan.py); no daemon, no TF."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client.errors import InvalidArgumentError, ResumeMismatchError
-from client.read.plan import (
+from client.read.planning.plan import (
     ReadOptions,
     ReadState,
     apply_resume,

@@ -16,8 +16,8 @@ from client.format.layout import Layout, Leaf
 from client.format.lookup import gather_chunks
 from client.format.store import ReaderPool, ShardWriter
 from client.format.values import Compressor, Decompressor, split_chunk
-from client.read.buffers import Buffers
-from client.read.chunks import batch_positions
+from client.read.assembly.buffers import Buffers
+from client.read.assembly.chunks import batch_positions
 from tests.unit.test_blocks import batch_of
 
 SMALL = Layout((Leaf("float32", (256,)), Leaf("int64", ())))  # 1 KB records

@@ -9,7 +9,7 @@ import pytest
 
 from client import CacheClient
 from client.errors import InvalidArgumentError
-from client.read.plan import ReadOptions, ReadState
+from client.read.planning.plan import ReadOptions, ReadState
 
 #: The public methods that read, and the keywords of theirs that are not read options.
 READERS = {

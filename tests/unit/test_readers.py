@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cacheserver.reader_reports import Figures, Labels, Readers
-from client.read.report import Pace, Reports
+from client.observe.report import Pace, Reports
 
 
 class Clock:

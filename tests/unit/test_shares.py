@@ -1,4 +1,4 @@
-"""Elastic resume (client/read/plan.py, client/read/shares.py): the states of W workers
+"""Elastic resume (client/read/planning/plan.py and shares.py): the states of W workers
 resumed by W2; no daemon, no TF. The positions here stand for any order's."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client.errors import InvalidArgumentError, ResumeMismatchError
-from client.read import shares
-from client.read.plan import (
+from client.read.planning import shares
+from client.read.planning.plan import (
     ReadOptions,
     ReadState,
     apply_resume,

@@ -1,9 +1,9 @@
 """A mixed epoch's share as numbered chunks: one request per source per chunk, rows in order.
 
-Chunk i is a run of positions of the mixed order (client/read/mix.py). Its
+Chunk i is a run of positions of the mixed order (client/read/planning/mix.py). Its
 (source, element) pairs are sorted by source and element, each source's
 elements fetched in one request by that source's own CacheReads
-(client/read/chunks.py: its lease, direct, data plane, gRPC or fleet), decoded,
+(client/read/assembly/chunks.py: its lease, direct, data plane, gRPC or fleet), decoded,
 and the rows scattered back to their positions: a chunk over 32 sources costs
 32 smaller requests where a chunk of one cache costs one, the same bytes in
 all. The sources' CacheReads open together when the epoch opens (their leases
@@ -22,11 +22,11 @@ import numpy as np
 
 from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
-from client.read import shares
-from client.read.chunks import CacheReads, joined
-from client.read.mix import Mix, MixOrder
-from client.read.plan import ReadOptions, share_of
-from client.read.shares import Chunking
+from client.read.assembly.chunks import CacheReads, joined
+from client.read.planning import shares
+from client.read.planning.mix import Mix, MixOrder
+from client.read.planning.plan import ReadOptions, share_of
+from client.read.planning.shares import Chunking
 from client.wire.limits import MAX_INDICES
 
 #: Threads that open the sources' reads (their leases) when an epoch opens; then they end.

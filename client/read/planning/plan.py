@@ -1,12 +1,12 @@
 """What one worker reads in each epoch: options, worker shares, resume states.
 
-An epoch's order (client/read/order.py) lists all N elements. Worker w of W owns
+An epoch's order (client/read/planning/order.py) lists all N elements. Worker w of W owns
 the contiguous run of positions ``[w*N//W, (w+1)*N//W)`` of that order: shares
 are disjoint, cover every position, and differ in size by at most one (the
 "uneven" policy: nothing dropped, nothing padded). Contiguous runs keep
 ``shuffle=False`` and ``shuffle="shards"`` reads sequential on disk. An elastic
 resume divides what an interrupted split left unread of its epoch the same way,
-among any number of workers (client/read/shares.py).
+among any number of workers (client/read/planning/shares.py).
 
 Validation happens here, when ``cc.dataset()`` / ``cc.cache()`` is called, so
 bad options fail before TensorFlow iterates anything.
@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from client.errors import InvalidArgumentError, ResumeMismatchError
-from client.read import shares
-from client.read.order import EpochOrder
-from client.read.shares import Runs
+from client.read.planning import shares
+from client.read.planning.order import EpochOrder
+from client.read.planning.shares import Runs
 
 #: shuffle="shards" reads blocks of about this many stored bytes front to back.
 SHARD_BLOCK_BYTES = 1 << 20

@@ -1,6 +1,6 @@
 """A fleet read's ReadShard calls: queued per member in epoch order, drained on threads.
 
-A fleet read (client/read/fleet_fetch.py, FleetFetcher) asks each shard of its requests of
+A fleet read (client/read/fetching/fleet.py, FleetFetcher) asks each shard of its requests of
 the shard's owner. Its request threads each read their runs in order, so a call sent
 ahead waits for its reader; and the requests in flight together ask a member for more
 shards than it has streams (STREAMS_PER_MEMBER, client/_fleet.py). Two things decide
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from client.read.fetch import Closed
+from client.read.fetching.fetch import Closed
 
 #: Chunks a call buffers ahead of its reader.
 DRAIN_CHUNKS = 2

@@ -16,12 +16,12 @@ from client.format.codec import Empty, RecordError
 from client.format.fixed_decode import aligned_empty, decode_into, handles
 from client.format.layout import Layout
 from client.format.values import Decompressor, split_chunk
-from client.read.fetch import Chunk, Indices
+from client.read.fetching.fetch import Chunk, Indices
 
 
 class Decoder:
     """Decodes chunks of one cache; thread-safe (one Decompressor per thread). empty makes
-    the arrays of fixed-shape leaves (client/read/buffers.py's Buffers.empty for a pass)."""
+    the arrays of fixed-shape leaves (assembly/buffers.py's Buffers.empty for a pass)."""
 
     def __init__(self, cache: pb.Cache, layout: Layout, empty: Empty = aligned_empty) -> None:
         self._name = cache.name

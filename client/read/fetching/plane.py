@@ -36,8 +36,9 @@ import numpy as np
 from client import settings
 from client._transport import Transport, pb
 from client.errors import ServerUnavailableError
-from client.read import lease as read_lease
-from client.read.fetch import GrpcFetcher, Indices, Piece, Stateless, is_run, shard_runs
+from client.read.fetching import lease as read_lease
+from client.read.fetching.fetch import Indices, Piece, Stateless, is_run, shard_runs
+from client.read.fetching.rpc import GrpcFetcher
 from client.wire import plane
 from client.wire.limits import MAX_ERROR_TEXT
 from client.wire.status import REASON_KEY, LeaseNotFound, TooManyStreams, Unauthenticated
@@ -351,7 +352,7 @@ class PlaneFetcher:
 
 
 class _Chunk(NamedTuple):
-    """A chunk as the fields of a ReadShardResponse (client/read/fleet_fetch.py reads them)."""
+    """A chunk as the fields of a ReadShardResponse (client/read/fetching/fleet.py reads them)."""
 
     start: int
     lengths: bytes

@@ -17,17 +17,17 @@ from client._transport import pb
 from client.errors import ServerUnavailableError, ShardcacheError
 from client.format.layout import Layout
 from client.format.values import split_chunk
-from client.read import plane as data_plane
-from client.read.direct import DirectReads, LocalFetcher
-from client.read.fetch import Calls, Indices, Piece, is_run, shard_runs
-from client.read.fleet_calls import MemberQueue
-from client.read.plane import PlaneCall, PlaneLease
+from client.read.fetching import plane as data_plane
+from client.read.fetching.direct import DirectReads, LocalFetcher
+from client.read.fetching.fetch import Calls, Indices, Piece, is_run, shard_runs
+from client.read.fetching.fleet_calls import MemberQueue
+from client.read.fetching.plane import PlaneCall, PlaneLease
 from client.wire import plane
 
 #: A fleet request's shard calls asked ahead of the one being read (fleet_calls.py).
 CALLS_AHEAD = 32
 #: A fleet read's calls asked ahead and not read when its try failed, by (member, shard,
-#: start, count): the request's next try reads them (client/read/fleet_calls.py).
+#: start, count): the request's next try reads them (client/read/fetching/fleet_calls.py).
 Ahead = dict[tuple[str, int, int, int], Any]
 
 
@@ -37,7 +37,7 @@ class FleetFetcher:
     A run of the stored order is one ReadShard per shard, to the shard's owner;
     the calls of the shard being read and the next CALLS_AHEAD are asked at once,
     queued per member and sent in the epoch's order within STREAMS_PER_MEMBER
-    streams per member (client/_fleet.py, client/read/fleet_calls.py). Other
+    streams per member (client/_fleet.py, client/read/fetching/fleet_calls.py). Other
     indices are grouped by owner, one ReadElements each, and put back in request
     order. A member found down is skipped (its shards go to their next owners)
     and what it had not sent is asked of them; what arrived is kept, and so are

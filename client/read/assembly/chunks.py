@@ -9,16 +9,16 @@ flight. A chunk's work (LMDB reads or one gRPC call, CRC, zstd, the copy into
 aligned arrays) releases the GIL for most of its time.
 
 Each chunk is one request: ReadShard for a run of the stored order, ReadElements
-for shuffled positions (client/read/fetch.py), the same requests on the daemon's
-data plane when it has one (client/read/plane.py), the same calls to each shard's
-owner in a fleet (client/read/fleet_fetch.py), or the same reads of the leased
-shard files (client/read/direct.py), asked for in one chunk of the request's
-size, so a chunk is decoded (client/read/decode.py) with one copy into its
+for shuffled positions (client/read/fetching/fetch.py), the same requests on the daemon's
+data plane when it has one (client/read/fetching/plane.py), the same calls to each shard's
+owner in a fleet (client/read/fetching/fleet.py), or the same reads of the leased
+shard files (client/read/fetching/direct.py), asked for in one chunk of the request's
+size, so a chunk is decoded (client/read/assembly/decode.py) with one copy into its
 arrays. Reconnecting is the fetcher's: a chunk whose call fails with UNAVAILABLE
 is asked again until ``reconnect_timeout`` passes without progress. Memory:
 tf.data holds at most its parallelism's chunks in flight plus what the
 consumer's prefetch keeps, each about ``chunk_bytes`` of stored records; the
-pass reuses their arrays once TensorFlow lets go of them (client/read/buffers.py),
+pass reuses their arrays once TensorFlow lets go of them (client/read/assembly/buffers.py),
 so what it holds does not grow with the data read.
 """
 
@@ -35,14 +35,14 @@ from client.errors import ShardcacheError
 from client.format.codec import VarLeaf
 from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
-from client.read.buffers import Buffers
-from client.read.decode import Decoder
-from client.read.direct import DirectReads
-from client.read.fetch import Closed, Indices, chunk_positions
-from client.read.fetchers import open_fetcher
-from client.read.order import EpochOrder
-from client.read.plan import ReadOptions, epoch_range
-from client.read.shares import Chunking
+from client.read.assembly.buffers import Buffers
+from client.read.assembly.decode import Decoder
+from client.read.fetching.direct import DirectReads
+from client.read.fetching.factory import open_fetcher
+from client.read.fetching.fetch import Closed, Indices, chunk_positions
+from client.read.planning.order import EpochOrder
+from client.read.planning.plan import ReadOptions, epoch_range
+from client.read.planning.shares import Chunking
 from client.wire.limits import MAX_INDICES
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
@@ -62,9 +62,9 @@ class CacheReads:
                                             chunk_bytes, reading, direct, fleet)
         #: True until the request that starts the pass (the daemon counts its hit) is sent.
         self.epoch_start = not counted
-        #: how the chunks come, for the read's report (client/read/report.py)
+        #: how the chunks come, for the read's report (client/observe/report.py)
         self.path = self._fetch.path
-        self.buffers = Buffers()  # the chunks' arrays, reused (client/read/buffers.py)
+        self.buffers = Buffers()  # the chunks' arrays, reused (client/read/assembly/buffers.py)
         self._decode = Decoder(cache, layout, self.buffers.empty)
 
     def __call__(self, indices: Indices, epoch_start: bool = False) -> tuple[int, list[Any]]:
@@ -91,7 +91,7 @@ class EpochChunks:
     """One epoch's share of a cache, position start onwards, as count chunks.
 
     chunk(i) is thread-safe and depends on i alone; close() ends the lease and
-    cancels calls in flight. direct: a read lease (client/read/direct.py) when it
+    cancels calls in flight. direct: a read lease (client/read/fetching/direct.py) when it
     allows one, the shard files then read here. batch: the consumer cuts batches of this
     many elements from the start: chunks hold whole batches where they can (see
     batch_positions), so that a batch is a slice of one chunk's arrays, not a copy

@@ -1,7 +1,7 @@
 """Read leases: one pass's claim on a cache, acquired, renewed and released in one place.
 
-A pass that reads a cache's shard files itself (client/read/direct.py) or takes its
-bytes over the daemon's data plane (client/read/plane.py) holds a read lease
+A pass that reads a cache's shard files itself (client/read/fetching/direct.py) or takes its
+bytes over the daemon's data plane (client/read/fetching/plane.py) holds a read lease
 (AcquireReadLease) for as long as it reads: the daemon counts the cache as being
 read, keeps its files while the lease lives, and (with ``data_plane=True``) hands
 out a ticket for its data port. :func:`acquire` asks for one and says why not once;

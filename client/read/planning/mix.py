@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from client.errors import InvalidArgumentError, ResumeMismatchError
-from client.read.order import EpochOrder, permute, round_keys
-from client.read.plan import SHARD_BLOCK_BYTES, ReadState, Resume
+from client.read.planning.order import EpochOrder, permute, round_keys
+from client.read.planning.plan import SHARD_BLOCK_BYTES, ReadState, Resume
 
 #: Salt of the interleave's round keys: never the keys of a source's own order.
 _MIX_SALT = 0x6D6978

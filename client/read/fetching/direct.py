@@ -44,8 +44,8 @@ from client.errors import (
     ShardcacheError,
 )
 from client.format.layout import Layout
-from client.read import lease as read_lease
-from client.read.fetch import Closed, is_run, shard_runs
+from client.read.fetching import lease as read_lease
+from client.read.fetching.fetch import Closed, is_run, shard_runs
 from client.wire.limits import DEFAULT_CHUNK_BYTES
 from client.wire.status import DataLoss
 
@@ -264,7 +264,7 @@ class LocalFetcher:
 
     def _read_ahead(self, shard: int) -> Any:
         """The shard's read-ahead: one thread per shard and pass, however many reads
-        (chunked reads ask for a few MiB at a time, client/read/chunks.py)."""
+        (chunked reads ask for a few MiB at a time, client/read/assembly/chunks.py)."""
         ahead = self._ahead.get(shard)
         if ahead is not None:  # no lock once it is made
             return ahead

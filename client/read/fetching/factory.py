@@ -1,9 +1,9 @@
-"""The one choice of a pass's fetcher (client/read/fetch.py's Fetcher): which kind reads it.
+"""The one choice of a pass's fetcher (fetching/fetch.py's Fetcher): which kind reads it.
 
 In order: the leased shard files when this process sees the daemon's (a same-host
-pass, client/read/direct.py); a fleet's owners when the cache is read from a fleet
-(client/read/fleet_fetch.py); the daemon's data plane when it offers one
-(client/read/plane.py); else gRPC. The three remote kinds reconnect alike
+pass, client/read/fetching/direct.py); a fleet's owners when the cache is read from a fleet
+(client/read/fetching/fleet.py); the daemon's data plane when it offers one
+(client/read/fetching/plane.py); else gRPC. The three remote kinds reconnect alike
 (fetch.Reconnecting).
 """
 
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from client._fleet import Fleet, routed
 from client._transport import Transport, pb
-from client.read import plane as data_plane
-from client.read.direct import DirectReads
-from client.read.fetch import Calls, Fetcher, GrpcFetcher, Reconnecting, Remote
-from client.read.fleet_fetch import FleetFetcher
-from client.read.plane import PlaneFetcher
+from client.read.fetching import plane as data_plane
+from client.read.fetching.direct import DirectReads
+from client.read.fetching.fetch import Calls, Fetcher, Remote
+from client.read.fetching.fleet import FleetFetcher
+from client.read.fetching.plane import PlaneFetcher
+from client.read.fetching.reconnect import Reconnecting
+from client.read.fetching.rpc import GrpcFetcher
 from client.wire.limits import MAX_CHUNK_BYTES
 
 
