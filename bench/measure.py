@@ -33,20 +33,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import (
-    BENCH_DIR,
-    REPO_ROOT,
-    EpochResult,
-    RssSampler,
-    arguments,
-    cpu_seconds,
-    directory_bytes,
-    drop_page_cache,
-    kib_to_mb,
-    print_result,
-    run_child,
-    timed_iteration,
-)
+from harness import BENCH_DIR, REPO_ROOT, arguments, print_result, run_child
+from probes import RssSampler, cpu_seconds, directory_bytes, drop_page_cache, kib_to_mb
+from timing import EpochResult, timed_iteration
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
