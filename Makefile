@@ -4,7 +4,7 @@
 #   make test   -> lint + the whole test suite (what .ci/run runs)
 #                  tests/README: how to run part of it, and where its time goes
 # While you work:
-#   make unit                   -> tests/unit alone, no lint (seconds)
+#   make unit                   -> tests/unit alone, no lint
 #   make test ARGS='-k fleet'   -> lint, then the suite with pytest's own options added
 #   make lint                   -> ruff (lint and format), mypy, import contracts
 PYTHON ?= python3
