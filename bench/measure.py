@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from harness import BenchDaemon
 
 STRATEGIES = ("none", "memory", "file", "save_load", "shardcache", "shardcache_direct")
-#: How --read-only reads, by strategy: the client's target and direct=.
-READ_PATHS = {"shardcache_direct": "direct", "shardcache_plane": "plane", "shardcache": "grpc"}
 WARMUP_BATCHES = 2  # of zero elements before epoch 1: every process starts TF's pools alike
 Epoch = Callable[[], EpochResult]
 
