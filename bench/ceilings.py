@@ -1,4 +1,6 @@
-"""What each layer of the read and write paths moves alone.
+"""Reproduces the ReadShard ceiling of docs/design.md, "A fleet on paper" (and benchmarks.md).
+
+What each layer of the read and write paths moves alone.
 
     .venv/bin/python bench/ceilings.py [--mb 512]      # root adds the cold rows
 
@@ -22,21 +24,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    MB,
-    ROW_KEYS,
-    BenchDaemon,
-    Row,
-    arguments,
-    drop_page_cache,
-    markdown_table,
-    per_gb,
-    ratio,
-    run_line,
-    server_process,
-    timed,
-    write_json,
-)
+from harness import MB, BenchDaemon, arguments, server_process, write_json
+from probes import drop_page_cache, run_line
+from timing import ROW_KEYS, Row, markdown_table, per_gb, ratio, timed
 
 RECORD_SHAPE = (224, 224, 3)
 MESSAGE_BYTES = 1 << 20

@@ -1,4 +1,6 @@
-"""A fleet on one machine (root): aggregate warm reads against the sum of capped links.
+"""Reproduces docs/benchmarks.md, "A fleet on one machine" (and docs/fleet.md, "Speed").
+
+A fleet on one machine (root): aggregate warm reads against the sum of capped links.
 
     .venv/bin/python bench/fleet.py --repeat 3
 
@@ -22,7 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import BENCH_DIR, BenchDaemon, arguments, timed_iteration, write_json
+from harness import BENCH_DIR, BenchDaemon, arguments, write_json
+from timing import timed_iteration
 
 from client import CacheClient
 from tests.fleet import NetnsFleet, can_make_netns, metric

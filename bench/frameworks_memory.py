@@ -1,4 +1,6 @@
-"""Client memory of the TF-free readers over many epochs: flat, or growing with the data?
+"""Reproduces docs/benchmarks.md, "Client memory of the TF-free readers".
+
+Client memory of the TF-free readers over many epochs: flat, or growing with the data?
 
     .venv/bin/python bench/frameworks_memory.py                  # 602 KB images, 10 epochs
     .venv/bin/python bench/frameworks_memory.py --epochs 20 --modes direct,plane
@@ -21,7 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import BenchDaemon, arguments, child_env, markdown_table, rss_anon_kib, run_line
+from harness import BenchDaemon, arguments, child_env
+from probes import rss_anon_kib, run_line
+from timing import markdown_table
 from workloads import numpy_elements
 
 READERS = ("numpy", "grain", "torch map", "torch iterable")

@@ -1,4 +1,6 @@
-"""Grain's DataLoader over cc.source() beside Grain over ArrayRecord of the same elements.
+"""Reproduces docs/benchmarks.md, "Grain over a cache and over ArrayRecord".
+
+Grain's DataLoader over cc.source() beside Grain over ArrayRecord of the same elements.
 
     .venv/bin/python bench/grain_read.py --shape 224,224,3 --elements 600
     .venv/bin/python bench/grain_read.py --shape 256 --elements 20000 --workers 0,2
@@ -27,15 +29,9 @@ from typing import Any
 
 import grain.python as gp
 import numpy as np
-from harness import (
-    BenchDaemon,
-    arguments,
-    interleaved,
-    markdown_table,
-    ratio,
-    run_line,
-    write_json,
-)
+from harness import BenchDaemon, arguments, write_json
+from probes import run_line
+from timing import interleaved, markdown_table, ratio
 from workloads import numpy_elements
 
 MODES = {"direct": ("unix", True), "plane": ("tcp", False)}

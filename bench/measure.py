@@ -33,20 +33,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import (
-    BENCH_DIR,
-    REPO_ROOT,
-    EpochResult,
-    RssSampler,
-    arguments,
-    cpu_seconds,
-    directory_bytes,
-    drop_page_cache,
-    kib_to_mb,
-    print_result,
-    run_child,
-    timed_iteration,
-)
+from harness import BENCH_DIR, REPO_ROOT, arguments, print_result, run_child
+from probes import RssSampler, cpu_seconds, directory_bytes, drop_page_cache, kib_to_mb
+from timing import EpochResult, timed_iteration
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -55,8 +44,6 @@ if TYPE_CHECKING:
     from harness import BenchDaemon
 
 STRATEGIES = ("none", "memory", "file", "save_load", "shardcache", "shardcache_direct")
-#: How --read-only reads, by strategy: the client's target and direct=.
-READ_PATHS = {"shardcache_direct": "direct", "shardcache_plane": "plane", "shardcache": "grpc"}
 WARMUP_BATCHES = 2  # of zero elements before epoch 1: every process starts TF's pools alike
 Epoch = Callable[[], EpochResult]
 

@@ -1,4 +1,6 @@
-"""A weighted mix of many caches against one cache of the same elements: elements/s and the
+"""Reproduces docs/reading.md, "Mixing caches".
+
+A weighted mix of many caches against one cache of the same elements: elements/s and the
 reading process's peak anonymous RSS.
 
     .venv/bin/python bench/mix.py --workload small --elements 40000 --sources 32 --repeat 5
@@ -25,19 +27,14 @@ from typing import Any
 from harness import (
     BENCH_DIR,
     BenchDaemon,
-    RssSampler,
     arguments,
     child_env,
-    cpu_seconds,
-    kib_to_mb,
-    markdown_table,
     print_result,
-    ratio,
     read_result,
-    run_line,
-    timed_iteration,
     write_json,
 )
+from probes import RssSampler, cpu_seconds, kib_to_mb, run_line
+from timing import markdown_table, ratio, timed_iteration
 from workloads import WORKLOADS, make_source
 
 ARMS = ("one", "mix")

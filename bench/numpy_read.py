@@ -1,4 +1,6 @@
-"""The NumPy reader (cc.numpy) beside the tf.data reader (cc.dataset) on one cache, interleaved.
+"""Reproduces docs/benchmarks.md, "NumPy reader".
+
+The NumPy reader (cc.numpy) beside the tf.data reader (cc.dataset) on one cache, interleaved.
 
     .venv/bin/python bench/numpy_read.py --workload flat-602k --elements 600
     .venv/bin/python bench/numpy_read.py --workload flat-1k --elements 100000
@@ -22,17 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    Arm,
-    BenchDaemon,
-    arguments,
-    cpu_seconds,
-    local_arm,
-    markdown_table,
-    ratio,
-    run_line,
-    write_json,
-)
+from harness import BenchDaemon, arguments, write_json
+from probes import cpu_seconds, run_line
+from timing import Arm, local_arm, markdown_table, ratio
 from workloads import WORKLOADS, make_source
 
 #: Which client reads, and whether directly.

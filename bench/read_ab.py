@@ -1,4 +1,6 @@
-"""Warm reads interleaved in one process: shardcache's direct, data-plane and gRPC reads, by
+"""Reproduces docs/benchmarks.md, "Read paths, interleaved" (and "Scaling with cores", ...).
+
+Warm reads interleaved in one process: shardcache's direct, data-plane and gRPC reads, by
 ``parallel_shards`` (``--parallel``, 0: AUTOTUNE), beside ``cache(filename)``, ``snapshot``
 (uncompressed) and ``Dataset.load`` of the same source.
 
@@ -45,19 +47,15 @@ from harness import (
     BENCH_DIR,
     REPO_ROOT,
     ROOT_ENV,
-    Arm,
     BenchDaemon,
     arguments,
     child_env,
-    cpu_seconds,
-    local_arm,
-    markdown_table,
     print_result,
-    ratio,
     read_result,
-    run_line,
     write_json,
 )
+from probes import cpu_seconds, run_line
+from timing import Arm, local_arm, markdown_table, ratio
 from workloads import WORKLOADS, make_source
 
 BASELINES = ("cache(filename)", "snapshot", "Dataset.load")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from harness import GB, MB, markdown_table, ratio
+from harness import GB, MB
+from timing import markdown_table, ratio
 from workloads import WORKLOADS
 
 if TYPE_CHECKING:
@@ -361,11 +362,12 @@ def render_store(section: dict[str, Any]) -> list[str]:
     lines = ["### The object store tier", ""]
     if section.get("error"):
         return [*lines, f"Not measured: {section['error']}", ""]
-    lines += group_header(section, (
+    what = (
         f"- Raw: {config['objects']} objects of {config['object_mib']} MiB of random bytes, one "
         "at a time, file to store and back; publish and pull: a cache of "
         f"{config['cache_mib']} MiB ({config['element_bytes'] // 1024} KiB elements of random "
-        "int32) written with `cc.cache`; servers on loopback, on the machine's own disk",))
+        "int32) written with `cc.cache`; servers on loopback, on the machine's own disk")
+    lines += group_header(section, (what,))
     raw_rows: list[list[str]] = []
     tier_rows: list[list[str]] = []
     for entry in section["servers"]:

@@ -1,4 +1,6 @@
-"""shardcache against tf.data's own caches: every point in a process of its own, then the report.
+"""Reproduces docs/benchmarks.md's generated Results (make bench) and "Cold reads" (--cold).
+
+shardcache against tf.data's own caches: every point in a process of its own, then the report.
 
 Sections: ``throughput`` (every workload, size and strategy, two epochs, a daemon per workload),
 ``memory`` (602 KB elements of growing total size in a memory-limited cgroup, client and daemon
@@ -27,21 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from cgroups import MemoryCap, MemoryCapError, SlowDisk, SlowDiskError
-from harness import (
-    BENCH_DIR,
-    GIB,
-    MB,
-    REPO_ROOT,
-    BenchDaemon,
-    RssSampler,
-    arguments,
-    child_env,
-    kib_to_mb,
-    machine_facts,
-    reproducing_command,
-    write_json,
-)
+from harness import BENCH_DIR, GIB, MB, REPO_ROOT, BenchDaemon, arguments, child_env, write_json
 from measure import STRATEGIES, parse_client_option, run_point
+from probes import RssSampler, kib_to_mb, machine_facts, reproducing_command
 from render import default_img_dir, render_results
 from report import add_derived, add_ratios, representative
 from workloads import WORKLOADS

@@ -1,4 +1,6 @@
-"""The pictures of the input stall in docs/, taken from a real daemon and real Keras training:
+"""Draws docs/img/cacheserver_top.png and tensorboard_input_stall.png (make screenshots).
+
+The pictures of the input stall in docs/, taken from a real daemon and real Keras training:
 TensorBoard's ``input_stall`` scalars and a frame of ``cacheserver top``.
 
     make screenshots                                   # rewrites the two PNGs in docs/img/
@@ -19,7 +21,7 @@ over gRPC and ``ahead`` over the data plane. While both read,
 started on LOGDIR on 127.0.0.1 and headless Chromium photographs its scalars page,
 ``tensorboard_input_stall.png``.
 
-Needs TensorBoard (``pip install -e '.[screenshots]'``) and Chromium
+Needs TensorBoard (the ``screenshots`` extra, which ``make screenshots`` installs) and Chromium
 (``apt-get install -y chromium``, or ``--chromium PATH``).
 """
 

@@ -1,4 +1,6 @@
-"""The input stall as the training process, the daemon's /metrics and ``cacheserver top`` see it,
+"""Reproduces docs/benchmarks.md, "The input stall".
+
+The input stall as the training process, the daemon's /metrics and ``cacheserver top`` see it,
 for a loop its input starves and for one it keeps ahead of.
 
     .venv/bin/python bench/stall.py                          # the two cases below
@@ -27,7 +29,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from harness import arguments, linked_daemon, markdown_table, run_line
+from harness import arguments, linked_daemon
+from probes import run_line
+from timing import markdown_table
 from workloads import WORKLOADS, make_source
 
 from tests.fleet import NetnsLink, can_make_netns

@@ -1,4 +1,6 @@
-"""The object store tier: what a store moves raw, and how much of it publish and pull get.
+"""Reproduces docs/benchmarks.md, "The object store tier" (run.py's store section runs it).
+
+The object store tier: what a store moves raw, and how much of it publish and pull get.
 
     .venv/bin/python bench/store.py            # quick sizes (~1.5 minutes); --full: make bench's
 
@@ -22,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import MB, BenchDaemon, arguments, machine_facts, reproducing_command, write_json
+from harness import MB, BenchDaemon, arguments, write_json
+from probes import machine_facts, reproducing_command
 from report import render_store
 
 MIB = 1 << 20

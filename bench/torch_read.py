@@ -1,4 +1,6 @@
-"""PyTorch's DataLoader over a cache beside the same DataLoader over a NumPy memmap.
+"""Reproduces docs/benchmarks.md, "PyTorch over a cache and over a NumPy memmap".
+
+PyTorch's DataLoader over a cache beside the same DataLoader over a NumPy memmap.
 
     .venv/bin/python bench/torch_read.py --shape 224,224,3 --elements 600
     .venv/bin/python bench/torch_read.py --shape 256 --elements 20000 --workers 0,2
@@ -39,15 +41,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from harness import (
-    BenchDaemon,
-    arguments,
-    interleaved,
-    markdown_table,
-    ratio,
-    run_line,
-    write_json,
-)
+from harness import BenchDaemon, arguments, write_json
+from probes import run_line
+from timing import interleaved, markdown_table, ratio
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from workloads import numpy_elements
 

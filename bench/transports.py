@@ -1,4 +1,6 @@
-"""Transports for a data plane: 4 MiB chunks over TCP loopback, shardcache's planes beside.
+"""Reproduces docs/benchmarks.md, "Transports for a data plane".
+
+Transports for a data plane: 4 MiB chunks over TCP loopback, shardcache's planes beside.
 
     .venv/bin/python bench/transports.py [--mb 512] [--repeat 3] [--streams 1 2 4]
 
@@ -30,21 +32,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    GB,
-    MB,
-    ROW_KEYS,
-    BenchDaemon,
-    Row,
-    arguments,
-    markdown_table,
-    per_gb,
-    ratio,
-    run_line,
-    server_process,
-    timed,
-    write_json,
-)
+from harness import GB, MB, BenchDaemon, arguments, server_process, write_json
+from probes import run_line
+from timing import ROW_KEYS, Row, markdown_table, per_gb, ratio, timed
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
 #: Chunks of the served file as (offset, length), a framed TCP request's header.

@@ -1,4 +1,6 @@
-"""Epoch 1 alone: the bare pipeline and the ways of caching it, as ratios to bare, in one run.
+"""Reproduces docs/writing.md, "What a write epoch costs" (and README's "Speed", epoch 1).
+
+Epoch 1 alone: the bare pipeline and the ways of caching it, as ratios to bare, in one run.
 
     .venv/bin/python bench/write_path.py --workload jpeg --n 600 --repeat 3
 
@@ -21,8 +23,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import MB, BenchDaemon, arguments, markdown_table, run_line
+from harness import MB, BenchDaemon, arguments
 from measure import run_point
+from probes import run_line
+from timing import markdown_table
 from workloads import WORKLOADS
 
 #: This script's strategies: measure.py's strategy and client options for each.

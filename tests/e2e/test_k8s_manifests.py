@@ -314,8 +314,7 @@ def _job_argv(values: dict[str, str]) -> list[str]:
     return [str(Path(sys.executable).parent / c["command"][0]), *expand]
 
 
-def test_the_materialize_jobs_command_runs_as_one_index_and_says_when_the_store_is_unreachable(
-        ) -> None:
+def test_the_materialize_job_command_runs_one_index_and_says_if_the_store_is_unreachable() -> None:
     store = load_one(STORE_CONFIG, "ConfigMap")["data"]
     argv = _job_argv(store | {"JOB_COMPLETION_INDEX": "3",
                               "CACHESERVER_STORE": "s3://shardcache-test/caches",
