@@ -140,9 +140,14 @@ def _env_from(c: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _env_value(entry: dict[str, Any], defined: dict[str, str]) -> str:
+def _env_value(entry: dict[str, Any], defined: dict[str, str]) -> str | None:
     """An env entry's value as the kubelet gives it: the pod IP of the one downward API
-    field the manifests use, $(VAR) expanded from the variables defined before it."""
+    field the manifests use, $(VAR) expanded from the variables defined before it; None
+    from a Secret, never shipped (so it must be optional: the pod starts without it)."""
+    if "secretKeyRef" in entry.get("valueFrom", {}):
+        ref = entry["valueFrom"]["secretKeyRef"]
+        assert ref.get("optional") is True, f"{ref['name']} is not shipped: make it optional"
+        return None
     if "valueFrom" in entry:
         assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}, entry
         return POD_IP
@@ -201,13 +206,14 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
         data_port = new
     env = {k: paths(v) for k, v in _env_from(server).items()}
     for entry in server.get("env", []):
-        env[entry["name"]] = paths(_env_value(entry, env))
+        if (value := _env_value(entry, env)) is not None:
+            env[entry["name"]] = paths(value)
     metrics_url = None
     if "CACHESERVER_METRICS_LISTEN" in env:
         env["CACHESERVER_METRICS_LISTEN"] = _local_port(env["CACHESERVER_METRICS_LISTEN"])
         metrics_url = f"http://{env['CACHESERVER_METRICS_LISTEN']}/metrics"
-    client_env = {e["name"]: paths(e["value"])
-                  for e in container(client_spec, client_name)["env"]}
+    client_env = {e["name"]: paths(value) for e in container(client_spec, client_name)["env"]
+                  if (value := _env_value(e, {})) is not None}
     if "SHARDCACHE_TARGETS" in client_env:
         client_env["SHARDCACHE_TARGETS"] = _fleet_here(client_env["SHARDCACHE_TARGETS"],
                                                        pod_port, probe_port)
