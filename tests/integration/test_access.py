@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 import pytest
 from daemon import Daemon, free_port
-from data_port import error, hello, opened, shard_values
 from data_port import connect as data_connect
+from data_port import error, hello, opened, shard_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pki import Pki
@@ -212,6 +212,29 @@ def test_every_state_changing_call_leaves_an_audit_line(
                     ("admin", "admin", "SetCacheRetention", "OK"),
                     ("admin", "admin", "DeleteCache", "OK")]
     assert not [a for a in audit_lines(daemon) if a["method"] == "GetCache"]
+
+
+def test_materializations_need_write_and_their_operations_their_starter_or_an_admin(
+        channel: grpc.Channel) -> None:
+    s = stub(channel)
+    start = pb.StartMaterializeRequest(name="team-a-m", entry_point="mod:fn", num_shards=1)
+    err = denied(lambda: s.StartMaterialize(start, metadata=as_("reader-a"), timeout=10))
+    assert "reader-a may not write cache 'team-a-m'" in err.details()
+    with pytest.raises(grpc.RpcError) as refused:  # write granted: the operator's policy next
+        s.StartMaterialize(start, metadata=as_("writer-a"), timeout=10)
+    assert reason(refused.value) == "MATERIALIZE_NOT_ALLOWED"
+    op = "materialize/team-a-m"
+    for who in ("reader-a", "writer-a"):  # nobody's own: only an admin of the cache follows it
+        for call in (
+                lambda: s.GetOperation(pb.GetOperationRequest(name=op), metadata=as_(who)),  # noqa: B023
+                lambda: s.WatchOperation(pb.WatchOperationRequest(name=op), metadata=as_(who)),  # noqa: B023
+                lambda: s.CancelOperation(pb.CancelOperationRequest(name=op),
+                                          metadata=as_(who))):  # noqa: B023
+            assert "only the principal that started it" in denied(call).details()
+    with pytest.raises(grpc.RpcError) as missing:
+        s.GetOperation(pb.GetOperationRequest(name="materialize/team-a-m"),
+                       metadata=as_("admin"), timeout=10)
+    assert reason(missing.value) == "OPERATION_NOT_FOUND"
 
 
 NAMES = ("team-a-h", "team-b-h", "other-h")
