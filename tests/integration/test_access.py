@@ -340,7 +340,7 @@ def _answers(ch: grpc.Channel, token: str) -> bool:
         return False
 
 
-def test_a_client_certificate_names_its_principal_and_metrics_want_token_and_tls(
+def test_a_client_certificate_names_its_principal_and_metrics_want_token_and_tls_and_name_no_job(
         tmp_path: Path) -> None:
     pki = Pki(tmp_path)
     auth, token = tmp_path / "auth.toml", tmp_path / "metrics.token"
@@ -353,11 +353,14 @@ def test_a_client_certificate_names_its_principal_and_metrics_want_token_and_tls
     d = Daemon(extra_args=(
         "--auth-file", str(auth), "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
         "--tls-client-ca", str(pki.ca_pem), "--metrics-listen", f"127.0.0.1:{port}",
-        "--metrics-tls", "--metrics-token-file", str(token))).start()
+        "--metrics-tls", "--metrics-token-file", str(token), "--no-metrics-readers")).start()
     try:
         with grpc.insecure_channel(d.unix_target) as ch:
             for name in ("team-a-c", "team-b-c"):
                 write(ch, "admin", name)
+            stub(ch).ReportReads(pb.ReportReadsRequest(reporter="r", readers=[
+                pb.ReaderFigures(training_job="secret-project", cache="team-a-c", path="grpc",
+                                 elements=1)]), metadata=as_("admin"), timeout=10)
         mtls = {"tls_ca": pki.ca_pem, "tls_cert": pki.client_cert, "tls_key": pki.client_key}
         with CacheClient(d.tcp_target, **mtls) as cc:
             assert [c.name for c in cc.list()] == ["team-a-c"]
@@ -388,3 +391,4 @@ def _scrapes(address: str, pki: Pki) -> None:
     with urllib.request.urlopen(request, timeout=10, context=context) as response:
         body = response.read().decode()
     assert 'shardcache_access_denied_total{verb="read"} 1.0' in body
+    assert "secret-project" not in body and "team-a-c" not in body  # --no-metrics-readers
