@@ -19,8 +19,9 @@ import grpc
 
 from cacheserver import access
 from cacheserver.access import Authority, Credentials, Principal, Verb
+from cacheserver.catalog.leases import LeaseTable
 from cacheserver.logs import shown
-from cacheserver.rpc.admission import _end_stream
+from cacheserver.rpc.admission import end_stream
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class Callers:
         self._calls: dict[int, Principal] = {}
         #: id(context) -> (context, principal, verb, cache, method) of open streams
         self._streams: dict[int, tuple[grpc.ServicerContext, Principal, Verb, str, str]] = {}
+        #: operation name -> the name of the principal that started it
+        self._starters: dict[str, str] = {}
         authority.on_reload(self._revoke)
 
     @property
@@ -101,6 +104,32 @@ class Callers:
                 self._streams[id(context)] = (context, principal, verb, cache, method)
         return principal
 
+    def started(self, operation: str, principal: Principal) -> None:
+        with self._lock:
+            self._starters[operation] = principal.name
+
+    def check_follow(self, context: grpc.ServicerContext, operation: str) -> None:
+        """PermissionDenied unless the caller started the materialization operation
+        ("materialize/CACHE") or may administer its cache."""
+        with self._lock:
+            starter = self._starters.get(operation, "")
+        access.check_follow(self.of(context), starter, operation.removeprefix("materialize/"),
+                            operation)
+
+    def end_leases_with_grants(self, leases: LeaseTable) -> None:
+        """On every reload, end the read leases (and so the data-plane tickets) whose
+        holders lost read on their cache."""
+        def reload(credentials: Credentials) -> None:
+            def lost(lease: Any) -> bool:
+                return isinstance(lease.holder, Principal) and not access.still_allowed(
+                    credentials, lease.holder, Verb.READ, lease.name)
+
+            if ended := leases.release_where(lost):
+                log.warning("ended %d read leases whose holders lost read with the reloaded "
+                            "credentials", ended)
+
+        self.authority.on_reload(reload)
+
     def _revoke(self, credentials: Credentials) -> None:
         with self._lock:
             ended = [(ctx, who.name, verb, cache, method)
@@ -111,6 +140,6 @@ class Callers:
         for ctx, name, verb, cache, method in ended:
             log.warning("ended %s of %s on cache %r: the reloaded credentials no longer grant "
                         "it %s", method, name, shown(cache), verb.value)
-            _end_stream(ctx, grpc.StatusCode.PERMISSION_DENIED,
+            end_stream(ctx, grpc.StatusCode.PERMISSION_DENIED,
                         f"{name} may no longer {verb.value} cache {shown(cache)!r}: the "
                         "daemon's credentials were reloaded without that grant")

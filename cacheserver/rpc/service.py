@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cacheserver import access, metrics
-from cacheserver.access import Authority, Credentials, Principal, Verb
+from cacheserver import metrics
+from cacheserver.access import Authority, Verb
 from cacheserver.catalog import reads, remote
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.direct_writes import StagedShard
@@ -137,11 +137,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
         self.materializer = materializer or Materializer(catalog)
         self.leases = leases or LeaseTable(catalog)
         self.callers = callers or Callers(Authority(None))
-        self.callers.authority.on_reload(self._revoke_leases)
+        self.callers.end_leases_with_grants(self.leases)
         #: Keep the readers' reports for /metrics (off: accepted and dropped).
         self.report_readers = report_readers
-        #: operation name -> the principal that started it (rpc decides nothing with it)
-        self._starters: dict[str, str] = {}
         self._draining = threading.Event()
         #: The data plane's port, set when it serves (cacheserver/plane); 0: none.
         self.data_port = 0
@@ -302,7 +300,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
             workers=request.workers, overwrite=request.overwrite, resume=request.resume,
             fingerprint=request.fingerprint,
             block_bytes=request.block_bytes if request.HasField("block_bytes") else None)
-        self._starters[snap.name] = starter.name
+        self.callers.started(snap.name, starter)
         return pb.StartMaterializeResponse(operation=operation_to_proto(snap))
 
     @_translating
@@ -329,18 +327,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
 
     def _follow(self, context: grpc.ServicerContext, operation: str) -> None:
         validate.operation(operation)
-        access.check_follow(self.callers.of(context), self._starters.get(operation, ""),
-                            operation.removeprefix("materialize/"), operation)
-
-    def _revoke_leases(self, credentials: Credentials) -> None:
-        """End the read leases (and so the data-plane tickets) of holders who lost read."""
-        def lost(lease: Any) -> bool:
-            return isinstance(lease.holder, Principal) and not access.still_allowed(
-                credentials, lease.holder, Verb.READ, lease.name)
-
-        if ended := self.leases.release_where(lost):
-            log.warning("ended %d read leases whose holders lost read with the reloaded "
-                        "credentials", ended)
+        self.callers.check_follow(context, operation)
 
     @_translating
     def ReadElements(self, request: pb.ReadElementsRequest,
