@@ -294,6 +294,9 @@ class Authority:
 
     def reload(self) -> bool:
         """Reread --auth-file; True when the new credentials are in force."""
+        if self._file is None:
+            log.info("no --auth-file to reread")
+            return False
         with self._lock:
             self._stamp = self._stat()
             try:
