@@ -168,12 +168,27 @@ SETTINGS: tuple[Setting, ...] = (
             "It takes --tls-*, the stream limits and --stream-idle-timeout from gRPC's."),
     Setting("metrics_listen", click.STRING, "",
             "HOST:PORT serving Prometheus metrics at /metrics (empty: off)."),
+    Setting("metrics_token_file", _PATH, None,
+            "File holding a bearer token every /metrics scrape must carry (Prometheus: "
+            "authorization in the scrape config); empty: none."),
+    Setting("metrics_tls", click.BOOL, False,
+            "Serve /metrics over HTTPS with --tls-cert/--tls-key (and, with --tls-client-ca, "
+            "only to scrapers with a client certificate it signed)."),
+    Setting("metrics_readers", click.BOOL, True,
+            "Export the readers' reports on /metrics, labelled by training job, rank and "
+            "cache (--no-metrics-readers: accepted and dropped, for a daemon shared across "
+            "trust boundaries)."),
     Setting("tls_cert", _PATH, None, "PEM certificate chain: serve TCP addresses over TLS."),
     Setting("tls_key", _PATH, None, "PEM private key of --tls-cert."),
     Setting("tls_client_ca", _PATH, None,
             "PEM CA bundle: require client certificates signed by it (mutual TLS)."),
     Setting("auth_token_file", _PATH, None,
-            "File holding a bearer token every RPC but health must carry."),
+            "File holding a bearer token every RPC but health must carry; its holder may do "
+            "everything (--auth-file grants less)."),
+    Setting("auth_file", _PATH, None,
+            "TOML file of principals (a token, its SHA-256 or a client certificate's name) and "
+            "their grants: read, write, admin over cache-name patterns (docs/operations.md, "
+            "Security). Reread on SIGHUP and when it changes."),
     Setting("socket_mode", OctalMode(), 0o660, "Mode of unix sockets, octal."),
     Setting("max_message_bytes", ByteSize(), MAX_MESSAGE_BYTES,
             "Largest record a WriteCache message may carry (a chunk of records, or one larger "

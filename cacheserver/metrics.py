@@ -3,7 +3,9 @@
 All metrics live in :data:`REGISTRY` (not prometheus_client's global one, so
 tests can run several servers in one process). Other modules add their own
 metrics to it the same way: ``Counter("shardcache_...", "...", registry=REGISTRY)``.
-``serve --metrics-listen HOST:PORT`` exposes it at ``/metrics``.
+``serve --metrics-listen HOST:PORT`` exposes it at ``/metrics``, with
+``--metrics-token-file`` only to scrapes carrying that bearer token, with
+``--metrics-tls`` over HTTPS.
 
 Definitions (docs/operations.md):
 - a hit is one reader's pass over its share of an epoch (the first request of
@@ -13,9 +15,16 @@ Definitions (docs/operations.md):
 
 from __future__ import annotations
 
+import hmac
+import socket
+import ssl
+import threading
 from collections.abc import Callable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -34,6 +43,12 @@ DATA_FALLBACKS = Counter("shardcache_data_fallbacks",
                          "Read leases whose holder took a data-plane ticket and read over gRPC "
                          "instead: it cannot reach the data port (a firewall passing only the "
                          "gRPC port).", registry=REGISTRY)
+ACCESS_DENIED = Counter("shardcache_access_denied",
+                        "Calls refused PERMISSION_DENIED by the credentials' grants (--auth-file), "
+                        "by the verb asked for: read, write or admin.", ["verb"],
+                        registry=REGISTRY)
+for _verb in ("read", "write", "admin"):
+    ACCESS_DENIED.labels(_verb)
 READ_ELEMENTS = Counter("shardcache_read_elements",
                         "Elements sent by ReadShard and ReadElements (not blocks).",
                         registry=REGISTRY)
@@ -128,16 +143,55 @@ class MetricsListenError(ValueError):
     """--metrics-listen is malformed or cannot be bound."""
 
 
-def serve_http(address: str) -> tuple[str, Callable[[], None]]:
-    """Serve /metrics on HOST:PORT; returns the bound address and a stop function."""
+def _guarded(app: Any, token: bytes | None) -> Any:
+    """The WSGI app, answering 401 to a request without ``Authorization: Bearer token``."""
+    if token is None:
+        return app
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        scheme, _, presented = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(),
+                                                              token):
+            return app(environ, start_response)
+        start_response("401 Unauthorized", [("Content-Type", "text/plain"),
+                                             ("WWW-Authenticate", 'Bearer realm="metrics"')])
+        return [b"this /metrics needs Authorization: Bearer <the daemon's "
+                b"--metrics-token-file>\n"]
+
+    return guarded
+
+
+class _Quiet(WSGIRequestHandler):
+    timeout = 10.0  # seconds a scraper has for its TLS handshake and request
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve_http(address: str, token: bytes | None = None,
+               tls: ssl.SSLContext | None = None) -> tuple[str, Callable[[], None]]:
+    """Serve /metrics on HOST:PORT, asking for a bearer token and speaking TLS when given;
+    returns the bound address and a stop function."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise MetricsListenError(f"--metrics-listen {address!r}: expected HOST:PORT, "
                                  "e.g. 127.0.0.1:9464")
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+
     try:
-        server, thread = start_http_server(int(port), addr=host.strip("[]"), registry=REGISTRY)
+        server = make_server(host.strip("[]"), int(port),
+                             _guarded(make_wsgi_app(REGISTRY), token), Server,
+                             handler_class=_Quiet)
     except OSError as exc:
         raise MetricsListenError(f"cannot serve metrics on {address}: {exc.strerror}") from exc
+    if tls is not None:
+        # the handshake happens in the connection's thread, not in the accept loop
+        server.socket = tls.wrap_socket(server.socket, server_side=True,
+                                        do_handshake_on_connect=False)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
 
     def stop() -> None:
         server.shutdown()

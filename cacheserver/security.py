@@ -88,17 +88,17 @@ def load_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Tls
     return TlsMaterial(chain, key_pem, ca)
 
 
-def load_token(path: Path | None) -> bytes | None:
+def load_token(path: Path | None, flag: str = "--auth-token-file") -> bytes | None:
     """The bearer token in path (surrounding whitespace stripped); None when off."""
     if path is None:
         return None
-    token = _read("--auth-token-file", path).strip()
+    token = _read(flag, path).strip()
     if not token:
-        raise SecurityConfigError(f"--auth-token-file {path} is empty; write a random token "
+        raise SecurityConfigError(f"{flag} {path} is empty; write a random token "
                                   "into it, e.g. `openssl rand -hex 32 > FILE`")
     if any(c < 0x21 or c > 0x7E for c in token):
-        raise SecurityConfigError(f"--auth-token-file {path}: the token must be printable "
-                                  "ASCII without spaces (it travels in a gRPC header)")
+        raise SecurityConfigError(f"{flag} {path}: the token must be printable "
+                                  "ASCII without spaces (it travels in a header)")
     return token
 
 

@@ -128,6 +128,13 @@ class UnauthenticatedError(ShardcacheError):
     code, reason = status.Unauthenticated.code, status.Unauthenticated.reason
 
 
+class PermissionDeniedError(ShardcacheError, PermissionError):
+    """The daemon knows who the caller is, and its grants do not allow this verb on this
+    cache; the message names the principal, the verb and the cache."""
+
+    code, reason = status.PermissionDenied.code, status.PermissionDenied.reason
+
+
 class StoreUnavailableError(ServerUnavailableError):
     """The cache is in the daemon's object store, which the daemon cannot reach now; reads
     retry it like any UNAVAILABLE."""
@@ -137,8 +144,9 @@ class StoreUnavailableError(ServerUnavailableError):
 
 _BY_REASON.update({cls.reason: cls for cls in (
     CapacityExceededError, TooManyStreamsError, MessageTooLargeError, UnauthenticatedError,
-    StoreUnavailableError)})
+    StoreUnavailableError, PermissionDeniedError)})
 _BY_CODE[grpc.StatusCode.UNAUTHENTICATED] = UnauthenticatedError
+_BY_CODE[grpc.StatusCode.PERMISSION_DENIED] = PermissionDeniedError
 
 
 class CacheExistsError(ShardcacheError):

@@ -140,9 +140,20 @@ def _env_from(c: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _env_value(entry: dict[str, Any], defined: dict[str, str]) -> str:
+#: Secrets a test creates, by name: their data (the cluster's, never shipped).
+Secrets = dict[str, dict[str, str]]
+
+
+def _env_value(entry: dict[str, Any], defined: dict[str, str],
+               secrets: Secrets | None = None) -> str | None:
     """An env entry's value as the kubelet gives it: the pod IP of the one downward API
-    field the manifests use, $(VAR) expanded from the variables defined before it."""
+    field the manifests use, $(VAR) expanded from the variables defined before it; from a
+    Secret, its key if the test created it, else None (never shipped, so it must be
+    optional: the pod starts without it)."""
+    if "secretKeyRef" in entry.get("valueFrom", {}):
+        ref = entry["valueFrom"]["secretKeyRef"]
+        assert ref.get("optional") is True, f"{ref['name']} is not shipped: make it optional"
+        return (secrets or {}).get(ref["name"], {}).get(ref["key"])
     if "valueFrom" in entry:
         assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}, entry
         return POD_IP
@@ -176,14 +187,19 @@ def _volume_key(volume: dict[str, Any]) -> str:
 
 
 def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
-                client_name: str, root: Path) -> Deployment:
+                client_name: str, root: Path, secrets: Secrets | None = None) -> Deployment:
     server = container(server_spec, "cacheserver")
     paths = PathMap(root)
     for spec, c in ((server_spec, server), (client_spec, container(client_spec, client_name))):
         volumes = {v["name"]: v for v in spec["volumes"]}
         for mount in c["volumeMounts"]:
             # one directory per emptyDir of the pod, or per hostPath of the node
-            paths.add(mount["mountPath"], _volume_key(volumes[mount["name"]]))
+            volume = volumes[mount["name"]]
+            paths.add(mount["mountPath"], _volume_key(volume))
+            # a Secret's volume holds a file per key of the Secret, when the test made it
+            name = volume.get("secret", {}).get("secretName")
+            for key, value in (secrets or {}).get(name, {}).items():
+                (paths.prefixes[mount["mountPath"].rstrip("/")] / key).write_text(value)
     command = [*server["command"], *server["args"]]
     argv = [paths(a) for a in command]
     # the image's `cacheserver` is the console script this venv installed; not mapped,
@@ -201,13 +217,14 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
         data_port = new
     env = {k: paths(v) for k, v in _env_from(server).items()}
     for entry in server.get("env", []):
-        env[entry["name"]] = paths(_env_value(entry, env))
+        if (value := _env_value(entry, env, secrets)) is not None:
+            env[entry["name"]] = paths(value)
     metrics_url = None
     if "CACHESERVER_METRICS_LISTEN" in env:
         env["CACHESERVER_METRICS_LISTEN"] = _local_port(env["CACHESERVER_METRICS_LISTEN"])
         metrics_url = f"http://{env['CACHESERVER_METRICS_LISTEN']}/metrics"
-    client_env = {e["name"]: paths(e["value"])
-                  for e in container(client_spec, client_name)["env"]}
+    client_env = {e["name"]: paths(value) for e in container(client_spec, client_name)["env"]
+                  if (value := _env_value(e, {}, secrets)) is not None}
     if "SHARDCACHE_TARGETS" in client_env:
         client_env["SHARDCACHE_TARGETS"] = _fleet_here(client_env["SHARDCACHE_TARGETS"],
                                                        pod_port, probe_port)
@@ -225,9 +242,9 @@ def sidecar_deployment(root: Path) -> Deployment:
     return _deployment(spec, spec, "train", root)
 
 
-def daemonset_deployment(root: Path) -> Deployment:
+def daemonset_deployment(root: Path, secrets: Secrets | None = None) -> Deployment:
     spec = load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"]
-    return _deployment(spec, load_one(CLIENT_POD, "Pod")["spec"], "train", root)
+    return _deployment(spec, load_one(CLIENT_POD, "Pod")["spec"], "train", root, secrets)
 
 
 def kubelet_probe(port: int, probe: dict[str, Any], deadline_s: float) -> None:

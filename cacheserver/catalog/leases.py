@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +61,8 @@ class Lease:
     #: fallback (the ticket unused).
     presented: bool = False
     fell_back: bool = False
+    #: Who took it (the RPC edge's principal): its grant is the ticket's.
+    holder: object = None
 
 
 def _digest(ticket: bytes) -> bytes:
@@ -120,14 +122,14 @@ class LeaseTable:
             self._end(lease)
 
     def acquire(self, name: str, fingerprint: str, epoch_start: bool,
-                shards: Sequence[int] = (), peer: str = ""
+                shards: Sequence[int] = (), peer: str = "", holder: object = None
                 ) -> tuple[Lease, CacheRecord, list[Path]]:
         """Lease the READY cache name: (lease, its record, absolute shard directories).
 
         shards: the ones the reader reads (empty: all), on disk when this returns.
         peer: the caller's IP address, to get a data-plane ticket bound to it."""
         self.catalog.get_ready(name, fingerprint)  # NOT_FOUND / WRITING / mismatch first
-        lease = Lease(secrets.token_hex(16), name, 0.0)
+        lease = Lease(secrets.token_hex(16), name, 0.0, holder=holder)
         lease.reading.enter_context(reads.reading(self.catalog, name, hit=epoch_start))
         try:  # the cache may have been replaced between the check and the mark
             record = self.catalog.get_ready(name, fingerprint)
@@ -181,6 +183,17 @@ class LeaseTable:
             lease = self._leases.pop(lease_id, None)
         if lease is not None:
             self._end(lease)
+
+    def release_where(self, ended: Callable[[Lease], bool]) -> int:
+        """End every lease for which ended(lease) is true (its holder lost its grant);
+        their tickets stop working at once. Returns how many ended."""
+        with self._cond:
+            leases = [lease for lease in self._leases.values() if ended(lease)]
+            for lease in leases:
+                del self._leases[lease.id]
+        for lease in leases:
+            self._end(lease)
+        return len(leases)
 
     def by_ticket(self, ticket: bytes) -> Lease | None:
         """The live lease whose ticket this is, marked presented; None: unknown or ended."""

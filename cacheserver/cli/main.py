@@ -52,7 +52,8 @@ def main() -> None:
                    "CACHESERVER_* variables override it. [env: CACHESERVER_CONFIG]")
 @config.click_options
 def serve(config_file: Path | None, **flags: object) -> None:
-    """Run the daemon until SIGTERM/SIGINT, then drain streams and exit 0.
+    """Run the daemon until SIGTERM/SIGINT, then drain streams and exit 0; SIGHUP rereads
+    --auth-file.
 
     Binds 127.0.0.1:50051 unless --listen says otherwise. Serves gRPC health
     checking (grpc.health.v1) and server reflection on every address. Every

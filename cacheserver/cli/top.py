@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import click
@@ -28,12 +29,15 @@ _READER_KEYS = ("training_job", "rank", "cache", "path")
 WINDOW_S = 15.0
 
 
-def scrape(url: str) -> Samples:
-    """One scrape of /metrics as {(sample name, sorted labels): value}."""
+def scrape(url: str, token: str = "") -> Samples:
+    """One scrape of /metrics as {(sample name, sorted labels): value}, with the daemon's
+    --metrics-token-file token when it asks for one."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError) as exc:
         raise click.ClickException(
@@ -170,10 +174,16 @@ def render(f: Frame, where: str) -> Any:
 @click.option("--target", default=None,
               help="The daemon's address, for its caches: HOST:PORT or unix:///path.sock "
                    "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051].")
+@click.option("--metrics-token-file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None,
+              help="File holding the token the daemon's /metrics asks for (serve "
+                   "--metrics-token-file). An https:// --metrics URL is checked against the "
+                   "system's CAs, or the bundle in $SSL_CERT_FILE.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds between frames (and between the two scrapes of --once).")
 @click.option("--once", is_flag=True, help="Print one frame and exit (no terminal needed).")
-def top(metrics_url: str, target: str | None, interval: float, once: bool) -> None:
+def top(metrics_url: str, target: str | None, metrics_token_file: Path | None,
+        interval: float, once: bool) -> None:
     """A live view of a daemon: its readers (rates, input stall), caches, store transfers.
 
     A reader's STALL is the share of the time its training loop asked for data the
@@ -193,11 +203,16 @@ def top(metrics_url: str, target: str | None, interval: float, once: bool) -> No
         except ShardcacheError:
             return []
 
+    try:
+        token = metrics_token_file.read_text().strip() if metrics_token_file else ""
+    except OSError as exc:
+        raise click.ClickException(f"cannot read --metrics-token-file {metrics_token_file}: "
+                                   f"{exc.strerror}") from exc
     console = Console()
     with CacheClient(target, report=False) as cc:
-        before, when = scrape(metrics_url), time.monotonic()
+        before, when = scrape(metrics_url, token), time.monotonic()
         time.sleep(interval)
-        after, now = scrape(metrics_url), time.monotonic()
+        after, now = scrape(metrics_url, token), time.monotonic()
         shown = render(frame(before, after, now - when, caches(cc)), metrics_url)
         if once:
             console.print(shown)
@@ -208,7 +223,7 @@ def top(metrics_url: str, target: str | None, interval: float, once: bool) -> No
                 while True:
                     time.sleep(interval)
                     now = time.monotonic()
-                    seen.append((now, scrape(metrics_url)))
+                    seen.append((now, scrape(metrics_url, token)))
                     while len(seen) > 2 and now - seen[1][0] >= WINDOW_S:
                         seen.popleft()
                     (when, before), (_, after) = seen[0], seen[-1]

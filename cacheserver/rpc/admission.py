@@ -103,7 +103,7 @@ def accepted(request: Any) -> Any:
     return request
 
 
-def _end_stream(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+def end_stream(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> None:
     """End a call from outside its handler's thread, with a status the client sees."""
     context.set_code(code)  # for the request log line
     context.set_details(details)
@@ -167,4 +167,4 @@ class IdleStreams:
                            "library resumes where it stopped)")
                 log.warning("ended a %s stream of %s: its reader took nothing for %gs "
                             "(--stream-idle-timeout)", short, context.peer(), self.timeout)
-                _end_stream(context, grpc.StatusCode.UNAVAILABLE, details)
+                end_stream(context, grpc.StatusCode.UNAVAILABLE, details)

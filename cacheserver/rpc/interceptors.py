@@ -2,11 +2,15 @@
 
 One gRPC server interceptor wraps every method handler:
 
-- bearer token: when the daemon has one (``--auth-token-file``), every call
-  but ``grpc.health.v1.Health/*`` must carry ``authorization: Bearer <token>``;
-  compared in constant time; otherwise UNAUTHENTICATED.
-  A call without it gets a handler that never receives its message
-  (rpc/admission.py), so its body costs the daemon nothing.
+- who calls: when the daemon has credentials (``--auth-file``,
+  ``--auth-token-file``), every call but ``grpc.health.v1.Health/*`` must name
+  a principal, by ``authorization: Bearer <token>`` or its mutual-TLS client
+  certificate (rpc/callers.py); otherwise UNAUTHENTICATED. A call refused from
+  its headers gets a handler that never receives its message
+  (rpc/admission.py), so its body costs the daemon nothing. What the principal
+  may do, the service asks cacheserver/access.py.
+- audit: one line on the ``cacheserver.audit`` logger per state-changing call
+  (principal, verb, cache, method, result).
 - streams per client: at most ``max_streams_per_client`` streaming calls per
   client host at once (every unix-socket client is the same peer "unix:"),
   and at most ``max_streams`` in all.
@@ -20,7 +24,6 @@ One gRPC server interceptor wraps every method handler:
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -30,15 +33,21 @@ from typing import Any
 
 import grpc
 
-from cacheserver import metrics
+from cacheserver import access, metrics
+from cacheserver.access import Authority, Principal, Verb
 from cacheserver.logs import shown
 from cacheserver.rpc import admission
+from cacheserver.rpc.callers import Callers
 from client.wire.chunks import read_shard_data_bytes
 from client.wire.status import REASON_KEY, CacheServerError, TooManyStreams, Unauthenticated
 
 log = logging.getLogger("cacheserver.requests")
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _STREAM_KIND = {"ReadShard": "read", "WriteCache": "write"}
+#: The calls that change state, audited with the verb they need.
+AUDITED = {"WriteCache": Verb.WRITE, "StartMaterialize": Verb.WRITE,
+           "CancelOperation": Verb.WRITE, "DeleteCache": Verb.ADMIN,
+           "SetCacheRetention": Verb.ADMIN}
 
 
 def _peer_host(peer: str) -> str:
@@ -60,6 +69,7 @@ class _Call:
         self.cache = ""
         self.bytes = 0
         self.start = time.monotonic()
+        self.principal: Principal | None = None
 
     def see_request(self, request: Any) -> None:
         name = getattr(request, "name", None)
@@ -97,17 +107,22 @@ class _Call:
         fields = {"method": short, "cache": self.cache, "code": code.name,
                   "duration_seconds": round(duration, 6), "bytes": self.bytes,
                   "peer": self.context.peer()}
+        if self.principal is not None:
+            fields["principal"] = self.principal.name
         level = logging.DEBUG if self.method.startswith(HEALTH_PREFIX) else logging.INFO
         log.log(level, "%s cache=%s code=%s %.3fs %d bytes", short, self.cache or "-",
                 code.name, duration, self.bytes, extra={"fields": fields})
+        if short in AUDITED and self.method.startswith("/cacheserver."):
+            access.audit(self.principal.name if self.principal else "-", AUDITED[short],
+                         self.cache, short, code.name)
 
 
 class ServerInterceptor(grpc.ServerInterceptor):
-    def __init__(self, token: bytes | None = None, max_streams_per_client: int = 0, *,
+    def __init__(self, callers: Callers | None = None, max_streams_per_client: int = 0, *,
                  max_streams: int = 0, max_message_bytes: int = 0,
                  control_pool: Any = None,
                  idle: admission.IdleStreams | None = None) -> None:
-        self._token = token
+        self.callers = callers or Callers(Authority(None))
         self._max_streams = max_streams_per_client
         self._max_total = max_streams or max_streams_per_client
         self._max_message_bytes = max_message_bytes
@@ -133,15 +148,11 @@ class ServerInterceptor(grpc.ServerInterceptor):
             if not self._in_flight:
                 self._idle.notify_all()
 
-    def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
-        if self._token is None or details.method.startswith(HEALTH_PREFIX):
-            return True
-        for key, value in details.invocation_metadata or ():
-            if key == "authorization" and isinstance(value, str):
-                scheme, _, presented = value.partition(" ")
-                if scheme.lower() == "bearer":
-                    return hmac.compare_digest(presented.strip().encode(), self._token)
-        return False
+    def _caller(self, details: grpc.HandlerCallDetails) -> tuple[Principal | None, bool]:
+        """(principal, final) from the headers (rpc/callers.py); health is anyone's."""
+        if details.method.startswith(HEALTH_PREFIX):
+            return access.ANYONE, True
+        return self.callers.from_headers(details.invocation_metadata)
 
     def _enter_stream(self, context: grpc.ServicerContext) -> str:
         peer = _peer_host(context.peer())
@@ -173,19 +184,25 @@ class ServerInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         method = details.method
-        authorized = self._authorized(details)
+        principal, final = self._caller(details)
+        authorized = principal is not None or not final
+        callers = self.callers
         limited = self._max_streams > 0 and not method.startswith(HEALTH_PREFIX) and (
             handler.request_streaming or handler.response_streaming)
         kind = _STREAM_KIND.get(method.rsplit("/", 1)[-1])
         interceptor = self
         idle = self._idle_streams
 
-        def guard(context: grpc.ServicerContext) -> None:
-            if not authorized:
+        def guard(context: grpc.ServicerContext, call: _Call) -> None:
+            caller = principal if final else callers.from_certificate(context)
+            if caller is None:
                 _deny(context, Unauthenticated(
-                    f"{method}: this daemon requires a bearer token; pass "
-                    "CacheClient(token=...) or set CACHESERVER_TOKEN (the wrong token gets "
-                    "this too)"))
+                    f"{method}: this daemon requires a bearer token or a client certificate "
+                    "it knows; pass CacheClient(token=...) or set CACHESERVER_TOKEN (the wrong "
+                    "token gets this too)"))
+                return
+            call.principal = caller
+            callers.bind(context, caller)
 
         def stream(inner: Callable[..., Iterator[Any]], request: Any,
                    context: grpc.ServicerContext, streaming_request: bool) -> Iterator[Any]:
@@ -196,7 +213,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
             if kind:
                 metrics.ACTIVE_STREAMS.labels(kind).inc()
             try:
-                guard(context)
+                guard(context, call)
                 if limited:
                     peer = interceptor._enter_stream(context)
                 request = parsed(request, context)
@@ -221,6 +238,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                     interceptor._leave_stream(peer)
                 if kind:
                     metrics.ACTIVE_STREAMS.labels(kind).dec()
+                callers.unbind(context)
                 call.end(failed)
                 interceptor._track(-1)
 
@@ -230,7 +248,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
             call = _Call(method, context)
             failed: BaseException | None = None
             try:
-                guard(context)
+                guard(context, call)
                 request = parsed(request, context)
                 if streaming_request:
                     request = _observed(request, call)
@@ -241,6 +259,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 failed = exc
                 raise
             finally:
+                callers.unbind(context)
                 call.end(failed)
                 interceptor._track(-1)
 

@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cacheserver import metrics
+from cacheserver.access import Authority
 from cacheserver.catalog.capacity import Capacity, DiskWatch, TtlSweeper
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.leases import LeaseTable
@@ -26,10 +27,11 @@ from cacheserver.materialize.materializer import Materializer
 from cacheserver.materialize.policy import Policy
 from cacheserver.plane.server import DataPlane
 from cacheserver.rpc import admission
+from cacheserver.rpc.callers import Callers
 from cacheserver.rpc.interceptors import ServerInterceptor
 from cacheserver.rpc.service import CacheService
 from cacheserver.rpc.streams import wire_handlers
-from cacheserver.security import load_tls, load_token, warn_if_exposed
+from cacheserver.security import SecurityConfigError, load_tls, load_token, warn_if_exposed
 from cacheserver.tier.bucket import Bucket, StoreRefused
 from client.wire.limits import MAX_MESSAGE_BYTES
 from client.wire.status import StoreUnavailable
@@ -100,11 +102,15 @@ class ServerConfig:
     ttl_sweep_interval: float = 60.0
     lease_ttl: float = 30.0
     metrics_listen: str = ""
+    metrics_token_file: Path | None = None
+    metrics_tls: bool = False
+    metrics_readers: bool = True
     data_listen: str = "auto"
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     auth_token_file: Path | None = None
+    auth_file: Path | None = None
     socket_mode: int = 0o660
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_streams_per_client: int = 48
@@ -185,15 +191,19 @@ class CacheServer:
         self._stream_limits = stream_limits(config.max_workers, config.max_streams,
                                             config.max_streams_per_client)
         self._tls = load_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
-        token = load_token(config.auth_token_file)
+        self.authority = Authority(config.auth_file, load_token(config.auth_token_file))
+        self._metrics_token = load_token(config.metrics_token_file, "--metrics-token-file")
+        if config.metrics_tls and self._tls is None:
+            raise SecurityConfigError("--metrics-tls serves /metrics with --tls-cert and "
+                                      "--tls-key: pass them too")
         self._lock = DataDirLock(config.data_dir)  # before anything reads or changes the data
         try:
-            self._setup(config, token)
+            self._setup(config)
         except BaseException:
             self._lock.release()
             raise
 
-    def _setup(self, config: ServerConfig, token: bytes | None) -> None:
+    def _setup(self, config: ServerConfig) -> None:
         capacity = Capacity(config.data_dir, config.max_bytes, config.min_free_bytes)
         self.catalog = Catalog(config.data_dir, capacity, open_store(config),
                                pull_all=config.store_pull == "all")
@@ -203,7 +213,9 @@ class CacheServer:
             self.catalog, tuple(map(str, config.pythonpath)),
             policy=Policy.from_settings(config.materialize_allow, config.allow_shipped_pipelines))
         self.leases = LeaseTable(self.catalog, config.lease_ttl)
-        self.service = CacheService(self.catalog, self.materializer, self.leases)
+        callers = Callers(self.authority)
+        self.service = CacheService(self.catalog, self.materializer, self.leases, callers,
+                                    report_readers=config.metrics_readers)
         self.health = health.HealthServicer()
         self._disk = DiskWatch(config.data_dir, self._writes_health)
         metrics.DISK_FREE_BYTES.set_function(self._disk.free_bytes)
@@ -222,7 +234,7 @@ class CacheServer:
                                                         thread_name_prefix="control")
         self._idle_streams = admission.IdleStreams(config.stream_idle_timeout)
         self._calls = ServerInterceptor(
-            token, per_client, max_streams=max_streams,
+            callers, per_client, max_streams=max_streams,
             max_message_bytes=config.max_message_bytes, control_pool=self._control_pool,
             idle=self._idle_streams)
         self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
@@ -246,7 +258,9 @@ class CacheServer:
         self.metrics_address = ""
         self._stop_metrics = lambda: None
         if config.metrics_listen:
-            self.metrics_address, self._stop_metrics = metrics.serve_http(config.metrics_listen)
+            self.metrics_address, self._stop_metrics = metrics.serve_http(
+                config.metrics_listen, self._metrics_token,
+                self._tls.server_context() if config.metrics_tls and self._tls else None)
         self._stopped = threading.Event()
 
     def _bind(self, address: str) -> str:
@@ -287,9 +301,11 @@ class CacheServer:
         log.info("serving %d caches from %s on %s%s%s", len(self.catalog.list()),
                  self.config.data_dir, ", ".join(self.addresses),
                  f"; data plane on {self.data_plane.address}" if self.data_plane else "",
-                 f"; metrics on http://{self.metrics_address}/metrics"
+                 f"; metrics on http{'s' if self.config.metrics_tls else ''}://"
+                 f"{self.metrics_address}/metrics"
                  if self.metrics_address else "")
         self._disk.start()
+        self.authority.watch()
         sd_notify("READY=1")
 
     def stop(self, grace: float | None = None) -> None:
@@ -312,6 +328,7 @@ class CacheServer:
         stopped.wait()
         if not self._calls.wait_idle(5.0):
             log.warning("some cancelled calls were still unwinding 5s after the drain")
+        self.authority.stop()
         self._sweeper.stop()
         self._idle_streams.stop()
         self._control_pool.shutdown(wait=False)
@@ -332,8 +349,13 @@ class CacheServer:
             log.info("received %s", signal.Signals(signum).name)
             threading.Thread(target=self.stop, name="shutdown", daemon=True).start()
 
+        def reload(signum: int, frame: object) -> None:
+            log.info("received SIGHUP: rereading the credentials")
+            threading.Thread(target=self.authority.reload, name="reload", daemon=True).start()
+
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGHUP, reload)
         self.start()
         while not self._stopped.wait(0.5):
             pass

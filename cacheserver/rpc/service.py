@@ -1,7 +1,8 @@
 """The gRPC adapter: translates requests to catalog calls and errors to statuses.
 
-It decides nothing; the logic lives in :mod:`cacheserver.catalog` and
-:mod:`cacheserver.materialize`.
+It decides nothing; the logic lives in :mod:`cacheserver.catalog`,
+:mod:`cacheserver.materialize` and, for who may do what, :mod:`cacheserver.access`
+(asked through rpc/callers.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cacheserver import metrics
+from cacheserver.access import Authority, Verb
 from cacheserver.catalog import reads, remote
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.direct_writes import StagedShard
@@ -28,6 +30,7 @@ from cacheserver.logs import shown
 from cacheserver.materialize.materializer import Materializer
 from cacheserver.reader_reports import READERS
 from cacheserver.rpc import validate
+from cacheserver.rpc.callers import Callers
 from cacheserver.rpc.operations import operation_to_proto
 from cacheserver.rpc.streams import BegunGuard
 from cacheserver.security import peer_ip
@@ -128,10 +131,15 @@ class CacheService(pb_grpc.CacheServiceServicer):
     """Serves one catalog. Tracks open streams so shutdown can drain them."""
 
     def __init__(self, catalog: Catalog, materializer: Materializer | None = None,
-                 leases: LeaseTable | None = None) -> None:
+                 leases: LeaseTable | None = None, callers: Callers | None = None,
+                 report_readers: bool = True) -> None:
         self.catalog = catalog
         self.materializer = materializer or Materializer(catalog)
         self.leases = leases or LeaseTable(catalog)
+        self.callers = callers or Callers(Authority(None))
+        self.callers.end_leases_with_grants(self.leases)
+        #: Keep the readers' reports for /metrics (off: accepted and dropped).
+        self.report_readers = report_readers
         self._draining = threading.Event()
         #: The data plane's port, set when it serves (cacheserver/plane); 0: none.
         self.data_port = 0
@@ -144,18 +152,21 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def ListCaches(self, request: pb.ListCachesRequest,
                    context: grpc.ServicerContext) -> pb.ListCachesResponse:
+        caller = self.callers.of(context)
         if not request.store:
-            return pb.ListCachesResponse(caches=[self._proto(r) for r in self.catalog.list()])
+            return pb.ListCachesResponse(caches=[self._proto(r) for r in self.catalog.list()
+                                                 if caller.may(Verb.READ, r.name)])
         tier = self._tier()
         local = {r.name for r in self.catalog.list()}
         return pb.ListCachesResponse(caches=[
             self._proto(s.record) if s.record.name in local else _remote(s.record)
-            for s in tier.list_stored()])
+            for s in tier.list_stored() if caller.may(Verb.READ, s.record.name)])
 
     @_translating
     def GetCache(self, request: pb.GetCacheRequest,
                  context: grpc.ServicerContext) -> pb.GetCacheResponse:
         validate.name(request.name)
+        self.callers.check(context, Verb.READ, request.name)
         try:
             return pb.GetCacheResponse(cache=self._proto(self.catalog.get(request.name)))
         except CacheNotFound:
@@ -168,6 +179,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
     def DeleteCache(self, request: pb.DeleteCacheRequest,
                     context: grpc.ServicerContext) -> pb.DeleteCacheResponse:
         validate.name(request.name)
+        self.callers.check(context, Verb.ADMIN, request.name)
         local, stored = self.catalog.delete(request.name, store=request.store)
         log.info("deleted cache %r (%s)", request.name, " and ".join(
             w for w, done in (("this daemon's copy", local), ("the stored copy", stored))
@@ -185,6 +197,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
                   context: grpc.ServicerContext) -> Iterator[bytes]:
         """Serialized ReadShardResponses (streams.wire_handlers passes them as they are)."""
         validate.read(request.name, request.fingerprint)
+        self.callers.check(context, Verb.READ, request.name, "ReadShard")
         whole_shard = request.start == 0 and not request.count
         with reads.reading(self.catalog, request.name, hit=request.epoch_start or whole_shard):
             chunks = reads.read_shard(self.catalog, request.name, request.shard, request.start,
@@ -207,6 +220,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
         begin = first.begin
         validate.write_begin(begin.name, begin.fingerprint, begin.layout_json,
                              begin.element_spec, begin.shard_bytes)
+        self.callers.check(context, Verb.WRITE, begin.name, "WriteCache")
         decision, record, session = self.catalog.begin_write(
             begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
             begin.shard_bytes)
@@ -265,6 +279,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
         pinned = request.pinned if request.HasField("pinned") else None
         ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
         validate.retention(request.name, ttl)
+        self.callers.check(context, Verb.ADMIN, request.name)
         record = self.catalog.set_retention(request.name, pinned, ttl)
         log.info("cache %r: pinned=%s ttl_seconds=%s", request.name, pinned, ttl)
         return pb.SetCacheRetentionResponse(cache=self._proto(record))
@@ -278,25 +293,27 @@ class CacheService(pb_grpc.CacheServiceServicer):
             raise ShuttingDown("the daemon is shutting down; retry against its replacement")
         validate.start_materialize(request.name, request.entry_point, request.element_spec,
                                    request.fingerprint)
+        starter = self.callers.check(context, Verb.WRITE, request.name)
         snap = self.materializer.start(
             request.name, entry_point=request.entry_point, graph_def=request.graph_def,
             element_spec=request.element_spec, num_shards=request.num_shards,
             workers=request.workers, overwrite=request.overwrite, resume=request.resume,
             fingerprint=request.fingerprint,
             block_bytes=request.block_bytes if request.HasField("block_bytes") else None)
+        self.callers.started(snap.name, starter)
         return pb.StartMaterializeResponse(operation=operation_to_proto(snap))
 
     @_translating
     def GetOperation(self, request: pb.GetOperationRequest,
                      context: grpc.ServicerContext) -> pb.GetOperationResponse:
-        validate.operation(request.name)
+        self._follow(context, request.name)
         return pb.GetOperationResponse(
             operation=operation_to_proto(self.materializer.get(request.name)))
 
     @_translating
     def WatchOperation(self, request: pb.WatchOperationRequest,
                        context: grpc.ServicerContext) -> Iterator[pb.WatchOperationResponse]:
-        validate.operation(request.name)
+        self._follow(context, request.name)
         validate.watch_interval(request.interval)
         for snap in self.materializer.watch(request.name, request.interval, context.is_active):
             yield pb.WatchOperationResponse(operation=operation_to_proto(snap))
@@ -304,14 +321,19 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def CancelOperation(self, request: pb.CancelOperationRequest,
                         context: grpc.ServicerContext) -> pb.CancelOperationResponse:
-        validate.operation(request.name)
+        self._follow(context, request.name)
         return pb.CancelOperationResponse(
             operation=operation_to_proto(self.materializer.cancel(request.name)))
+
+    def _follow(self, context: grpc.ServicerContext, operation: str) -> None:
+        validate.operation(operation)
+        self.callers.check_follow(context, operation)
 
     @_translating
     def ReadElements(self, request: pb.ReadElementsRequest,
                      context: grpc.ServicerContext) -> Iterator[pb.ReadElementsResponse]:
         validate.read_elements(request.name, request.fingerprint, request.indices)
+        self.callers.check(context, Verb.READ, request.name, "ReadElements")
         with reads.reading(self.catalog, request.name, hit=request.epoch_start):
             chunks = reads.read_elements(self.catalog, request.name, request.fingerprint,
                                          request.indices, request.chunk_bytes)
@@ -327,9 +349,11 @@ class CacheService(pb_grpc.CacheServiceServicer):
     def AcquireReadLease(self, request: pb.AcquireReadLeaseRequest,
                          context: grpc.ServicerContext) -> pb.AcquireReadLeaseResponse:
         validate.read(request.name, request.fingerprint)
+        holder = self.callers.check(context, Verb.READ, request.name)
         peer = peer_ip(context.peer()) if request.data_plane and self.data_port else ""
         lease, record, paths = self.leases.acquire(request.name, request.fingerprint,
-                                                   request.epoch_start, request.shards, peer)
+                                                   request.epoch_start, request.shards, peer,
+                                                   holder)
         return pb.AcquireReadLeaseResponse(
             lease_id=lease.id, ttl_seconds=self.leases.ttl, cache=self._proto(record),
             data_dir=str(self.leases.data_dir), shard_dirs=[str(p) for p in paths],
@@ -369,6 +393,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
     @_translating
     def ReportReads(self, request: pb.ReportReadsRequest,
                     context: grpc.ServicerContext) -> pb.ReportReadsResponse:
-        READERS.report(request.reporter, validate.report_reads(request.reporter,
-                                                               request.readers))
+        readers = validate.report_reads(request.reporter, request.readers)
+        for labels, _ in readers:
+            self.callers.check(context, Verb.READ, labels.cache)
+        if self.report_readers:
+            READERS.report(request.reporter, readers)
         return pb.ReportReadsResponse(expiry_seconds=READERS.expiry)

@@ -96,6 +96,14 @@ class Unauthenticated(CacheServerError):
     reason = "UNAUTHENTICATED"
 
 
+class PermissionDenied(CacheServerError):
+    """The caller's credentials do not grant this verb on this cache (the daemon's
+    --auth-file); the message names the principal, the verb and the cache."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
+
+
 class CacheExists(CacheServerError):
     """A READY cache already has that name (materialize needs overwrite)."""
 

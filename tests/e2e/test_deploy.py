@@ -133,6 +133,45 @@ def test_the_manifest_daemon_serves_probes_and_the_client_then_drains_on_sigterm
             proc.wait(30)
 
 
+def test_the_daemonset_with_its_credentials_secret_serves_only_the_tokens_it_names(
+        scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two Secrets of daemonset.yaml and client-pod.yaml created as the comments say:
+    the daemon reads auth.toml from the mounted Secret, the trainer's token gets its team's
+    caches, a call without a token is refused, the kubelet's probes still pass."""
+    from client import CacheClient, PermissionDeniedError, UnauthenticatedError
+
+    manifest = DAEMONSET.read_text()
+    auth_path = re.search(r"--from-literal=auth-file=(\S+)", manifest)
+    assert auth_path, "daemonset.yaml no longer says how to create shardcache-auth"
+    secrets = {
+        "shardcache-auth": {
+            "auth.toml": '[[principal]]\nname = "team-a"\ntoken = "team-a-token"\n'
+                         'grants = [{ verbs = ["read", "write"], caches = ["team-a-*"] }]\n',
+            "auth-file": auth_path.group(1)},
+        "shardcache-token": {"token": "team-a-token"}}
+    dep = daemonset_deployment(scratch, secrets)
+    assert dep.env["CACHESERVER_AUTH_FILE"].startswith(str(scratch))
+    with open(scratch / "daemon.log", "wb") as log:
+        proc = subprocess.Popen(dep.argv, env={**os.environ, **dep.env},
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        startup = dep.probes["startupProbe"]
+        kubelet_probe(dep.probe_port, startup,
+                      float(startup["periodSeconds"]) * float(startup["failureThreshold"]))
+        kubelet_probe(dep.probe_port, dep.probes["readinessProbe"], 5)
+        monkeypatch.delenv("CACHESERVER_TOKEN", raising=False)
+        with CacheClient(dep.client_target) as cc, pytest.raises(UnauthenticatedError):
+            cc.list()
+        assert dep.client_env["CACHESERVER_TOKEN"] == "team-a-token"
+        monkeypatch.setenv("CACHESERVER_TOKEN", dep.client_env["CACHESERVER_TOKEN"])
+        with CacheClient(dep.client_target) as cc:
+            assert cc.list() == []
+            with pytest.raises(PermissionDeniedError, match="team-a may not admin"):
+                cc.pin("team-a-x")
+    finally:
+        proc.kill()
+        proc.wait(30)
+
 
 # --- the systemd unit ------------------------------------------------------------------
 

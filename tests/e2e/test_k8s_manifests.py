@@ -103,7 +103,8 @@ def test_the_daemonset_keeps_caches_and_socket_on_host_paths_the_client_pod_moun
     spec = load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"]
     server = container(spec, "cacheserver")
     volumes = {v["name"]: v for v in spec["volumes"]}
-    host = {m["mountPath"]: volumes[m["name"]]["hostPath"] for m in server["volumeMounts"]}
+    host = {m["mountPath"]: volumes[m["name"]]["hostPath"] for m in server["volumeMounts"]
+            if "hostPath" in volumes[m["name"]]}
     assert host[flag(server["args"], "--data-dir")]["type"] == "DirectoryOrCreate"
     client_spec = load_one(CLIENT_POD, "Pod")["spec"]
     client_volumes = {v["name"]: v for v in client_spec["volumes"]}
@@ -149,7 +150,7 @@ def test_the_fleet_service_is_headless_over_every_ready_daemon_and_the_client_po
     assert f"0.0.0.0:{port['port']}" in listens
     namespace = yaml.safe_load((K8S / "daemonset" / "kustomization.yaml").read_text())["namespace"]
     [train] = load_one(CLIENT_POD, "Pod")["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in train["env"]}
+    env = {e["name"]: e["value"] for e in train["env"] if "value" in e}
     fleet = f"dns:///{service['metadata']['name']}.{namespace}.svc.cluster.local:{port['port']}"
     assert parse_targets(env["SHARDCACHE_TARGETS"]) == [fleet]
     # the node's own daemon stays at hand: the CLI's target, and CacheClient()'s without a store
@@ -329,3 +330,22 @@ def test_the_materialize_job_command_runs_one_index_and_says_if_the_store_is_unr
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "s3://BUCKET/PREFIX" in result.stderr, result.stderr
 
+
+
+def test_the_daemonset_reads_its_credentials_from_a_secret_and_the_client_its_token(
+        ) -> None:
+    spec = load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"]
+    server = container(spec, "cacheserver")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    [mount] = [m for m in server["volumeMounts"] if "secret" in volumes[m["name"]]]
+    secret = volumes[mount["name"]]["secret"]
+    assert mount["readOnly"] is True and secret["optional"] is True
+    env = {e["name"]: e for e in server["env"]}
+    ref = env["CACHESERVER_AUTH_FILE"]["valueFrom"]["secretKeyRef"]
+    # the path comes from the same Secret: no Secret, no --auth-file (the daemon runs open)
+    assert ref["name"] == secret["secretName"] and ref["optional"] is True
+    assert f"--from-literal={ref['key']}={mount['mountPath']}/auth.toml" in \
+        DAEMONSET.read_text()
+    [train] = load_one(CLIENT_POD, "Pod")["spec"]["containers"]
+    token = {e["name"]: e for e in train["env"]}["CACHESERVER_TOKEN"]
+    assert token["valueFrom"]["secretKeyRef"]["optional"] is True
