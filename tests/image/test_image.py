@@ -153,9 +153,11 @@ def pod(podman: Podman) -> Iterator[Pod]:
         podman("volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
                "--opt", "o=uid=10001,gid=10001,mode=0750", p.volumes["socket"])
         podman("pod", "create", "--name", p.name, "--publish", f"127.0.0.1:{p.port}:50051")
-        # the image's own command (the manifests'), locked down as the manifest locks it
+        # the image's own command (the manifests'), locked down as the manifest locks it:
+        # a read-only root with no tmpfs on /tmp or /run, as readOnlyRootFilesystem gives
         p.daemon = f"{p.name}-cacheserver"
-        podman("create", "--pod", p.name, "--name", p.daemon, "--read-only",
+        podman("create", "--pod", p.name, "--name", p.daemon,
+               "--read-only", "--read-only-tmpfs=false",
                "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                "--volume", f"{p.volumes['cache']}:{DATA_DIR}",
                "--volume", f"{p.volumes['socket']}:{SOCKET_DIR}", IMAGE)
