@@ -37,6 +37,7 @@ from deploy_tree import (
     kubelet_probe,
     load_one,
 )
+from waits import wait_until
 
 from client import CacheClient
 
@@ -283,3 +284,52 @@ def test_the_sidecar_jobs_pod_plays_in_podman_and_its_trainer_reads_directly(
         assert podman.log(server)[-1] == "stopped"
     finally:
         podman("kube", "down", str(manifest), check=False)
+
+
+# --- the -tf image: a daemon that materializes -------------------------------------------
+
+def _has_socket(podman: Podman, container_name: str) -> bool:
+    path = SOCKET_TARGET.removeprefix("unix://")
+    return subprocess.run(["podman", "exec", container_name, "test", "-S", path],
+                          env=podman.env, capture_output=True).returncode == 0
+
+
+TF_IMAGE = os.environ.get("SHARDCACHE_TF_IMAGE", f"{IMAGE}-tf")
+PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+
+
+def test_the_tf_image_materializes_an_entry_point_the_daemon_image_refuses_clearly(
+        podman: Podman) -> None:
+    if subprocess.run(["podman", "image", "exists", TF_IMAGE], env=podman.env).returncode:
+        pytest.skip(f"no image {TF_IMAGE}: make image-tf builds it")
+    name = f"shardcache-mat-{uuid.uuid4().hex[:8]}"
+    socket_volume = f"{name}-socket"
+    serve = ["serve", "--data-dir", DATA_DIR, "--listen", SOCKET_TARGET,
+             "--pythonpath", "/opt/pipelines", "--materialize-allow", "mat_pipelines"]
+    materialize = ["cacheserver", "materialize", "mat_pipelines:records", "--name", "m",
+                   "--shards", "2"]
+    try:
+        podman("volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
+               "--opt", "o=uid=10001,gid=10001,mode=0750", socket_volume)
+        for image in (IMAGE, TF_IMAGE):
+            daemon = f"{name}-{image.rpartition(':')[2]}"
+            podman("run", "--detach", "--name", daemon, "--read-only",
+                   "--read-only-tmpfs=false", "--volume", f"{socket_volume}:{SOCKET_DIR}",
+                   "--volume", f"{PIPELINES}:/opt/pipelines:ro", image, *serve)
+            exec_ = ["exec", "--env", f"SHARDCACHE_TARGET={SOCKET_TARGET}", daemon]
+            wait_until(lambda d=daemon: _has_socket(podman, d), 60,  # type: ignore[misc]
+                       f"{daemon}'s socket")
+            result = subprocess.run(["podman", *exec_, *materialize], env=podman.env,
+                                    capture_output=True, text=True, timeout=300)
+            if image == IMAGE:
+                assert result.returncode == 3, result.stderr
+                assert "has no TensorFlow" in result.stderr and "make image-tf" in result.stderr
+            else:
+                assert result.returncode == 0, result.stderr
+                listed = podman(*exec_, "cacheserver", "ls")
+                assert "m " in listed and "READY" in listed, listed
+            podman("rm", "--force", "--volumes", "--time", "0", daemon)
+    finally:
+        podman("rm", "--force", "--ignore", "--volumes", "--time", "0",
+               *(f"{name}-{i.rpartition(':')[2]}" for i in (IMAGE, TF_IMAGE)), check=False)
+        podman("volume", "rm", "--force", socket_volume, check=False)
