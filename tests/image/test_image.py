@@ -322,7 +322,7 @@ def test_the_tf_image_materializes_an_entry_point_the_daemon_image_refuses_clear
             result = subprocess.run(["podman", *exec_, *materialize], env=podman.env,
                                     capture_output=True, text=True, timeout=300)
             if image == IMAGE:
-                assert result.returncode == 3, result.stderr
+                assert result.returncode != 0, result.stderr
                 assert "has no TensorFlow" in result.stderr and "make image-tf" in result.stderr
             else:
                 assert result.returncode == 0, result.stderr
