@@ -72,3 +72,26 @@ screenshots: $(VENV)/.screenshots
 
 proto: $(VENV)/.dev
 	$(BIN)/python protos/generate.py
+
+# --- the container image (docs/deploy.md, "The image") --------------------------------------
+# make image: deploy/container/Containerfile built with podman from a wheelhouse of this host's
+# pip, on a Debian base made from packages (debootstrap, cached under /var/tmp) unless
+# IMAGE_BASE names one to pull (IMAGE_BASE=python:3.11-slim). make image-tf: the same with
+# TensorFlow, for daemons that materialize. make image-test: tests/image, the image and the
+# sidecar pod run with podman (root; a few minutes): run it before landing changes to deploy/.
+IMAGE      ?= localhost/shardcache:0.1.0
+IMAGE_BASE ?=
+
+.PHONY: image image-tf image-test
+
+image:
+	IMAGE='$(IMAGE)' IMAGE_BASE='$(IMAGE_BASE)' EXTRAS=s3 PYTHON='$(PYTHON)' \
+		deploy/container/build-image.sh
+
+image-tf:
+	IMAGE='$(IMAGE)-tf' IMAGE_BASE='$(IMAGE_BASE)' EXTRAS=s3,tf-cpu PYTHON='$(PYTHON)' \
+		deploy/container/build-image.sh
+
+image-test: image $(VENV)/.installed
+	SHARDCACHE_IMAGE_TESTS=1 SHARDCACHE_IMAGE='$(IMAGE)' \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/image

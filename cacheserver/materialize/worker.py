@@ -106,7 +106,14 @@ class _Source:
     """Builds each shard's dataset from an entry point or a serialized graph."""
 
     def __init__(self, job: Job) -> None:
-        import tensorflow as tf
+        try:
+            import tensorflow as tf
+        except ImportError as exc:
+            raise BadPipeline(
+                f"this daemon cannot materialize: its Python ({sys.executable}) has no "
+                f"TensorFlow ({type(exc).__name__}: {exc}); install shardcache[tf-cpu] "
+                "(or [tf]) beside the daemon, or run the image built with "
+                "EXTRAS=s3,tf-cpu (make image-tf, docs/deploy.md)") from exc
 
         self._tf = tf
         self._job = job

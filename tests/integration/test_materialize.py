@@ -24,6 +24,7 @@ from waits import wait_until
 tf = pytest.importorskip("tensorflow")
 
 from materializing import (  # noqa: E402
+    ALLOW,
     assert_records,
     materializing_daemon,
     workers_of,
@@ -144,6 +145,25 @@ def test_a_bad_pipeline_fails_the_operation_with_a_clear_message_and_leaves_no_c
         mc.materialize(entry, name=name, num_shards=2, workers=workers)
     with pytest.raises(CacheNotFoundError):
         mc.info(name)
+
+
+def test_a_daemon_whose_python_has_no_tensorflow_says_so_and_how_to_get_it(
+        tmp_path: Path, name: str) -> None:
+    # the daemon image's Python (EXTRAS=s3): tensorflow cannot be imported in the workers
+    missing = tmp_path / "no-tf" / "tensorflow"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n")
+    d = Daemon(extra_args=("--pythonpath", str(missing.parent), *ALLOW)).start()
+    try:
+        with CacheClient(d.unix_target) as cc:
+            with pytest.raises(InvalidArgumentError,
+                               match=r"no TensorFlow.*shardcache\[tf-cpu\].*EXTRAS=s3,tf-cpu"):
+                cc.materialize("mat_pipelines:records", name=name, num_shards=1, workers=1)
+            with pytest.raises(CacheNotFoundError):
+                cc.info(name)
+    finally:
+        d.close()
 
 
 @pytest.mark.parametrize(("num_shards", "message"), [
