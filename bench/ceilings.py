@@ -40,8 +40,9 @@ def image_record(seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     h, w, c = RECORD_SHAPE
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    smooth = 0.5 + 0.4 * np.sin(x[..., None] / (17 + seed % 5) + y[..., None] / 29
-                                + np.arange(c, dtype=np.float32))
+    smooth = 0.5 + 0.4 * np.sin(
+        x[..., None] / (17 + seed % 5) + y[..., None] / 29 + np.arange(c, dtype=np.float32)
+    )
     noisy = smooth + rng.normal(0, 0.03, RECORD_SHAPE).astype(np.float32)
     return np.clip(noisy, 0, 1).astype(np.float32).tobytes()
 
@@ -60,6 +61,7 @@ def cpu_rows(records: list[bytes], count: int) -> dict[str, Row]:
             for i in range(count):
                 fn(records[i % len(records)])
             return count * len(records[0])
+
         return run
 
     def decompress() -> int:
@@ -67,11 +69,13 @@ def cpu_rows(records: list[bytes], count: int) -> dict[str, Row]:
 
     ratio_text = sum(map(len, records)) / sum(map(len, frames))
     print(f"zstd level 1 ratio on these records: {ratio_text:.3f}", file=sys.stderr)
-    return {"memcpy": timed(each(lambda r: bytes(bytearray(r)))),
-            "crc32 (zlib)": timed(each(zlib.crc32)),
-            "crc32 (ISA-L, client/format/values.py)": timed(each(codec_crc32)),
-            "zstd-1 compress": timed(each(compressor.compress)),
-            "zstd decompress": timed(decompress)}
+    return {
+        "memcpy": timed(each(lambda r: bytes(bytearray(r)))),
+        "crc32 (zlib)": timed(each(zlib.crc32)),
+        "crc32 (ISA-L, client/format/values.py)": timed(each(codec_crc32)),
+        "zstd-1 compress": timed(each(compressor.compress)),
+        "zstd decompress": timed(decompress),
+    }
 
 
 def serve(address: str, total: int) -> None:
@@ -90,9 +94,13 @@ def serve(address: str, total: int) -> None:
     def write(requests: Iterator[bytes], _context: Any) -> bytes:
         return str(sum(len(r) for r in requests)).encode()
 
-    handler = grpc.method_handlers_generic_handler("ceilings.Loopback", {
-        "Read": grpc.unary_stream_rpc_method_handler(read),
-        "Write": grpc.stream_unary_rpc_method_handler(write)})
+    handler = grpc.method_handlers_generic_handler(
+        "ceilings.Loopback",
+        {
+            "Read": grpc.unary_stream_rpc_method_handler(read),
+            "Write": grpc.stream_unary_rpc_method_handler(write),
+        },
+    )
     server = grpc.server(futures.ThreadPoolExecutor(8), handlers=(handler,), options=GRPC_OPTIONS)
     print(server.add_insecure_port(address), flush=True)
     server.start()
@@ -110,9 +118,12 @@ def grpc_rows(tmp: Path, total: int) -> dict[str, Row]:
         read = channel.unary_stream("/ceilings.Loopback/Read")
         write = channel.stream_unary("/ceilings.Loopback/Write")
         message = os.urandom(MESSAGE_BYTES)
-        rows = {"gRPC loopback read": timed(lambda: sum(len(m) for m in read(b"")), server.pid),
-                "gRPC loopback write": timed(lambda: int(write(iter(
-                    [message] * max(1, total // MESSAGE_BYTES)))), server.pid)}
+        rows = {
+            "gRPC loopback read": timed(lambda: sum(len(m) for m in read(b"")), server.pid),
+            "gRPC loopback write": timed(
+                lambda: int(write(iter([message] * max(1, total // MESSAGE_BYTES)))), server.pid
+            ),
+        }
         channel.close()
         return rows
     finally:
@@ -131,29 +142,40 @@ def daemon_rows(tmp: Path, records: list[bytes], count: int, cold: bool) -> dict
 
     def write(name: str, local: bool) -> Callable[[], int]:
         def run() -> int:
-            begin = pb.WriteBegin(name=name, fingerprint="ceilings",
-                                  layout_json='{"format": 1, "leaves": []}')
-            writer = (LocalWriter(transport, begin, True, None) if local
-                      else CacheWriter(transport, begin))
+            begin = pb.WriteBegin(
+                name=name, fingerprint="ceilings", layout_json='{"format": 1, "leaves": []}'
+            )
+            writer = (
+                LocalWriter(transport, begin, True, None)
+                if local
+                else CacheWriter(transport, begin)
+            )
             writer.begin()
             for i in range(count):
                 writer.add([stored[i % len(stored)]], len(records[0]))
             writer.finish()
             return count * len(stored[0])
+
         return run
 
     def read_shard() -> int:
         cache = transport.stub.GetCache(pb.GetCacheRequest(name="ceiling")).cache
-        return sum(len(chunk.data) for shard in cache.shards for chunk in
-                   transport.stub.ReadShard(pb.ReadShardRequest(name="ceiling",
-                                                                shard=shard.index)))
+        return sum(
+            len(chunk.data)
+            for shard in cache.shards
+            for chunk in transport.stub.ReadShard(
+                pb.ReadShardRequest(name="ceiling", shard=shard.index)
+            )
+        )
 
     daemon = BenchDaemon(tmp, "daemon")
     try:
         daemon.start()
         transport = Transport(daemon.target)
-        rows = {"WriteCache": timed(write("ceiling", False), daemon.pid),
-                "WriteCache, same-host": timed(write("ceiling-local", True), daemon.pid)}
+        rows = {
+            "WriteCache": timed(write("ceiling", False), daemon.pid),
+            "WriteCache, same-host": timed(write("ceiling-local", True), daemon.pid),
+        }
         if cold:
             drop_page_cache()
             rows["ReadShard cold"] = timed(read_shard, daemon.pid)
@@ -185,9 +207,17 @@ def render(rows: dict[str, Row]) -> str:
     base = rows["memcpy"][1] / rows["memcpy"][0]
     return markdown_table(
         ["layer (single stream)", "MB/s", "vs memcpy", "CPU s/GB here", "CPU s/GB server"],
-        ([name, f"{moved / seconds / MB:,.0f}", ratio(moved / seconds, base),
-          per_gb(own, moved), per_gb(server, moved)]
-         for name, (seconds, moved, own, server) in rows.items()))
+        (
+            [
+                name,
+                f"{moved / seconds / MB:,.0f}",
+                ratio(moved / seconds, base),
+                per_gb(own, moved),
+                per_gb(server, moved),
+            ]
+            for name, (seconds, moved, own, server) in rows.items()
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,8 @@ class MemoryCap(contextlib.AbstractContextManager["MemoryCap"]):
         except OSError as exc:
             raise MemoryCapError(
                 f"cannot make a memory-limited cgroup under {parent} ({exc}): run as root, "
-                "on a machine with the cgroup memory controller") from exc
+                "on a machine with the cgroup memory controller"
+            ) from exc
 
     def prefix(self) -> list[str]:
         """Command prefix that joins the cgroup, then ``exec``s the rest (the pid stays)."""
@@ -75,8 +76,7 @@ class MemoryCap(contextlib.AbstractContextManager["MemoryCap"]):
 
     def describe(self) -> str:
         limit = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
-        return (f"a cgroup v{self.version} with {limit} = {self.limit_bytes / 2**30:g} GiB "
-                "(no swap)")
+        return f"a cgroup v{self.version} with {limit} = {self.limit_bytes / 2**30:g} GiB (no swap)"
 
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(OSError):  # processes still in it keep it
@@ -95,7 +95,8 @@ def whole_disk(path: Path) -> str:
     if not sys_dev.exists():
         raise SlowDiskError(
             f"{path} is on device {number}, which is not a block device (tmpfs, overlay or a "
-            "network filesystem?): point --tmp-dir at a directory on a real disk")
+            "network filesystem?): point --tmp-dir at a directory on a real disk"
+        )
     if (sys_dev / "partition").exists():
         number = (sys_dev.resolve().parent / "dev").read_text().strip()
     return number
@@ -127,7 +128,8 @@ class SlowDisk:
         else:
             raise SlowDiskError(
                 "no block-I/O cgroup controller here (cgroup v1 blkio or v2 io): cannot limit "
-                "the disk's read speed; run without --disk-read-mbps")
+                "the disk's read speed; run without --disk-read-mbps"
+            )
         group = home / f"shardcache-bench-{os.getpid()}"
         try:
             group.mkdir()
@@ -136,8 +138,9 @@ class SlowDisk:
         except OSError as exc:
             if group.exists():
                 group.rmdir()
-            raise SlowDiskError(f"cannot limit reads with {group / rule[0]} (needs root): "
-                                f"{exc}") from exc
+            raise SlowDiskError(
+                f"cannot limit reads with {group / rule[0]} (needs root): {exc}"
+            ) from exc
         self._group, self._home = group, home
         return self
 
@@ -148,8 +151,11 @@ class SlowDisk:
         try:
             self._group.rmdir()  # empty once the run's children have exited
         except OSError as exc:
-            print(f"warning: cannot remove {self._group} ({exc}): a process the run started "
-                  "is still in it", file=sys.stderr)
+            print(
+                f"warning: cannot remove {self._group} ({exc}): a process the run started "
+                "is still in it",
+                file=sys.stderr,
+            )
         self._group = None
 
 

@@ -62,12 +62,17 @@ def epoch(cc: CacheClient, name: str, parallel: int, n: int) -> float:
 def main() -> None:
     parser = arguments(__doc__, out=True, repeat=3)
     parser.add_argument("--members", default="1,2,4,8", help="fleet sizes, comma-separated")
-    parser.add_argument("--mbit", type=float, default=40.0,
-                         help="each member's link, Mbit/s (0: uncapped)")
+    parser.add_argument(
+        "--mbit", type=float, default=40.0, help="each member's link, Mbit/s (0: uncapped)"
+    )
     parser.add_argument("--mb", type=int, default=192, help="the cache's size in MB")
     parser.add_argument("--shards", type=int, default=SHARDS, help="the cache's shards")
-    parser.add_argument("--per-member", type=int, default=2,
-                         help="chunks in flight per member (parallel_shards = this x members)")
+    parser.add_argument(
+        "--per-member",
+        type=int,
+        default=2,
+        help="chunks in flight per member (parallel_shards = this x members)",
+    )
     parser.set_defaults(out=BENCH_DIR / "results" / "fleet.json")
     args = parser.parse_args()
     if not can_make_netns():
@@ -84,14 +89,22 @@ def main() -> None:
             builder.start()
             ds, n = source(args.mb)
             with CacheClient(builder.target) as cc:
-                cache = write_sharded(cc, ds, "fleet-bench",
-                                      shard_bytes=args.mb * (1 << 20) // args.shards,
-                                      chunk_bytes=128 << 10, batch_elements=8)
+                cache = write_sharded(
+                    cc,
+                    ds,
+                    "fleet-bench",
+                    shard_bytes=args.mb * (1 << 20) // args.shards,
+                    chunk_bytes=128 << 10,
+                    batch_elements=8,
+                )
                 while cc.info("fleet-bench").store_state != "STORED":
                     time.sleep(0.2)
             stored_mb = cache.stored_bytes / (1 << 20)
-            print(f"cache: {n} elements, {len(cache.shards)} shards, {stored_mb:.1f} MB stored; "
-                  f"links {args.mbit:g} Mbit/s ({link_mb_s:.2f} MB/s) each", flush=True)
+            print(
+                f"cache: {n} elements, {len(cache.shards)} shards, {stored_mb:.1f} MB stored; "
+                f"links {args.mbit:g} Mbit/s ({link_mb_s:.2f} MB/s) each",
+                flush=True,
+            )
         finally:
             builder.stop()
             shutil.rmtree(scratch, ignore_errors=True)
@@ -112,19 +125,34 @@ def main() -> None:
                 fleet.close()
             rates = [stored_mb / t for t in times]
             links = members * link_mb_s or float("nan")  # uncapped: no ratio
-            row = {"members": members, "best_mb_s": max(rates),
-                   "median_mb_s": statistics.median(rates), "links_mb_s": members * link_mb_s,
-                   "best_vs_links": max(rates) / links,
-                   "median_vs_links": statistics.median(rates) / links,
-                   "busiest_vs_mean": max(served) / (sum(served) / members),
-                   "epoch_s": times}
+            row = {
+                "members": members,
+                "best_mb_s": max(rates),
+                "median_mb_s": statistics.median(rates),
+                "links_mb_s": members * link_mb_s,
+                "best_vs_links": max(rates) / links,
+                "median_vs_links": statistics.median(rates) / links,
+                "busiest_vs_mean": max(served) / (sum(served) / members),
+                "epoch_s": times,
+            }
             results.append(row)
-            print(f"{members} members: best {row['best_mb_s']:.1f} MB/s, median "
-                  f"{row['median_mb_s']:.1f} MB/s = {row['best_vs_links']:.2f}x / "
-                  f"{row['median_vs_links']:.2f}x the links' {row['links_mb_s']:.1f} MB/s; "
-                  f"busiest member {row['busiest_vs_mean']:.2f}x the mean", flush=True)
-    write_json(args.out, {"mbit": args.mbit, "mb": args.mb, "shards": args.shards,
-                          "per_member": args.per_member, "results": results})
+            print(
+                f"{members} members: best {row['best_mb_s']:.1f} MB/s, median "
+                f"{row['median_mb_s']:.1f} MB/s = {row['best_vs_links']:.2f}x / "
+                f"{row['median_vs_links']:.2f}x the links' {row['links_mb_s']:.1f} MB/s; "
+                f"busiest member {row['busiest_vs_mean']:.2f}x the mean",
+                flush=True,
+            )
+    write_json(
+        args.out,
+        {
+            "mbit": args.mbit,
+            "mb": args.mb,
+            "shards": args.shards,
+            "per_member": args.per_member,
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

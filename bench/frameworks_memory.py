@@ -40,10 +40,10 @@ def epochs(reader: str, cc: Any, args: argparse.Namespace) -> Any:
         import grain.python as gp
 
         source = cc.source("mem", direct=args.direct)
-        sampler = gp.IndexSampler(len(source), gp.NoSharding(), shuffle=True, num_epochs=1,
-                                  seed=0)
-        return lambda: gp.DataLoader(data_source=source, sampler=sampler,
-                                     operations=[gp.Batch(args.batch)], worker_count=0)
+        sampler = gp.IndexSampler(len(source), gp.NoSharding(), shuffle=True, num_epochs=1, seed=0)
+        return lambda: gp.DataLoader(
+            data_source=source, sampler=sampler, operations=[gp.Batch(args.batch)], worker_count=0
+        )
     from torch.utils.data import DataLoader
 
     if reader == "torch map":
@@ -93,11 +93,25 @@ def main(argv: list[str] | None = None) -> int:
             target = daemon.target if mode == "direct" else str(daemon.tcp_target)
             for reader in READERS:
                 done = subprocess.run(
-                    [sys.executable, __file__, "--child", target, "--reader", reader,
-                     "--epochs", str(args.epochs), "--batch", str(args.batch),
-                     *(["--direct"] if mode == "direct" else [])],
-                    env=child_env(), capture_output=True, text=True, check=True)
-                after = [int(kib) // 1024 for kib in done.stdout.split()[-args.epochs:]]
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        target,
+                        "--reader",
+                        reader,
+                        "--epochs",
+                        str(args.epochs),
+                        "--batch",
+                        str(args.batch),
+                        *(["--direct"] if mode == "direct" else []),
+                    ],
+                    env=child_env(),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                after = [int(kib) // 1024 for kib in done.stdout.split()[-args.epochs :]]
                 rows.append((f"{reader}, {mode}", *map(str, after)))
     finally:
         daemon.stop()

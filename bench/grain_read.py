@@ -44,20 +44,29 @@ class Parse(gp.MapTransform):
         self.shape = shape
 
     def map(self, record: bytes) -> dict[str, np.ndarray]:
-        return {"x": np.frombuffer(record, np.float32, offset=8).reshape(self.shape),
-                "i": np.frombuffer(record, np.int64, count=1)[0]}
+        return {
+            "x": np.frombuffer(record, np.float32, offset=8).reshape(self.shape),
+            "i": np.frombuffer(record, np.int64, count=1)[0],
+        }
 
 
-def epoch(source: Any, operations: list[Any], n: int, workers: int, batch: int,
-          seed: int, buffer: int = 0) -> Callable[[], float]:
+def epoch(
+    source: Any, operations: list[Any], n: int, workers: int, batch: int, seed: int, buffer: int = 0
+) -> Callable[[], float]:
     """buffer: Grain's ReadOptions.prefetch_buffer_size (0: Grain's default)."""
+
     def read() -> float:
-        sampler = gp.IndexSampler(num_records=n, shard_options=gp.NoSharding(), shuffle=True,
-                                  num_epochs=1, seed=seed)
+        sampler = gp.IndexSampler(
+            num_records=n, shard_options=gp.NoSharding(), shuffle=True, num_epochs=1, seed=seed
+        )
         options = {"read_options": gp.ReadOptions(prefetch_buffer_size=buffer)} if buffer else {}
-        loader = gp.DataLoader(data_source=source, sampler=sampler,
-                               operations=[*operations, gp.Batch(batch)],
-                               worker_count=workers, **options)
+        loader = gp.DataLoader(
+            data_source=source,
+            sampler=sampler,
+            operations=[*operations, gp.Batch(batch)],
+            worker_count=workers,
+            **options,
+        )
         start = time.perf_counter()
         seen = sum(len(b["i"]) for b in loader)
         seconds = time.perf_counter() - start
@@ -75,10 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts")
     parser.add_argument("--modes", default="direct,plane")
-    parser.add_argument("--prefetch-buffer", type=int, default=0,
-                        help="Grain's ReadOptions(prefetch_buffer_size=) for both sources "
-                        "(0: Grain's default, 500): its loader walks the elements ready in "
-                        "that buffer once per element it hands out")
+    parser.add_argument(
+        "--prefetch-buffer",
+        type=int,
+        default=0,
+        help="Grain's ReadOptions(prefetch_buffer_size=) for both sources "
+        "(0: Grain's default, 500): its loader walks the elements ready in "
+        "that buffer once per element it hands out",
+    )
     args = parser.parse_args(argv)
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -102,24 +115,45 @@ def main(argv: list[str] | None = None) -> int:
             arms: dict[str, Callable[[], float]] = {}
             for w in workers:
                 arms[f"ArrayRecord, {w} workers"] = epoch(
-                    gp.ArrayRecordDataSource([path]), [Parse(shape)], args.elements, w,
-                    args.batch, 1, args.prefetch_buffer)
+                    gp.ArrayRecordDataSource([path]),
+                    [Parse(shape)],
+                    args.elements,
+                    w,
+                    args.batch,
+                    1,
+                    args.prefetch_buffer,
+                )
                 for mode in args.modes.split(","):
                     client, direct = MODES[mode]
                     arms[f"cache {mode}, {w} workers"] = epoch(
-                        clients[client].source("grain", direct=direct), [], args.elements, w,
-                        args.batch, 1, args.prefetch_buffer)
+                        clients[client].source("grain", direct=direct),
+                        [],
+                        args.elements,
+                        w,
+                        args.batch,
+                        1,
+                        args.prefetch_buffer,
+                    )
             rates = interleaved(arms, args.repeat)
     finally:
         daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     best = {name: max(r) for name, r in rates.items()}
     print(run_line())
-    print(markdown_table(
-        ["reader", "best elements/s", "median", "vs ArrayRecord (same workers)"],
-        ([name, f"{rate:,.0f}", f"{statistics.median(rates[name]):,.0f}",
-          ratio(rate, best[f"ArrayRecord, {name.rsplit(', ', 1)[1]}"])]
-         for name, rate in best.items())))
+    print(
+        markdown_table(
+            ["reader", "best elements/s", "median", "vs ArrayRecord (same workers)"],
+            (
+                [
+                    name,
+                    f"{rate:,.0f}",
+                    f"{statistics.median(rates[name]):,.0f}",
+                    ratio(rate, best[f"ArrayRecord, {name.rsplit(', ', 1)[1]}"]),
+                ]
+                for name, rate in best.items()
+            ),
+        )
+    )
     write_json(args.out, {"command": run_line(), "rates": rates})
     return 0
 

@@ -66,17 +66,27 @@ class BenchDaemon(DaemonProcess):
     (``cgroups.MemoryCap.prefix``).
     """
 
-    def __init__(self, directory: Path, name: str, extra_args: Sequence[str] = (),
-                 root: Path = REPO_ROOT, prefix: Sequence[str] = (),
-                 data_root: Path | None = None, tcp: bool = False, host: str = "127.0.0.1"
-                 ) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        extra_args: Sequence[str] = (),
+        root: Path = REPO_ROOT,
+        prefix: Sequence[str] = (),
+        data_root: Path | None = None,
+        tcp: bool = False,
+        host: str = "127.0.0.1",
+    ) -> None:
         data_dir = (data_root or directory) / f"data-{name}"
         data_dir.mkdir(parents=True, exist_ok=True)
         self.tcp_target = f"{host}:{free_port()}" if tcp else None
-        super().__init__(data_dir, [f"unix://{directory / name}.sock",
-                                    *filter(None, [self.tcp_target])],
-                         (data_root or directory) / f"{name}.log", extra_args=extra_args,
-                         env=child_env(root, safe_path=True))
+        super().__init__(
+            data_dir,
+            [f"unix://{directory / name}.sock", *filter(None, [self.tcp_target])],
+            (data_root or directory) / f"{name}.log",
+            extra_args=extra_args,
+            env=child_env(root, safe_path=True),
+        )
         self.socket_path = directory / f"{name}.sock"
         self.root = root
         self.prefix = tuple(prefix)
@@ -98,16 +108,20 @@ class BenchDaemon(DaemonProcess):
             cc.delete(name)
 
 
-def linked_daemon(directory: Path, name: str, link: NetnsLink | None
-                  ) -> tuple[BenchDaemon, str]:
+def linked_daemon(directory: Path, name: str, link: NetnsLink | None) -> tuple[BenchDaemon, str]:
     """A daemon (not started) with a TCP address and ``--metrics-listen``, inside link's
     network namespace (reached across its veth pair), or on loopback without one; and its
     metrics HOST:PORT."""
     host = link.host if link is not None else "127.0.0.1"
     metrics = f"{host}:{free_port()}"
-    return BenchDaemon(directory, name, tcp=True, host=host,
-                       prefix=link.prefix if link is not None else (),
-                       extra_args=("--metrics-listen", metrics)), metrics
+    return BenchDaemon(
+        directory,
+        name,
+        tcp=True,
+        host=host,
+        prefix=link.prefix if link is not None else (),
+        extra_args=("--metrics-listen", metrics),
+    ), metrics
 
 
 # ---------------------------------------------------------------------- child processes
@@ -119,24 +133,35 @@ def print_result(record: dict[str, Any]) -> None:
 
 def read_result(line: str) -> dict[str, Any] | None:
     """The record of a ``RESULT`` line, None for any other line."""
-    return json.loads(line[len(RESULT_PREFIX):]) if line.startswith(RESULT_PREFIX) else None
+    return json.loads(line[len(RESULT_PREFIX) :]) if line.startswith(RESULT_PREFIX) else None
 
 
 def server_process(script: str, *args: str) -> tuple[subprocess.Popen[str], int]:
     """``script --serve ...`` in a process of its own (a bench's server), and the port it
     prints as its first line (0: it printed none)."""
-    proc = subprocess.Popen([sys.executable, script, "--serve", *args], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, script, "--serve", *args], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline() or 0)
 
 
-def run_child(cmd: Sequence[str], root: Path = REPO_ROOT, timeout_s: float | None = None,
-              ) -> dict[str, Any]:
+def run_child(
+    cmd: Sequence[str],
+    root: Path = REPO_ROOT,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
     """Run ``cmd`` with ``root``'s packages; its last ``RESULT`` record, or RuntimeError."""
     try:
-        proc = subprocess.run(list(cmd), cwd=root, env=child_env(root), capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            list(cmd),
+            cwd=root,
+            env=child_env(root),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"timed out after {timeout_s:g} s") from exc
     results = [r for r in map(read_result, proc.stdout.splitlines()) if r is not None]
@@ -148,20 +173,31 @@ def run_child(cmd: Sequence[str], root: Path = REPO_ROOT, timeout_s: float | Non
 
 
 # ---------------------------------------------------------------------- command lines, output
-def arguments(doc: str | None, baseline: bool = False, out: bool = False,
-              repeat: int | None = None) -> argparse.ArgumentParser:
+def arguments(
+    doc: str | None, baseline: bool = False, out: bool = False, repeat: int | None = None
+) -> argparse.ArgumentParser:
     """An entry point's parser, its docstring the description, with the options the entry
     points share: ``--baseline-root``, ``--out`` and ``--repeat`` (its default)."""
-    parser = argparse.ArgumentParser(description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     if baseline:
-        parser.add_argument("--baseline-root", type=Path, default=None, metavar="DIR",
-                            help="another checkout, measured beside this one in the same run")
+        parser.add_argument(
+            "--baseline-root",
+            type=Path,
+            default=None,
+            metavar="DIR",
+            help="another checkout, measured beside this one in the same run",
+        )
     if out:
         parser.add_argument("--out", type=Path, help="write the raw numbers here (JSON)")
     if repeat is not None:
-        parser.add_argument("--repeat", type=int, default=repeat,
-                            help=f"runs of each measurement (default {repeat})")
+        parser.add_argument(
+            "--repeat",
+            type=int,
+            default=repeat,
+            help=f"runs of each measurement (default {repeat})",
+        )
     return parser
 
 

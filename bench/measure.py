@@ -48,8 +48,7 @@ WARMUP_BATCHES = 2  # of zero elements before epoch 1: every process starts TF's
 Epoch = Callable[[], EpochResult]
 
 
-def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace
-         ) -> tuple[Epoch, Epoch, Any]:
+def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace) -> tuple[Epoch, Epoch, Any]:
     """The two epochs of ``strategy`` over ``src``, and the client to close after them."""
     import tensorflow as tf
 
@@ -61,15 +60,19 @@ def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace
             src.save(str(tmp / "saved"))
             return EpochResult(time.perf_counter() - start, args.n, None)
 
-        return save, lambda: timed_iteration(tf.data.Dataset.load(str(tmp / "saved"))
-                                              .batch(batch)), None
+        return (
+            save,
+            lambda: timed_iteration(tf.data.Dataset.load(str(tmp / "saved")).batch(batch)),
+            None,
+        )
     client = None
     if args.read_only:
         from client import CacheClient
 
         client = CacheClient(args.target or "unix://" + args.socket)
-        ds = client.dataset(args.cache_name, direct=strategy == "shardcache_direct",
-                            **dict(args.client_option)).batch(batch)
+        ds = client.dataset(
+            args.cache_name, direct=strategy == "shardcache_direct", **dict(args.client_option)
+        ).batch(batch)
         return (lambda: timed_iteration(ds)), (lambda: timed_iteration(ds)), client
     if strategy == "memory":
         ds = src.cache()
@@ -87,8 +90,9 @@ def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace
     return (lambda: timed_iteration(ds)), (lambda: timed_iteration(ds)), client
 
 
-def run_epoch(epoch: Epoch, sampler: RssSampler, expected: int, args: argparse.Namespace,
-              cold: bool) -> dict[str, Any]:
+def run_epoch(
+    epoch: Epoch, sampler: RssSampler, expected: int, args: argparse.Namespace, cold: bool
+) -> dict[str, Any]:
     """One epoch, after a ``sync``: its time, checks, peak RssAnon, CPU time (daemon's too)."""
     os.sync()  # the previous epoch's writes are not this one's to pay
     if cold:
@@ -113,9 +117,15 @@ def run_epoch(epoch: Epoch, sampler: RssSampler, expected: int, args: argparse.N
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Warm up, run the strategy's epochs; the result record."""
     sampler = RssSampler().start()
-    result: dict[str, Any] = {"workload": args.workload, "n": args.n, "strategy": args.strategy,
-                              "batch_size": args.batch_size, "status": "ok", "error": None,
-                              "epochs": []}
+    result: dict[str, Any] = {
+        "workload": args.workload,
+        "n": args.n,
+        "strategy": args.strategy,
+        "batch_size": args.batch_size,
+        "status": "ok",
+        "error": None,
+        "epochs": [],
+    }
     try:
         import tensorflow as tf
         from workloads import WORKLOADS, expected_label_sum, make_source, make_warmup
@@ -134,9 +144,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             src = src.with_options(options)
         expected = expected_label_sum(workload, args.n)
         *epochs, client = plan(args.strategy, src, args)
-        for index, epoch in enumerate(epochs[:args.epochs]):
-            result["epochs"].append(run_epoch(epoch, sampler, expected, args,
-                                              args.cold and index > 0))
+        for index, epoch in enumerate(epochs[: args.epochs]):
+            result["epochs"].append(
+                run_epoch(epoch, sampler, expected, args, args.cold and index > 0)
+            )
         if client is not None:
             client.close()
         result["disk_bytes"] = directory_bytes(Path(args.tmp_dir))
@@ -150,25 +161,53 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def run_point(workload: str, n: int, strategy: str, *, scratch: Path,
-              daemon: BenchDaemon | None = None, cache_name: str | None = None,
-              batch_size: int = 256, extra_args: Sequence[str] = (),
-              prefix: Sequence[str] = (), timeout_s: float | None = None,
-              keep_cache: bool = False) -> dict[str, Any]:
+def run_point(
+    workload: str,
+    n: int,
+    strategy: str,
+    *,
+    scratch: Path,
+    daemon: BenchDaemon | None = None,
+    cache_name: str | None = None,
+    batch_size: int = 256,
+    extra_args: Sequence[str] = (),
+    prefix: Sequence[str] = (),
+    timeout_s: float | None = None,
+    keep_cache: bool = False,
+) -> dict[str, Any]:
     """One measurement process (behind ``prefix``): its record, ``status`` ``error`` if it
     failed. With a daemon, its RssAnon is sampled meanwhile, its disk's growth recorded, and a
     measured cache deleted after unless keep_cache (one on the disk at a time); the client is
     the daemon's checkout's. ``shardcache_plane`` reads from the daemon's ``tcp_target``.
     """
     tmp_dir = Path(tempfile.mkdtemp(prefix=f"{workload}-{n}-{strategy}-", dir=scratch))
-    cmd = [*prefix, sys.executable, str(BENCH_DIR / "measure.py"), "--workload", workload,
-           "--n", str(n), "--strategy", strategy, "--tmp-dir", str(tmp_dir),
-           "--batch-size", str(batch_size), *extra_args]
+    cmd = [
+        *prefix,
+        sys.executable,
+        str(BENCH_DIR / "measure.py"),
+        "--workload",
+        workload,
+        "--n",
+        str(n),
+        "--strategy",
+        strategy,
+        "--tmp-dir",
+        str(tmp_dir),
+        "--batch-size",
+        str(batch_size),
+        *extra_args,
+    ]
     base: dict[str, Any] = {"workload": workload, "n": n, "strategy": strategy, "epochs": []}
     if daemon is not None:
         base["cache_name"] = cache_name = cache_name or f"{workload}-{n}-{strategy}"
-        cmd += ["--socket", str(daemon.socket_path), "--cache-name", cache_name,
-                "--daemon-pid", str(daemon.pid)]
+        cmd += [
+            "--socket",
+            str(daemon.socket_path),
+            "--cache-name",
+            cache_name,
+            "--daemon-pid",
+            str(daemon.pid),
+        ]
         if strategy == "shardcache_plane":
             if daemon.tcp_target is None:
                 raise ValueError("shardcache_plane reads remotely: start the daemon with tcp=True")
@@ -201,7 +240,8 @@ def parse_client_option(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(
-            f"bad client option {item!r}: expected KEY=VALUE, e.g. parallel_shards=4")
+            f"bad client option {item!r}: expected KEY=VALUE, e.g. parallel_shards=4"
+        )
     if text.lower() in ("true", "false"):
         return key, text.lower() == "true"
     for kind in (int, float):
@@ -219,21 +259,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strategy", required=True, choices=(*STRATEGIES, "shardcache_plane"))
     parser.add_argument("--tmp-dir", required=True, help="scratch directory for cache files")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--epochs", type=int, choices=(1, 2), default=2,
-                         help="1: the filling epoch only (write_path.py)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="1: the filling epoch only (write_path.py)",
+    )
     parser.add_argument("--socket", help="the daemon's unix socket")
     parser.add_argument("--target", help="the daemon's TCP address (host:port), read remotely")
-    parser.add_argument("--read-only", action="store_true",
-                         help="read the existing cache --cache-name for one epoch")
-    parser.add_argument("--daemon-pid", type=int, default=0,
-                         help="the daemon's pid: its CPU seconds per epoch are recorded")
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="read the existing cache --cache-name for one epoch",
+    )
+    parser.add_argument(
+        "--daemon-pid",
+        type=int,
+        default=0,
+        help="the daemon's pid: its CPU seconds per epoch are recorded",
+    )
     parser.add_argument("--cache-name")
-    parser.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
-                         type=parse_client_option, help="a keyword of cc.cache()")
-    parser.add_argument("--pipeline-threads", type=int, default=0, metavar="N",
-                         help="run the source's map on a private pool of N threads (0: all)")
-    parser.add_argument("--cold", action="store_true",
-                         help="drop the page cache before epoch 2 (root)")
+    parser.add_argument(
+        "--client-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=parse_client_option,
+        help="a keyword of cc.cache()",
+    )
+    parser.add_argument(
+        "--pipeline-threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the source's map on a private pool of N threads (0: all)",
+    )
+    parser.add_argument(
+        "--cold", action="store_true", help="drop the page cache before epoch 2 (root)"
+    )
     args = parser.parse_args(argv)
     args.cache_name = args.cache_name or f"{args.workload}-{args.n}"
     if args.read_only:

@@ -76,17 +76,32 @@ def child(args: Any) -> None:
         result = timed_iteration(ds)
         if result.elements != args.elements:
             raise RuntimeError(f"an epoch yielded {result.elements} elements")
-        print_result({"rate": result.elements / result.seconds, "cpu": cpu_seconds() - before,
-                      "peak_anon_kib": sampler.peak_anon_kib})
+        print_result(
+            {
+                "rate": result.elements / result.seconds,
+                "cpu": cpu_seconds() - before,
+                "peak_anon_kib": sampler.peak_anon_kib,
+            }
+        )
 
 
 class Arm:
     def __init__(self, name: str, target: str, args: Any) -> None:
-        cmd = [sys.executable, str(BENCH_DIR / "mix.py"), "--child", name, "--child-target",
-               target, *(f"--{k}={getattr(args, k)}" for k in (
-                   "workload", "elements", "sources", "batch", "shuffle", "direct"))]
-        self.proc = subprocess.Popen(cmd, env=child_env(), text=True, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
+        cmd = [
+            sys.executable,
+            str(BENCH_DIR / "mix.py"),
+            "--child",
+            name,
+            "--child-target",
+            target,
+            *(
+                f"--{k}={getattr(args, k)}"
+                for k in ("workload", "elements", "sources", "batch", "shuffle", "direct")
+            ),
+        ]
+        self.proc = subprocess.Popen(
+            cmd, env=child_env(), text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         self.results: list[dict[str, Any]] = []
         self._answer()
 
@@ -138,16 +153,22 @@ def main() -> None:
         finally:
             daemon.kill()
     best = {name: max(r["rate"] for r in arm.results) for name, arm in arms.items()}
-    rows = [[name, f"{best[name]:,.0f}",
-             f"{statistics.median(r['rate'] for r in arm.results):,.0f}",
-             ratio(best[name], best["one"]),
-             f"{kib_to_mb(arm.results[-1]['peak_anon_kib']):.0f}"]
-            for name, arm in arms.items()]
+    rows = [
+        [
+            name,
+            f"{best[name]:,.0f}",
+            f"{statistics.median(r['rate'] for r in arm.results):,.0f}",
+            ratio(best[name], best["one"]),
+            f"{kib_to_mb(arm.results[-1]['peak_anon_kib']):.0f}",
+        ]
+        for name, arm in arms.items()
+    ]
     print(run_line())
-    print(f"{args.workload}, {args.elements} elements, {args.sources} sources, shuffle="
-          f"{args.shuffle}, direct={args.direct}, batch {args.batch}, {args.repeat} epochs each")
-    print(markdown_table(["read", "best el/s", "median el/s", "vs one", "peak RssAnon MB"],
-                         rows))
+    print(
+        f"{args.workload}, {args.elements} elements, {args.sources} sources, shuffle="
+        f"{args.shuffle}, direct={args.direct}, batch {args.batch}, {args.repeat} epochs each"
+    )
+    print(markdown_table(["read", "best el/s", "median el/s", "vs one", "peak RssAnon MB"], rows))
     write_json(args.out, {name: arm.results for name, arm in arms.items()})
 
 

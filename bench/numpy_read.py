@@ -36,6 +36,7 @@ MODES = {"direct": ("unix", True), "plane": ("tcp", False)}
 def elements_arm(iterable: Callable[[], Any], n: int) -> Arm:
     """An epoch of elements one by one (--batch 0): as_numpy_iterator() of tf.data's, or
     cc.numpy() without batch_size."""
+
     def read() -> tuple[float, float]:
         before = cpu_seconds()
         start = time.perf_counter()
@@ -51,6 +52,7 @@ def elements_arm(iterable: Callable[[], Any], n: int) -> Arm:
 def numpy_arm(reader: Any, n: int) -> Arm:
     """An epoch of cc.numpy()'s batches, each touched as a trainer would take it (its
     features' first item, its labels summed)."""
+
     def read() -> tuple[float, float]:
         before = cpu_seconds()
         start = time.perf_counter()
@@ -71,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = arguments(__doc__, out=True, repeat=5)
     parser.add_argument("--workload", default="flat-602k", choices=sorted(WORKLOADS))
     parser.add_argument("--elements", type=int, default=600)
-    parser.add_argument("--batch", type=int, default=64,
-                        help="elements per batch; 0: elements one by one (tf.data's "
-                        "as_numpy_iterator() beside cc.numpy() without batch_size)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=64,
+        help="elements per batch; 0: elements one by one (tf.data's "
+        "as_numpy_iterator() beside cc.numpy() without batch_size)",
+    )
     args = parser.parse_args(argv)
     from client import CacheClient
 
@@ -93,14 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                     ds = clients[client].dataset("ab", direct=direct)
                     arms[f"tf.data {mode}"] = elements_arm(ds.as_numpy_iterator, args.elements)
                     arms[f"numpy {mode}"] = elements_arm(
-                        clients[client].numpy("ab", direct=direct).__iter__, args.elements)
+                        clients[client].numpy("ab", direct=direct).__iter__, args.elements
+                    )
                     continue
                 arms[f"tf.data {mode}"] = local_arm(
-                    clients[client].dataset("ab", direct=direct).batch(args.batch),
-                    args.elements)
+                    clients[client].dataset("ab", direct=direct).batch(args.batch), args.elements
+                )
                 arms[f"numpy {mode}"] = numpy_arm(
-                    clients[client].numpy("ab", direct=direct, batch_size=args.batch),
-                    args.elements)
+                    clients[client].numpy("ab", direct=direct, batch_size=args.batch), args.elements
+                )
             for arm in arms.values():  # warm-up
                 arm()
             for i in range(args.repeat):
@@ -108,22 +115,37 @@ def main(argv: list[str] | None = None) -> int:
                     daemon_before = cpu_seconds(daemon.pid)
                     rate, client_cpu = arm()
                     rates.setdefault(name, []).append(rate)
-                    cpu.setdefault(name, []).append((client_cpu,
-                                                     cpu_seconds(daemon.pid) - daemon_before))
+                    cpu.setdefault(name, []).append(
+                        (client_cpu, cpu_seconds(daemon.pid) - daemon_before)
+                    )
                 print(f"pass {i + 1}/{args.repeat} done", file=sys.stderr)
     finally:
         daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     best = {name: max(r) for name, r in rates.items()}
     print(run_line())
-    print(markdown_table(
-        ["reader", "best elements/s", "median", "vs tf.data (same mode)",
-         "CPU s client + daemon (median)"],
-        ([name, f"{rate:,.0f}", f"{statistics.median(rates[name]):,.0f}",
-          ratio(rate, best["tf.data " + name.split()[-1]]),
-          f"{statistics.median(c for c, _ in cpu[name]):.2f} + "
-          f"{statistics.median(d for _, d in cpu[name]):.2f}"]
-         for name, rate in best.items())))
+    print(
+        markdown_table(
+            [
+                "reader",
+                "best elements/s",
+                "median",
+                "vs tf.data (same mode)",
+                "CPU s client + daemon (median)",
+            ],
+            (
+                [
+                    name,
+                    f"{rate:,.0f}",
+                    f"{statistics.median(rates[name]):,.0f}",
+                    ratio(rate, best["tf.data " + name.split()[-1]]),
+                    f"{statistics.median(c for c, _ in cpu[name]):.2f} + "
+                    f"{statistics.median(d for _, d in cpu[name]):.2f}",
+                ]
+                for name, rate in best.items()
+            ),
+        )
+    )
     write_json(args.out, {"command": run_line(), "rates": rates, "cpu": cpu})
     return 0
 

@@ -44,11 +44,20 @@ def _dist_version(*names: str) -> str:
 def git_revision(root: Path = REPO_ROOT) -> str | None:
     """Short hash of HEAD, with a note when tracked files differ from it."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                             capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True,
-                               check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return rev + (" (uncommitted changes)" if dirty else "")
@@ -66,9 +75,12 @@ def disk_facts(path: Path) -> dict[str, Any]:
                 best = (device, mount_point, fs_type)
     stat = os.statvfs(path)
     facts: dict[str, Any] = {
-        "path": str(path), "device": best[0] if best else None,
-        "mount_point": best[1] if best else None, "filesystem": best[2] if best else None,
-        "size_gb": round(stat.f_blocks * stat.f_frsize / 1e9), "rotational": None,
+        "path": str(path),
+        "device": best[0] if best else None,
+        "mount_point": best[1] if best else None,
+        "filesystem": best[2] if best else None,
+        "size_gb": round(stat.f_blocks * stat.f_frsize / 1e9),
+        "rotational": None,
     }
     dev = os.stat(path).st_dev
     sys_dev = Path("/sys/dev/block") / f"{os.major(dev)}:{os.minor(dev)}"
@@ -111,8 +123,10 @@ def reproducing_command() -> str:
 def run_line() -> str:
     """What a printed table opens with: its command, the cores it had, how busy they were."""
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"`{reproducing_command()}`: {len(os.sched_getaffinity(0))} core(s), load average "
-            f"{load} (1/5/15 min), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} UTC\n")
+    return (
+        f"`{reproducing_command()}`: {len(os.sched_getaffinity(0))} core(s), load average "
+        f"{load} (1/5/15 min), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} UTC\n"
+    )
 
 
 # ---------------------------------------------------------------------- process probes
@@ -187,5 +201,6 @@ def drop_page_cache() -> None:
         with open("/proc/sys/vm/drop_caches", "w") as knob:
             knob.write("3\n")
     except OSError as exc:
-        raise PermissionError(f"a cold read needs to write /proc/sys/vm/drop_caches (root): "
-                              f"{exc}") from exc
+        raise PermissionError(
+            f"a cold read needs to write /proc/sys/vm/drop_caches (root): {exc}"
+        ) from exc

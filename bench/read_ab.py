@@ -63,13 +63,21 @@ BASELINES = ("cache(filename)", "snapshot", "Dataset.load")
 MODES = {"direct": ("unix", True), "plane": ("tcp", False), "grpc": ("unix", False)}
 #: --observed's variants of each read: without reports, and timed on top.
 OBSERVED = ("report=False", "cc.timed()")
+
+
 def batched(ds: Any, batch: int, mapped: bool) -> Any:
     """ds.batch(batch), through an identity map first when mapped (``--map``)."""
     return (ds.map(lambda *e: e[0] if len(e) == 1 else e) if mapped else ds).batch(batch)
 
 
-def shardcache_reads(clients: dict[str, Any], src: Any, batch: int, parallel: list[int],
-                     modes: list[str], mapped: bool = False) -> dict[str, Any]:
+def shardcache_reads(
+    clients: dict[str, Any],
+    src: Any,
+    batch: int,
+    parallel: list[int],
+    modes: list[str],
+    mapped: bool = False,
+) -> dict[str, Any]:
     """The cache written through ``clients["unix"]`` (once), and its reads per parallel and
     mode (:data:`MODES`); ``clients["tcp"]`` reads remotely."""
     for _ in clients["unix"].cache(src, name="ab"):
@@ -79,8 +87,9 @@ def shardcache_reads(clients: dict[str, Any], src: Any, batch: int, parallel: li
         tag = "auto" if p == 0 else str(p)
         for mode in modes:
             client, direct = MODES[mode]
-            reads[f"{mode} p={tag}"] = batched(clients[client].dataset(
-                "ab", direct=direct, parallel_shards=p), batch, mapped)
+            reads[f"{mode} p={tag}"] = batched(
+                clients[client].dataset("ab", direct=direct, parallel_shards=p), batch, mapped
+            )
     return reads
 
 
@@ -102,25 +111,47 @@ def tf_data_reads(src: Any, tmp: Path, batch: int, mapped: bool = False) -> dict
     for _ in src.snapshot(str(tmp / "snapshot"), compression=None):
         pass
     src.save(str(tmp / "saved"))
-    return {"cache(filename)": batched(cached, batch, mapped),
-            "snapshot": batched(src.snapshot(str(tmp / "snapshot"), compression=None), batch,
-                                mapped),
-            "Dataset.load": batched(tf.data.Dataset.load(str(tmp / "saved")), batch, mapped)}
+    return {
+        "cache(filename)": batched(cached, batch, mapped),
+        "snapshot": batched(src.snapshot(str(tmp / "snapshot"), compression=None), batch, mapped),
+        "Dataset.load": batched(tf.data.Dataset.load(str(tmp / "saved")), batch, mapped),
+    }
 
 
 class ChildArms:
     """A process reading with another checkout's client: one epoch per name it is sent."""
 
-    def __init__(self, root: Path, label: str, daemon: BenchDaemon,
-                 args: argparse.Namespace) -> None:
-        cmd = [sys.executable, str(BENCH_DIR / "read_ab.py"), "--child", daemon.target,
-               "--child-tcp", str(daemon.tcp_target), "--workload", args.workload,
-               "--elements", str(args.elements), "--batch", str(args.batch),
-               "--parallel", args.parallel, "--modes", args.modes,
-               *(["--map"] if args.map else [])]
+    def __init__(
+        self, root: Path, label: str, daemon: BenchDaemon, args: argparse.Namespace
+    ) -> None:
+        cmd = [
+            sys.executable,
+            str(BENCH_DIR / "read_ab.py"),
+            "--child",
+            daemon.target,
+            "--child-tcp",
+            str(daemon.tcp_target),
+            "--workload",
+            args.workload,
+            "--elements",
+            str(args.elements),
+            "--batch",
+            str(args.batch),
+            "--parallel",
+            args.parallel,
+            "--modes",
+            args.modes,
+            *(["--map"] if args.map else []),
+        ]
         self.label = label
-        self.proc = subprocess.Popen(cmd, cwd=root, env=child_env(root), text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=child_env(root),
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         self.names: list[str] = self._answer()["names"]
 
     def _answer(self) -> dict[str, Any]:
@@ -155,9 +186,14 @@ def child(args: argparse.Namespace) -> int:
     assert Path(client.__file__).resolve().is_relative_to(root), client.__file__
     with CacheClient(args.child) as cc, CacheClient(args.child_tcp) as remote:
         src = make_source(WORKLOADS[args.workload], args.elements)
-        reads = shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch,
-                                 [int(p) for p in args.parallel.split(",")],
-                                 parse_modes(args.modes), args.map)
+        reads = shardcache_reads(
+            {"unix": cc, "tcp": remote},
+            src,
+            args.batch,
+            [int(p) for p in args.parallel.split(",")],
+            parse_modes(args.modes),
+            args.map,
+        )
         arms = {name: local_arm(ds, args.elements) for name, ds in reads.items()}
         for arm in arms.values():  # warm-up
             arm()
@@ -173,14 +209,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="flat-602k", choices=sorted(WORKLOADS))
     parser.add_argument("--elements", type=int, default=600)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--parallel", default="0",
-                         help="comma-separated chunks in flight (0: AUTOTUNE)")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated shardcache reads (default {','.join(MODES)})")
-    parser.add_argument("--map", action="store_true",
-                        help="read ds.map(identity).batch(B): elements through unbatch")
-    parser.add_argument("--observed", action="store_true",
-                        help="also each read without reports, and wrapped in cc.timed()")
+    parser.add_argument(
+        "--parallel", default="0", help="comma-separated chunks in flight (0: AUTOTUNE)"
+    )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated shardcache reads (default {','.join(MODES)})",
+    )
+    parser.add_argument(
+        "--map",
+        action="store_true",
+        help="read ds.map(identity).batch(B): elements through unbatch",
+    )
+    parser.add_argument(
+        "--observed",
+        action="store_true",
+        help="also each read without reports, and wrapped in cc.timed()",
+    )
     parser.add_argument("--child", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--child-tcp", metavar="TARGET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -200,29 +246,38 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for daemon in daemons.values():
             daemon.start()
-        with CacheClient(daemons["head"].target) as cc, \
-                CacheClient(str(daemons["head"].tcp_target)) as remote, \
-                CacheClient(daemons["head"].target, report=False) as quiet, \
-                CacheClient(str(daemons["head"].tcp_target), report=False) as quiet_remote:
+        with (
+            CacheClient(daemons["head"].target) as cc,
+            CacheClient(str(daemons["head"].tcp_target)) as remote,
+            CacheClient(daemons["head"].target, report=False) as quiet,
+            CacheClient(str(daemons["head"].tcp_target), report=False) as quiet_remote,
+        ):
             src = make_source(WORKLOADS[args.workload], args.elements)
             reads = tf_data_reads(src, tmp, args.batch, args.map)
-            ours = shardcache_reads({"unix": cc, "tcp": remote}, src, args.batch, parallel,
-                                    modes, args.map)
+            ours = shardcache_reads(
+                {"unix": cc, "tcp": remote}, src, args.batch, parallel, modes, args.map
+            )
             reads |= ours
             if args.observed:
-                unreported = shardcache_reads({"unix": quiet, "tcp": quiet_remote}, src,
-                                              args.batch, parallel, modes, args.map)
+                unreported = shardcache_reads(
+                    {"unix": quiet, "tcp": quiet_remote}, src, args.batch, parallel, modes, args.map
+                )
                 reads |= {f"{name}, {OBSERVED[0]}": ds for name, ds in unreported.items()}
                 reads |= {f"{name}, {OBSERVED[1]}": cc.timed(ds) for name, ds in ours.items()}
             arms: dict[str, tuple[Arm, BenchDaemon | None]] = {
-                name: (local_arm(ds, args.elements),
-                       daemons["head"] if name not in BASELINES else None)
-                for name, ds in reads.items()}
+                name: (
+                    local_arm(ds, args.elements),
+                    daemons["head"] if name not in BASELINES else None,
+                )
+                for name, ds in reads.items()
+            }
             if args.baseline_root is not None:
                 for label, daemon in daemons.items():
                     children.append(ChildArms(daemon.root, label, daemon, args))
-                    arms |= {f"{name} @{label}": (children[-1].arm(name), daemon)
-                             for name in children[-1].names}
+                    arms |= {
+                        f"{name} @{label}": (children[-1].arm(name), daemon)
+                        for name in children[-1].names
+                    }
             for arm, _ in arms.values():  # warm-up
                 arm()
             for i in range(args.repeat):
@@ -241,24 +296,44 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     best = {name: max(r) for name, r in rates.items()}
     print(run_line())
-    print(markdown_table(
-        ["strategy", "best elements/s", "median", *(f"vs `{b}`" for b in BASELINES),
-         "CPU s client + daemon (median)"],
-        ([name, f"{rate:,.0f}", f"{statistics.median(rates[name]):,.0f}",
-          *(ratio(rate, best[b]) for b in BASELINES),
-          f"{statistics.median(c for c, _ in cpu[name]):.2f} + "
-          f"{statistics.median(d for _, d in cpu[name]):.2f}"]
-         for name, rate in best.items())))
+    print(
+        markdown_table(
+            [
+                "strategy",
+                "best elements/s",
+                "median",
+                *(f"vs `{b}`" for b in BASELINES),
+                "CPU s client + daemon (median)",
+            ],
+            (
+                [
+                    name,
+                    f"{rate:,.0f}",
+                    f"{statistics.median(rates[name]):,.0f}",
+                    *(ratio(rate, best[b]) for b in BASELINES),
+                    f"{statistics.median(c for c, _ in cpu[name]):.2f} + "
+                    f"{statistics.median(d for _, d in cpu[name]):.2f}",
+                ]
+                for name, rate in best.items()
+            ),
+        )
+    )
     if args.observed:
+
         def against(name: str, variant: str) -> str:
             median = statistics.median
-            return (f"{ratio(best[f'{name}, {variant}'], best[name])}, "
-                    f"{ratio(median(rates[f'{name}, {variant}']), median(rates[name]))}")
+            return (
+                f"{ratio(best[f'{name}, {variant}'], best[name])}, "
+                f"{ratio(median(rates[f'{name}, {variant}']), median(rates[name]))}"
+            )
 
         print()
-        print(markdown_table(
-            ["read", *(f"{o}: best, median vs the plain read" for o in OBSERVED)],
-            ([name, *(against(name, o) for o in OBSERVED)] for name in ours)))
+        print(
+            markdown_table(
+                ["read", *(f"{o}: best, median vs the plain read" for o in OBSERVED)],
+                ([name, *(against(name, o) for o in OBSERVED)] for name in ours),
+            )
+        )
     write_json(args.out, {"command": run_line(), "rates": rates, "cpu": cpu})
     return 0
 

@@ -54,28 +54,55 @@ def render_markdown(payload: dict[str, Any], img_dir: Path, doc: Path | None) ->
     records = payload.get("records", [])
     lines = [BEGIN, ""]
     if records:
-        sizes = "; ".join(f"{w}: " + ", ".join(f"{n:,}" for n in ns)
-                          for w, ns in config["sizes"].items())
-        runs = (f"the median of {config['repeat']} processes by epoch-2 time (ranges: min-max)"
-                if config["repeat"] > 1 else "one process")
-        lines += ["### Reading and filling the cache", "",
-                  *group_header(payload, (
-                      f"- Sizes (elements): {sizes}; batch {config['batch_size']} after the "
-                      f"cache op for every strategy; each row {runs}"
-                      + ("; epoch 2 cold (page cache dropped before it)" if config.get("cold")
-                         else "; files read back from a warm page cache")
-                      + (f"; {config['slow_disk']}" if config.get("slow_disk") else ""),)),
-                  _image(plot_epoch2_throughput(records, img_dir / "epoch2_throughput.png",
-                                                 subtitle), doc, "epoch 2 throughput"),
-                  "", "Epoch 2, reading the cache; ratios are of elements/s to tf.data's caches "
-                  "of the same size in the same run:", "",
-                  render_epoch2_table(records), "",
-                  _image(plot_epoch1_cost(records, img_dir / "epoch1_cost.png", subtitle), doc,
-                         "epoch 1 cost"),
-                  "", "Epoch 1, filling the cache: time as a multiple of the bare pipeline's "
-                  "epoch 1 (shardcache: write-through), seconds in parentheses:", "",
-                  render_epoch1_table(records), "",
-                  render_notes(records, payload.get("daemons", [])), ""]
+        sizes = "; ".join(
+            f"{w}: " + ", ".join(f"{n:,}" for n in ns) for w, ns in config["sizes"].items()
+        )
+        runs = (
+            f"the median of {config['repeat']} processes by epoch-2 time (ranges: min-max)"
+            if config["repeat"] > 1
+            else "one process"
+        )
+        lines += [
+            "### Reading and filling the cache",
+            "",
+            *group_header(
+                payload,
+                (
+                    f"- Sizes (elements): {sizes}; batch {config['batch_size']} after the "
+                    f"cache op for every strategy; each row {runs}"
+                    + (
+                        "; epoch 2 cold (page cache dropped before it)"
+                        if config.get("cold")
+                        else "; files read back from a warm page cache"
+                    )
+                    + (f"; {config['slow_disk']}" if config.get("slow_disk") else ""),
+                ),
+            ),
+            _image(
+                plot_epoch2_throughput(records, img_dir / "epoch2_throughput.png", subtitle),
+                doc,
+                "epoch 2 throughput",
+            ),
+            "",
+            "Epoch 2, reading the cache; ratios are of elements/s to tf.data's caches "
+            "of the same size in the same run:",
+            "",
+            render_epoch2_table(records),
+            "",
+            _image(
+                plot_epoch1_cost(records, img_dir / "epoch1_cost.png", subtitle),
+                doc,
+                "epoch 1 cost",
+            ),
+            "",
+            "Epoch 1, filling the cache: time as a multiple of the bare pipeline's "
+            "epoch 1 (shardcache: write-through), seconds in parentheses:",
+            "",
+            render_epoch1_table(records),
+            "",
+            render_notes(records, payload.get("daemons", [])),
+            "",
+        ]
     memory = payload.get("memory")
     if memory:
         lines += ["### Client memory past the memory available", ""]
@@ -83,31 +110,53 @@ def render_markdown(payload: dict[str, Any], img_dir: Path, doc: Path | None) ->
             lines += [f"Not measured: {memory['error']}", ""]
         else:
             limit = memory["limit_bytes"] / 2**30
-            lines += [*group_header(payload, (
-                f"- Memory: {memory['cgroup']}; the client (measurement process) and the "
-                f"daemon run inside it, so {limit:g} GiB is all the RAM they have; "
-                f"`{memory['workload']}` elements (602 KB, cheap to make), batch "
-                f"{memory.get('batch_size', 256)}, sizes "
-                + ", ".join(f"{g:g}" for g in memory["sizes_gib"]) + " GiB",)),
-                _image(plot_memory_rss(memory, img_dir / "memory_rss.png", subtitle), doc,
-                       "client memory against dataset size"),
-                "", "Peak RssAnon of the client process over both epochs (TensorFlow included),"
+            lines += [
+                *group_header(
+                    payload,
+                    (
+                        f"- Memory: {memory['cgroup']}; the client (measurement process) and the "
+                        f"daemon run inside it, so {limit:g} GiB is all the RAM they have; "
+                        f"`{memory['workload']}` elements (602 KB, cheap to make), batch "
+                        f"{memory.get('batch_size', 256)}, sizes "
+                        + ", ".join(f"{g:g}" for g in memory["sizes_gib"])
+                        + " GiB",
+                    ),
+                ),
+                _image(
+                    plot_memory_rss(memory, img_dir / "memory_rss.png", subtitle),
+                    doc,
+                    "client memory against dataset size",
+                ),
+                "",
+                "Peak RssAnon of the client process over both epochs (TensorFlow included),"
                 " of the daemon beside it, and shardcache's epoch-2 MB/s; **OOM-killed**: the "
-                "kernel killed the process for exceeding the limit:", "",
-                render_memory_table(memory), ""]
+                "kernel killed the process for exceeding the limit:",
+                "",
+                render_memory_table(memory),
+                "",
+            ]
     growth = (memory or {}).get("growth")
     if memory and growth:
-        lines += ["### Client memory against dataset size, by read path", "",
-                  *group_header(payload, (
-                      f"- {', '.join(f'{f}x' for f in growth['factors'])} of "
-                      f"{growth['base_bytes'] / 1e6:,.0f} MB of `{memory['workload']}` elements"
-                      f" (602 KB), each written once, then read for one epoch (batch "
-                      f"{growth['batch_size']}) by each path in a process of its own, "
-                      f"{growth.get('repeat', 1)} time(s); no cgroup",)),
-                  "RssAnon of the reading process (TensorFlow included): the epoch's peak, "
-                  "sampled every 20 ms, and what is left at its end, the median of the runs; "
-                  "growth from the smallest dataset to the largest:", "",
-                  render_growth_table(growth), ""]
+        lines += [
+            "### Client memory against dataset size, by read path",
+            "",
+            *group_header(
+                payload,
+                (
+                    f"- {', '.join(f'{f}x' for f in growth['factors'])} of "
+                    f"{growth['base_bytes'] / 1e6:,.0f} MB of `{memory['workload']}` elements"
+                    f" (602 KB), each written once, then read for one epoch (batch "
+                    f"{growth['batch_size']}) by each path in a process of its own, "
+                    f"{growth.get('repeat', 1)} time(s); no cgroup",
+                ),
+            ),
+            "RssAnon of the reading process (TensorFlow included): the epoch's peak, "
+            "sampled every 20 ms, and what is left at its end, the median of the runs; "
+            "growth from the smallest dataset to the largest:",
+            "",
+            render_growth_table(growth),
+            "",
+        ]
     store = payload.get("store")
     if store:
         lines += render_store(store)
@@ -117,8 +166,14 @@ def render_markdown(payload: dict[str, Any], img_dir: Path, doc: Path | None) ->
 
 #: Plain names for plot labels (the report's table names carry markdown backticks).
 NAMES = {key: name.replace("`", "") for key, name in LABELS.items()}
-COLORS = {"none": "#9e9e9e", "memory": "#1f77b4", "file": "#2ca02c", "save_load": "#8c564b",
-          "shardcache": "#ff7f0e", "shardcache_direct": "#d62728"}
+COLORS = {
+    "none": "#9e9e9e",
+    "memory": "#1f77b4",
+    "file": "#2ca02c",
+    "save_load": "#8c564b",
+    "shardcache": "#ff7f0e",
+    "shardcache_direct": "#d62728",
+}
 DPI = 110
 
 
@@ -136,32 +191,51 @@ def plot_epoch2_throughput(records: list[dict[str, Any]], path: Path, subtitle: 
     workloads = list(dict.fromkeys(r["workload"] for r in records))
     strategies = list(dict.fromkeys(r["strategy"] for r in records))
     plt = _pyplot()
-    fig, axes = plt.subplots(len(workloads), 1, squeeze=False,
-                             figsize=(9, 1.2 + 0.55 * len(strategies) * len(workloads)))
+    fig, axes = plt.subplots(
+        len(workloads), 1, squeeze=False, figsize=(9, 1.2 + 0.55 * len(strategies) * len(workloads))
+    )
     for ax, workload in zip(axes[:, 0], workloads):
         sizes = sorted({r["n"] for r in records if r["workload"] == workload})
         height = 0.8 / len(sizes)
         for k, n in enumerate(sizes):
             for i, strategy in enumerate(strategies):
-                record = next((r for r in records if (r["workload"], r["n"], r["strategy"])
-                               == (workload, n, strategy)), None)
+                record = next(
+                    (
+                        r
+                        for r in records
+                        if (r["workload"], r["n"], r["strategy"]) == (workload, n, strategy)
+                    ),
+                    None,
+                )
                 y = i + (k - (len(sizes) - 1) / 2) * height
                 if record is None or not _ok(record):
                     ax.text(0, y, "  failed" if record else "", va="center", fontsize=8)
                     continue
                 value = record["epochs"][1]["mb_per_s"]
-                ax.barh(y, value, height=height * 0.9, color=COLORS.get(strategy, "#555"),
-                        alpha=1.0 if k == len(sizes) - 1 else 0.55)
-                ax.text(value, y, f" {value:,.0f}" + (f"  ({n:,} el.)" if len(sizes) > 1
-                                                       else ""), va="center", fontsize=7.5)
+                ax.barh(
+                    y,
+                    value,
+                    height=height * 0.9,
+                    color=COLORS.get(strategy, "#555"),
+                    alpha=1.0 if k == len(sizes) - 1 else 0.55,
+                )
+                ax.text(
+                    value,
+                    y,
+                    f" {value:,.0f}" + (f"  ({n:,} el.)" if len(sizes) > 1 else ""),
+                    va="center",
+                    fontsize=7.5,
+                )
         ax.set_yticks(range(len(strategies)), [NAMES.get(s, s) for s in strategies])
         ax.invert_yaxis()
         ax.set_xlabel("epoch 2 throughput, MB/s of element payload (higher is better)")
         ax.set_xlim(right=ax.get_xlim()[1] * 1.18)
         sizes_text = ", ".join(size_text(workload, n) for n in sizes)
-        ax.set_title(f"{workload}: {_element_text(workload)} elements; {sizes_text}"
-                     + ("\n(darker bar: the largest size)" if len(sizes) > 1 else ""),
-                     fontsize=9.5)
+        ax.set_title(
+            f"{workload}: {_element_text(workload)} elements; {sizes_text}"
+            + ("\n(darker bar: the largest size)" if len(sizes) > 1 else ""),
+            fontsize=9.5,
+        )
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle("Epoch 2: reading the cache\n" + subtitle, fontsize=10)
     return _save(plt, fig, path)
@@ -177,25 +251,33 @@ def plot_epoch1_cost(records: list[dict[str, Any]], path: Path, subtitle: str) -
     for i, strategy in enumerate(strategies):
         xs, ys = [], []
         for j, key in enumerate(keys):
-            record = next((r for r in records if (r["workload"], r["n"], r["strategy"])
-                           == (*key, strategy)), None)
+            record = next(
+                (r for r in records if (r["workload"], r["n"], r["strategy"]) == (*key, strategy)),
+                None,
+            )
             if record and record.get("epoch1_vs_bare") is not None:
                 xs.append(j + (i - (len(strategies) - 1) / 2) * width)
                 ys.append(record["epoch1_vs_bare"])
-        label = NAMES[strategy] + (" (write-through)" if strategy.startswith("shardcache")
-                                   else "")
+        label = NAMES[strategy] + (" (write-through)" if strategy.startswith("shardcache") else "")
         bars = ax.bar(xs, ys, width * 0.92, label=label, color=COLORS.get(strategy))
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(keys)),
-                  [f"{w} ({_element_text(w)})\n{n:,} el., {WORKLOADS[w].dataset_bytes(n) / GB:.2f}"
-                   " GB" for w, n in keys], fontsize=8)
+    ax.set_xticks(
+        range(len(keys)),
+        [
+            f"{w} ({_element_text(w)})\n{n:,} el., {WORKLOADS[w].dataset_bytes(n) / GB:.2f} GB"
+            for w, n in keys
+        ],
+        fontsize=8,
+    )
     ax.set_ylabel("epoch 1 time / bare pipeline's\n(lower is better)")
     top = max([b.get_height() for b in ax.patches] + [1.0])
     ax.set_ylim(0, top * 1.15)
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
-    ax.set_title("Epoch 1: filling the cache, as a multiple of computing the pipeline alone\n"
-                 + subtitle, fontsize=10)
+    ax.set_title(
+        "Epoch 1: filling the cache, as a multiple of computing the pipeline alone\n" + subtitle,
+        fontsize=10,
+    )
     ax.grid(axis="y", alpha=0.3)
     return _save(plt, fig, path)
 
@@ -215,29 +297,49 @@ def plot_memory_rss(section: dict[str, Any], path: Path, subtitle: str) -> Path:
         color = COLORS.get(strategy)
         ax.plot(xs, ys, marker="o", color=color, label=f"{NAMES[strategy]}: client")
         if strategy.startswith("shardcache"):
-            daemon = [(r["dataset_gib"], r["daemon_peak_rss_anon_mb"] * 1e6 / GIB) for r in ok
-                      if "daemon_peak_rss_anon_mb" in r]
+            daemon = [
+                (r["dataset_gib"], r["daemon_peak_rss_anon_mb"] * 1e6 / GIB)
+                for r in ok
+                if "daemon_peak_rss_anon_mb" in r
+            ]
             if daemon:
-                ax.plot(*zip(*daemon), linestyle=":", marker=".", color=color,
-                        label=f"{NAMES[strategy]}: daemon")
+                ax.plot(
+                    *zip(*daemon),
+                    linestyle=":",
+                    marker=".",
+                    color=color,
+                    label=f"{NAMES[strategy]}: daemon",
+                )
         killed = next((r for r in mine if r.get("status") == "oom_killed"), None)
         if killed is not None:
             x = killed["dataset_gib"]
             ax.plot([*xs[-1:], x], [*ys[-1:], limit], linestyle="--", color=color)
             ax.plot([x], [limit], marker="X", markersize=13, color="black", linestyle="none")
-            ax.annotate(f"{NAMES[strategy]}\nOOM-killed at {x:g} GiB", (x, limit),
-                        textcoords="offset points", xytext=(8, -34), fontsize=8.5)
+            ax.annotate(
+                f"{NAMES[strategy]}\nOOM-killed at {x:g} GiB",
+                (x, limit),
+                textcoords="offset points",
+                xytext=(8, -34),
+                fontsize=8.5,
+            )
     ax.axhline(limit, color="black", linestyle="--", linewidth=1)
-    ax.text(max(sizes or [limit]) * 1.06, limit, f"cgroup memory limit {limit:g} GiB "
-            "(the measurement's RAM)", va="bottom", ha="right", fontsize=8.5)
+    ax.text(
+        max(sizes or [limit]) * 1.06,
+        limit,
+        f"cgroup memory limit {limit:g} GiB (the measurement's RAM)",
+        va="bottom",
+        ha="right",
+        fontsize=8.5,
+    )
     ax.axvline(limit, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("dataset size, GiB of element payload (602 KB elements)")
     ax.set_ylabel("peak anonymous RSS (RssAnon), GiB")
     ax.set_xlim(0, max(sizes or [limit]) * 1.08)
     ax.set_ylim(0, limit * 1.25)
     ax.legend(fontsize=8.5, loc="lower right", bbox_to_anchor=(1, 0.12))
-    ax.set_title("Client memory against dataset size, past the memory available\n" + subtitle,
-                 fontsize=10)
+    ax.set_title(
+        "Client memory against dataset size, past the memory available\n" + subtitle, fontsize=10
+    )
     ax.grid(alpha=0.3)
     return _save(plt, fig, path)
 

@@ -64,8 +64,11 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
     by_key = {(r["workload"], r["n"], r["strategy"]): r for r in records}
     for record in records:
         rate = epoch2_rate(record)
-        for ratio_key, baseline in (("ratio_vs_load", "save_load"), ("ratio_vs_cache", "memory"),
-                                    ("ratio_vs_file", "file")):
+        for ratio_key, baseline in (
+            ("ratio_vs_load", "save_load"),
+            ("ratio_vs_cache", "memory"),
+            ("ratio_vs_file", "file"),
+        ):
             base = epoch2_rate(by_key.get((record["workload"], record["n"], baseline)))
             record[ratio_key] = rate / base if rate is not None and base else None
         bare = epoch1_seconds(by_key.get((record["workload"], record["n"], "none")))
@@ -156,9 +159,18 @@ def _epochs(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def render_epoch2_table(records: list[dict[str, Any]]) -> str:
     """Epoch 2 (reading the cache) per workload, size and strategy, with ratios."""
-    columns = ("workload", "size (elements, GB)", "strategy", "epoch 2 s", "elements/s",
-               "MB/s", "vs `ds.cache()`", "vs `cache(filename)`", "vs `Dataset.load`",
-               "peak RssAnon MB")
+    columns = (
+        "workload",
+        "size (elements, GB)",
+        "strategy",
+        "epoch 2 s",
+        "elements/s",
+        "MB/s",
+        "vs `ds.cache()`",
+        "vs `cache(filename)`",
+        "vs `Dataset.load`",
+        "peak RssAnon MB",
+    )
     lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     for record in records:
@@ -166,13 +178,24 @@ def render_epoch2_table(records: list[dict[str, Any]]) -> str:
         spreads = record.get("repeat_epoch_seconds") or []
         ours = record["strategy"].startswith("shardcache")
         peak = record.get("peak_rss_anon_mb") if record.get("status") == "ok" else None
-        lines.append("| " + " | ".join([
-            record["workload"], size_text(record["workload"], record["n"]),
-            label(record["strategy"]) + notes.mark(record),
-            _seconds(e2.get("seconds"), spreads[1] if len(spreads) > 1 else None),
-            _num(e2.get("elements_per_s")), _num(e2.get("mb_per_s"), 1),
-            _ratio(record.get("ratio_vs_cache"), ours), _ratio(record.get("ratio_vs_file"), ours),
-            _ratio(record.get("ratio_vs_load"), ours), _num(peak)]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    record["workload"],
+                    size_text(record["workload"], record["n"]),
+                    label(record["strategy"]) + notes.mark(record),
+                    _seconds(e2.get("seconds"), spreads[1] if len(spreads) > 1 else None),
+                    _num(e2.get("elements_per_s")),
+                    _num(e2.get("mb_per_s"), 1),
+                    _ratio(record.get("ratio_vs_cache"), ours),
+                    _ratio(record.get("ratio_vs_file"), ours),
+                    _ratio(record.get("ratio_vs_load"), ours),
+                    _num(peak),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines + notes.render())
 
 
@@ -183,16 +206,18 @@ EPOCH1_STRATEGIES = ("memory", "file", "save_load", "shardcache", "shardcache_di
 def render_epoch1_table(records: list[dict[str, Any]]) -> str:
     """Epoch 1 (filling the cache) as a ratio to the bare pipeline, one row per size."""
     present = [s for s in EPOCH1_STRATEGIES if any(r["strategy"] == s for r in records)]
-    columns = ["workload", "size (elements, GB)", "bare pipeline s",
-               *(label(s) for s in present)]
+    columns = ["workload", "size (elements, GB)", "bare pipeline s", *(label(s) for s in present)]
     lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     keys = list(dict.fromkeys((r["workload"], r["n"]) for r in records))
     for workload, n in keys:
         mine = {r["strategy"]: r for r in records if (r["workload"], r["n"]) == (workload, n)}
         bare = mine.get("none")
-        cells = [workload, size_text(workload, n),
-                 _seconds(epoch1_seconds(bare)) + (notes.mark(bare) if bare else "")]
+        cells = [
+            workload,
+            size_text(workload, n),
+            _seconds(epoch1_seconds(bare)) + (notes.mark(bare) if bare else ""),
+        ]
         for strategy in present:
             record = mine.get(strategy)
             if record is None:
@@ -201,8 +226,10 @@ def render_epoch1_table(records: list[dict[str, Any]]) -> str:
             seconds = epoch1_seconds(record)
             ratio = record.get("epoch1_vs_bare")
             text = _ratio(ratio, strategy.startswith("shardcache"))
-            cells.append((f"{text} ({_seconds(seconds)} s)" if seconds is not None else text)
-                         + notes.mark(record))
+            cells.append(
+                (f"{text} ({_seconds(seconds)} s)" if seconds is not None else text)
+                + notes.mark(record)
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + notes.render())
 
@@ -239,8 +266,10 @@ def render_memory_table(section: dict[str, Any]) -> str:
             if strategy.startswith("shardcache"):
                 ok = record is not None and status == "ok"
                 _, e2 = _epochs(record) if ok else ({}, {})
-                cells += [_num(record.get("daemon_peak_rss_anon_mb") if ok else None),
-                          _num(e2.get("mb_per_s"), 0)]
+                cells += [
+                    _num(record.get("daemon_peak_rss_anon_mb") if ok else None),
+                    _num(e2.get("mb_per_s"), 0),
+                ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + notes.render())
 
@@ -254,8 +283,11 @@ def render_growth_table(growth: dict[str, Any]) -> str:
     columns = ["read path"]
     for factor in factors:
         columns += [f"{factor}x ({factor * base:,.0f} MB): peak MB", f"{factor}x: end MB"]
-    columns += [f"growth {factors[0]}x -> {factors[-1]}x: peak MB", "growth: end MB",
-                f"{factors[-1]}x: MB/s"]
+    columns += [
+        f"growth {factors[0]}x -> {factors[-1]}x: peak MB",
+        "growth: end MB",
+        f"{factors[-1]}x: MB/s",
+    ]
     lines = markdown_table(columns, []).splitlines()
     notes = Footnotes()
     for strategy in growth.get("paths", []):
@@ -301,7 +333,8 @@ def render_notes(records: list[dict[str, Any]], daemons: list[dict[str, Any]]) -
         lines.append(
             "- RssAnon of a measurement process after `import tensorflow`: "
             f"{_range(r['baseline_rss_anon_mb'] for r in mine)} MB; after the warm-up: "
-            f"{_range(r['warm_rss_anon_mb'] for r in mine)} MB (both included in the peaks).")
+            f"{_range(r['warm_rss_anon_mb'] for r in mine)} MB (both included in the peaks)."
+        )
     for workload, n in dict.fromkeys((r["workload"], r["n"]) for r in records):
         payload = WORKLOADS[workload].dataset_bytes(n)
         sizes = []
@@ -317,35 +350,52 @@ def render_notes(records: list[dict[str, Any]], daemons: list[dict[str, Any]]) -
         if daemon.get("status") != "ok":
             lines.append(f"- `{daemon['workload']}`: no daemon, {daemon.get('error')}")
             continue
-        peaks = [r["daemon_peak_rss_anon_mb"] for r in records
-                 if r["workload"] == daemon["workload"] and "daemon_peak_rss_anon_mb" in r]
+        peaks = [
+            r["daemon_peak_rss_anon_mb"]
+            for r in records
+            if r["workload"] == daemon["workload"] and "daemon_peak_rss_anon_mb" in r
+        ]
         lines.append(
             f"- cacheserver daemon ({daemon['workload']}), not in the client's column: RssAnon "
             f"{daemon['start_rss_anon_mb']:,.0f} MB after start, peak "
-            f"{_range(peaks) if peaks else MISSING} MB during the shardcache rows.")
+            f"{_range(peaks) if peaks else MISSING} MB during the shardcache rows."
+        )
     return "\n".join(lines)
 
 
 def _machine_line(machine: dict[str, Any]) -> str:
     disk = machine.get("disk") or {}
     kind = {True: "flagged rotational by the kernel", False: "non-rotational"}.get(
-        disk.get("rotational"), "")
-    where = (f"; cache files on {disk.get('filesystem')} on {disk.get('device')} "
-             f"({disk.get('size_gb')} GB{', ' + kind if kind else ''})" if disk else "")
-    return (f"{machine['nproc']} cores ({machine['cpu_model']}), {machine['mem_total_gib']} GiB "
-            f"RAM{where}; {machine['platform']}; Python {machine['python']}, TensorFlow "
-            f"{machine['tensorflow']}")
+        disk.get("rotational"), ""
+    )
+    where = (
+        f"; cache files on {disk.get('filesystem')} on {disk.get('device')} "
+        f"({disk.get('size_gb')} GB{', ' + kind if kind else ''})"
+        if disk
+        else ""
+    )
+    return (
+        f"{machine['nproc']} cores ({machine['cpu_model']}), {machine['mem_total_gib']} GiB "
+        f"RAM{where}; {machine['platform']}; Python {machine['python']}, TensorFlow "
+        f"{machine['tensorflow']}"
+    )
 
 
 def group_header(payload: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
     """The lines each table group opens with: command, machine, revision."""
     machine = payload["machine"]
-    quick = (" (**the quick configuration**: small sizes, for checking a change, not for "
-             "quoting)" if payload.get("quick") else "")
-    return [f"- Command: `{payload['command']}`{quick}",
-            f"- Machine: {_machine_line(machine)}",
-            f"- Source: revision {machine.get('git_revision') or 'unknown'}",
-            *extra, ""]
+    quick = (
+        " (**the quick configuration**: small sizes, for checking a change, not for quoting)"
+        if payload.get("quick")
+        else ""
+    )
+    return [
+        f"- Command: `{payload['command']}`{quick}",
+        f"- Machine: {_machine_line(machine)}",
+        f"- Source: revision {machine.get('git_revision') or 'unknown'}",
+        *extra,
+        "",
+    ]
 
 
 SERVER_NAMES = {"seaweedfs": "SeaweedFS", "moto": "moto (server mode)"}
@@ -366,7 +416,8 @@ def render_store(section: dict[str, Any]) -> list[str]:
         f"- Raw: {config['objects']} objects of {config['object_mib']} MiB of random bytes, one "
         "at a time, file to store and back; publish and pull: a cache of "
         f"{config['cache_mib']} MiB ({config['element_bytes'] // 1024} KiB elements of random "
-        "int32) written with `cc.cache`; servers on loopback, on the machine's own disk")
+        "int32) written with `cc.cache`; servers on loopback, on the machine's own disk"
+    )
     lines += group_header(section, (what,))
     raw_rows: list[list[str]] = []
     tier_rows: list[list[str]] = []
@@ -375,38 +426,80 @@ def render_store(section: dict[str, Any]) -> list[str]:
         if entry.get("status") != "ok":
             raw_rows.append([server, MISSING, entry.get("error", "not run")[:120], ""])
         for raw in entry.get("raw", []):
-            raw_rows.append([server, raw["client"], _num(raw.get("put_mb_per_s")),
-                             _num(raw.get("get_mb_per_s"))] if raw["status"] == "ok" else
-                            [server, raw["client"], f"{raw['status']}: {raw['error'][:120]}", ""])
+            raw_rows.append(
+                [
+                    server,
+                    raw["client"],
+                    _num(raw.get("put_mb_per_s")),
+                    _num(raw.get("get_mb_per_s")),
+                ]
+                if raw["status"] == "ok"
+                else [server, raw["client"], f"{raw['status']}: {raw['error'][:120]}", ""]
+            )
         t, boto3 = entry.get("tier"), _raw_of(entry, "boto3") or {}
         if t and t.get("status") != "ok":
             tier_rows.append([server, f"{t.get('status')}: {t.get('error', '')[:200]}"])
         elif t:
             rounds = t.get("rounds", [])  # none in records from before the pulls had rounds
-            to_disk = [str(len(rounds)),
-                       _num(statistics.median(r["raw_get_mb_per_s"] for r in rounds)),
-                       f"{t['to_disk_s']:.2f}", _num(t["to_disk_mb_per_s"]),
-                       f"**{t['to_disk_vs_raw_get']:.2f}x**"] if rounds else [
-                "1", _num(boto3.get("get_mb_per_s")), MISSING, MISSING, MISSING]
-            tier_rows.append([
-                server, f"{t['stored_bytes'] / MB:,.0f} ({t['shards']})", f"{t['publish_s']:.2f}",
-                _num(t["publish_mb_per_s"]),
-                ratio(t["publish_mb_per_s"], boto3.get("put_mb_per_s"), True), *to_disk,
-                f"{t['pull_s']:.2f}", f"{t['pull_vs_raw_get']:.2f}x" if rounds else
-                ratio(t["pull_mb_per_s"], boto3.get("get_mb_per_s")),
-                f"{t['first_element_s']:.2f}"])
-    lines += ["What the store moves through each client library (MB/s of object bytes; boto3 "
-              "as the daemon uses it):", "",
-              markdown_table(["store", "client", "PUT MB/s", "GET MB/s"], raw_rows)]
+            to_disk = (
+                [
+                    str(len(rounds)),
+                    _num(statistics.median(r["raw_get_mb_per_s"] for r in rounds)),
+                    f"{t['to_disk_s']:.2f}",
+                    _num(t["to_disk_mb_per_s"]),
+                    f"**{t['to_disk_vs_raw_get']:.2f}x**",
+                ]
+                if rounds
+                else ["1", _num(boto3.get("get_mb_per_s")), MISSING, MISSING, MISSING]
+            )
+            tier_rows.append(
+                [
+                    server,
+                    f"{t['stored_bytes'] / MB:,.0f} ({t['shards']})",
+                    f"{t['publish_s']:.2f}",
+                    _num(t["publish_mb_per_s"]),
+                    ratio(t["publish_mb_per_s"], boto3.get("put_mb_per_s"), True),
+                    *to_disk,
+                    f"{t['pull_s']:.2f}",
+                    f"{t['pull_vs_raw_get']:.2f}x"
+                    if rounds
+                    else ratio(t["pull_mb_per_s"], boto3.get("get_mb_per_s")),
+                    f"{t['first_element_s']:.2f}",
+                ]
+            )
+    lines += [
+        "What the store moves through each client library (MB/s of object bytes; boto3 "
+        "as the daemon uses it):",
+        "",
+        markdown_table(["store", "client", "PUT MB/s", "GET MB/s"], raw_rows),
+    ]
     if tier_rows:
-        lines += ["", "shardcache's publish (commit to STORED, ratio to the raw boto3 PUT above) "
-                  "and pulls into a cold daemon, each right after a raw boto3 GET of the same "
-                  "store: the pull to disk (from the read's `iter` to STORED: every shard "
-                  "fetched, checked, synced and in place) and the pull and read (from "
-                  "`cc.dataset` to the last element); medians of the rounds, and the median "
-                  "of each round's ratio to its raw GET:", "",
-                  markdown_table(["store", "cache MB (shards)", "publish s", "publish MB/s",
-                                  "vs raw PUT", "rounds", "raw GET MB/s", "pull to disk s",
-                                  "pull to disk MB/s", "vs raw GET", "pull and read s",
-                                  "vs raw GET", "first element s"], tier_rows)]
+        lines += [
+            "",
+            "shardcache's publish (commit to STORED, ratio to the raw boto3 PUT above) "
+            "and pulls into a cold daemon, each right after a raw boto3 GET of the same "
+            "store: the pull to disk (from the read's `iter` to STORED: every shard "
+            "fetched, checked, synced and in place) and the pull and read (from "
+            "`cc.dataset` to the last element); medians of the rounds, and the median "
+            "of each round's ratio to its raw GET:",
+            "",
+            markdown_table(
+                [
+                    "store",
+                    "cache MB (shards)",
+                    "publish s",
+                    "publish MB/s",
+                    "vs raw PUT",
+                    "rounds",
+                    "raw GET MB/s",
+                    "pull to disk s",
+                    "pull to disk MB/s",
+                    "vs raw GET",
+                    "pull and read s",
+                    "vs raw GET",
+                    "first element s",
+                ],
+                tier_rows,
+            ),
+        ]
     return [*lines, ""]

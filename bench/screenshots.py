@@ -50,9 +50,17 @@ CACHE, WORKLOAD = "images", "flat-150k"
 JOBS = ("starved", "ahead")
 BATCH = 32
 TOP_WIDTH = 112  # columns of the terminal top is drawn in
-BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+BROWSER_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
 
 
 def tools(chromium: str | None) -> str:
@@ -60,15 +68,21 @@ def tools(chromium: str | None) -> str:
     which is missing and how to install it."""
     missing = []
     if importlib.util.find_spec("tensorboard") is None:
-        missing.append(f"TensorBoard (not importable by {sys.executable}): "
-                       f"{sys.executable} -m pip install -e '.[screenshots]' (from the "
-                       "repository root)")
-    found = [shutil.which(name) for name in
-             ([chromium] if chromium else ["chromium", "chromium-browser", "google-chrome"])]
+        missing.append(
+            f"TensorBoard (not importable by {sys.executable}): "
+            f"{sys.executable} -m pip install -e '.[screenshots]' (from the "
+            "repository root)"
+        )
+    found = [
+        shutil.which(name)
+        for name in ([chromium] if chromium else ["chromium", "chromium-browser", "google-chrome"])
+    ]
     browser = next(filter(None, found), None)
     if browser is None:
-        missing.append(f"Chromium ({chromium or 'chromium'} not found): apt-get install -y "
-                       "chromium, or pass --chromium PATH")
+        missing.append(
+            f"Chromium ({chromium or 'chromium'} not found): apt-get install -y "
+            "chromium, or pass --chromium PATH"
+        )
     if missing:
         raise SystemExit("bench/screenshots.py needs " + "; and ".join(missing))
     assert browser is not None
@@ -89,9 +103,13 @@ def train(args: argparse.Namespace) -> None:
     with client.CacheClient(args.target, job=args.train) as cc:
         ds = cc.dataset(CACHE, direct=False, parallel_shards=1 if starved else 0)
         ds = cc.timed(ds.batch(BATCH).prefetch(tf.data.AUTOTUNE))
-        model = keras.Sequential([keras.Input(WORKLOADS[WORKLOAD].feature_shape),
-                                  keras.layers.GlobalAveragePooling2D(),
-                                  keras.layers.Dense(WORKLOADS[WORKLOAD].label_modulus)])
+        model = keras.Sequential(
+            [
+                keras.Input(WORKLOADS[WORKLOAD].feature_shape),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(WORKLOADS[WORKLOAD].label_modulus),
+            ]
+        )
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
         def epoch_end(epoch: int, logs: object) -> None:
@@ -100,28 +118,45 @@ def train(args: argparse.Namespace) -> None:
         def step(batch: int, logs: object) -> None:  # the accelerator's step
             time.sleep(step_s)
 
-        model.fit(ds, epochs=10_000, verbose=0, shuffle=False, callbacks=[
-            client.InputStallCallback(Path(args.log_dir) / args.train, every_n_batches=16),
-            keras.callbacks.LambdaCallback(on_train_batch_end=step, on_epoch_end=epoch_end)])
+        model.fit(
+            ds,
+            epochs=10_000,
+            verbose=0,
+            shuffle=False,
+            callbacks=[
+                client.InputStallCallback(Path(args.log_dir) / args.train, every_n_batches=16),
+                keras.callbacks.LambdaCallback(on_train_batch_end=step, on_epoch_end=epoch_end),
+            ],
+        )
 
 
-def wait_for(what: str, ready: Callable[[], bool], deadline_s: float,
-             processes: dict[str, subprocess.Popen[bytes]]) -> None:
+def wait_for(
+    what: str,
+    ready: Callable[[], bool],
+    deadline_s: float,
+    processes: dict[str, subprocess.Popen[bytes]],
+) -> None:
     """Poll ``ready()`` every 0.5 s until it is true; RuntimeError past the deadline or when
     one of ``processes`` (by name) has exited."""
     end = time.monotonic() + deadline_s
     while not ready():
         dead = [name for name, proc in processes.items() if proc.poll() is not None]
         if dead or time.monotonic() > end:
-            raise RuntimeError(f"no {what} after {deadline_s:g} s" if not dead else
-                               f"{dead[0]} exited while waiting for {what}")
+            raise RuntimeError(
+                f"no {what} after {deadline_s:g} s"
+                if not dead
+                else f"{dead[0]} exited while waiting for {what}"
+            )
         time.sleep(0.5)
 
 
 def reading_jobs(metrics_url: str) -> set[str]:
     """The training jobs the daemon's /metrics shows readers of."""
-    return {dict(labels).get("training_job", "") for (name, labels) in scrape(metrics_url)
-            if name == "shardcache_reader_elements_total"}
+    return {
+        dict(labels).get("training_job", "")
+        for (name, labels) in scrape(metrics_url)
+        if name == "shardcache_reader_elements_total"
+    }
 
 
 def svg_size(svg: str) -> tuple[int, int]:
@@ -142,30 +177,57 @@ def terminal_svg(ansi: str, title: str) -> str:
     return console.export_svg(title=title)
 
 
-def photograph(browser: str, url: str, png: Path, size: tuple[int, int], scratch: Path,
-               wait_ms: int = 0) -> None:
+def photograph(
+    browser: str, url: str, png: Path, size: tuple[int, int], scratch: Path, wait_ms: int = 0
+) -> None:
     """Headless Chromium's screenshot of ``url``, ``size`` CSS pixels, into ``png``."""
     profile = Path(tempfile.mkdtemp(prefix="profile-", dir=scratch))
-    cmd = [browser, *BROWSER_FLAGS, f"--user-data-dir={profile}", f"--screenshot={png}",
-           f"--window-size={size[0]},{size[1]}", "--force-device-scale-factor=1"]
+    cmd = [
+        browser,
+        *BROWSER_FLAGS,
+        f"--user-data-dir={profile}",
+        f"--screenshot={png}",
+        f"--window-size={size[0]},{size[1]}",
+        "--force-device-scale-factor=1",
+    ]
     if wait_ms:
         cmd.append(f"--virtual-time-budget={wait_ms}")
     png.unlink(missing_ok=True)
     done = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not png.exists():
-        raise RuntimeError(f"Chromium wrote no screenshot of {url} (exit code "
-                           f"{done.returncode}): {done.stderr[-800:]}")
+        raise RuntimeError(
+            f"Chromium wrote no screenshot of {url} (exit code "
+            f"{done.returncode}): {done.stderr[-800:]}"
+        )
 
 
-def capture_top(browser: str, daemon: BenchDaemon, metrics: str, png: Path,
-                scratch: Path) -> None:
+def capture_top(browser: str, daemon: BenchDaemon, metrics: str, png: Path, scratch: Path) -> None:
     """``cacheserver top --once`` on the daemon, its colours kept, drawn into ``png``; its
     rates over 10 s, two of each reader's reports (every 5 s)."""
     top = subprocess.run(
-        [sys.executable, "-m", "cacheserver", "top", "--once", "--interval", "10",
-         "--metrics", metrics, "--target", daemon.target],
-        env={**child_env(), "COLUMNS": str(TOP_WIDTH), "FORCE_COLOR": "1",
-             "TERM": "xterm-256color"}, capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "cacheserver",
+            "top",
+            "--once",
+            "--interval",
+            "10",
+            "--metrics",
+            metrics,
+            "--target",
+            daemon.target,
+        ],
+        env={
+            **child_env(),
+            "COLUMNS": str(TOP_WIDTH),
+            "FORCE_COLOR": "1",
+            "TERM": "xterm-256color",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if top.returncode != 0:
         raise RuntimeError(f"cacheserver top failed: {top.stderr[-800:]}")
     svg = terminal_svg(top.stdout, "cacheserver top")
@@ -179,8 +241,20 @@ def capture_tensorboard(browser: str, log_dir: Path, png: Path, scratch: Path) -
     port = free_port()
     with open(scratch / "tensorboard.log", "wb") as log:
         board = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(log_dir),
-             "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=log)
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(log_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=log,
+        )
     tags = f"http://127.0.0.1:{port}/data/plugin/scalars/tags"
 
     def runs_loaded() -> bool:
@@ -193,9 +267,15 @@ def capture_tensorboard(browser: str, log_dir: Path, png: Path, scratch: Path) -
 
     try:
         wait_for("TensorBoard serving both runs", runs_loaded, 120, {"tensorboard": board})
-        photograph(browser, f"http://127.0.0.1:{port}/?darkMode=false#scalars"
-                   "&_smoothingWeight=0&tagFilter=input_stall", png, (1100, 470), scratch,
-                   wait_ms=20_000)
+        photograph(
+            browser,
+            f"http://127.0.0.1:{port}/?darkMode=false#scalars"
+            "&_smoothingWeight=0&tagFilter=input_stall",
+            png,
+            (1100, 470),
+            scratch,
+            wait_ms=20_000,
+        )
     finally:
         board.terminate()
         board.wait(timeout=30)
@@ -203,17 +283,29 @@ def capture_tensorboard(browser: str, log_dir: Path, png: Path, scratch: Path) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = arguments(__doc__)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "img",
-                        help="where the two PNGs go (default docs/img)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO_ROOT / "docs" / "img",
+        help="where the two PNGs go (default docs/img)",
+    )
     parser.add_argument("--elements", type=int, default=2048)
-    parser.add_argument("--step-ms", type=float, default=50.0,
-                        help="the ahead job's step per batch (default 50)")
+    parser.add_argument(
+        "--step-ms", type=float, default=50.0, help="the ahead job's step per batch (default 50)"
+    )
     parser.add_argument("--min-epochs", type=int, default=6)
-    parser.add_argument("--mbit", type=float, default=400,
-                        help="the starved job's link, as root (default 400 Mbit/s)")
+    parser.add_argument(
+        "--mbit",
+        type=float,
+        default=400,
+        help="the starved job's link, as root (default 400 Mbit/s)",
+    )
     parser.add_argument("--chromium", help="the Chromium binary (default: chromium on PATH)")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the scratch directory (TensorBoard logs, each process's log)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the scratch directory (TensorBoard logs, each process's log)",
+    )
     for hidden in ("--train", "--target", "--log-dir", "--stop"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -243,19 +335,33 @@ def main(argv: list[str] | None = None) -> int:
             target = str(daemon.tcp_target) if over_link else daemon.target
             with open(scratch / f"{job}.log", "wb") as log:
                 children[job] = subprocess.Popen(
-                    [sys.executable, __file__, "--train", job, "--target", target,
-                     "--log-dir", str(log_dir), "--stop", str(stop), "--step-ms",
-                     str(args.step_ms), "--min-epochs", str(args.min_epochs)],
-                    env=child_env(), stdout=log, stderr=subprocess.STDOUT)
-        wait_for("reports of both jobs", lambda: reading_jobs(metrics) >= set(JOBS), 300,
-                 children)
+                    [
+                        sys.executable,
+                        __file__,
+                        "--train",
+                        job,
+                        "--target",
+                        target,
+                        "--log-dir",
+                        str(log_dir),
+                        "--stop",
+                        str(stop),
+                        "--step-ms",
+                        str(args.step_ms),
+                        "--min-epochs",
+                        str(args.min_epochs),
+                    ],
+                    env=child_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+        wait_for("reports of both jobs", lambda: reading_jobs(metrics) >= set(JOBS), 300, children)
         capture_top(browser, daemon, metrics, args.out / "cacheserver_top.png", scratch)
         stop.touch()  # each job ends at the end of an epoch, once it has trained min_epochs
         for job, child in children.items():
             if child.wait(timeout=600) != 0:
                 raise RuntimeError(f"the {job} job failed: see {scratch}/{job}.log")
-        capture_tensorboard(browser, log_dir, args.out / "tensorboard_input_stall.png",
-                            scratch)
+        capture_tensorboard(browser, log_dir, args.out / "tensorboard_input_stall.png", scratch)
     except BaseException:
         print(f"kept for a look: {scratch}", file=sys.stderr)
         raise
@@ -268,8 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         daemon.stop()
         if link is not None:
             link.close()
-    print(f"written: {args.out}/cacheserver_top.png, {args.out}/tensorboard_input_stall.png",
-          file=sys.stderr)
+    print(
+        f"written: {args.out}/cacheserver_top.png, {args.out}/tensorboard_input_stall.png",
+        file=sys.stderr,
+    )
     if args.keep:
         print(f"kept: {scratch}", file=sys.stderr)
     else:

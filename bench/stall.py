@@ -43,8 +43,12 @@ def scraped_stall(url: str) -> float:
 
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == "shardcache_reader_stall_seconds_total")
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "shardcache_reader_stall_seconds_total"
+    )
 
 
 def loop(ds: Any, epochs: int, step_ms: float) -> float:
@@ -69,13 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elements", type=int, default=600)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--mbit", type=float, default=400,
-                        help="the capped link's rate, both ways (default 400)")
-    parser.add_argument("--cases", default="capped:100,plane:100",
-                        help="comma-separated PATH:STEP_MS (capped, plane, grpc or direct)")
+    parser.add_argument(
+        "--mbit", type=float, default=400, help="the capped link's rate, both ways (default 400)"
+    )
+    parser.add_argument(
+        "--cases",
+        default="capped:100,plane:100",
+        help="comma-separated PATH:STEP_MS (capped, plane, grpc or direct)",
+    )
     args = parser.parse_args(argv)
-    cases = [(path, float(step or 0)) for path, _, step in
-             (case.partition(":") for case in args.cases.split(","))]
+    cases = [
+        (path, float(step or 0))
+        for path, _, step in (case.partition(":") for case in args.cases.split(","))
+    ]
     if any(path in ("capped", "plane") for path, _ in cases) and not can_make_netns():
         parser.error("capped and plane cases need root and `ip netns` (a veth link to cap)")
     import tensorflow as tf
@@ -99,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
                 link.rate(args.mbit)
             target = str(daemon.tcp_target) if path in ("capped", "plane") else daemon.target
             with CacheClient(target, job=f"{path}-{step_ms:g}ms") as cc:
-                ds = cc.timed(cc.dataset("stall", direct=path == "direct").batch(
-                    args.batch).prefetch(tf.data.AUTOTUNE))
+                ds = cc.timed(
+                    cc.dataset("stall", direct=path == "direct")
+                    .batch(args.batch)
+                    .prefetch(tf.data.AUTOTUNE)
+                )
                 loop(ds, 1, 0)  # a warm-up epoch
                 before = scraped_stall(f"http://{metrics}/metrics")
                 stall, began = InputStall(), time.monotonic()
@@ -112,12 +125,30 @@ def main(argv: list[str] | None = None) -> int:
             if link is not None and path == "capped":
                 link.rate(None)
             label = f"data plane, {args.mbit:g} Mbit/s" if path == "capped" else path
-            rows.append((label, f"{step_ms:g} ms", f"{args.elements * args.epochs / wall:,.0f}",
-                         f"{100 * in_next / wall:.0f}%", f"{100 * waited:.0f}%",
-                         f"{100 * reported:.0f}%"))
+            rows.append(
+                (
+                    label,
+                    f"{step_ms:g} ms",
+                    f"{args.elements * args.epochs / wall:,.0f}",
+                    f"{100 * in_next / wall:.0f}%",
+                    f"{100 * waited:.0f}%",
+                    f"{100 * reported:.0f}%",
+                )
+            )
     print(f"{run_line()}\n")
-    print(markdown_table(("path", "step per batch", "elements/s", "loop in next()",
-                          "client.InputStall", "daemon's /metrics"), rows))
+    print(
+        markdown_table(
+            (
+                "path",
+                "step per batch",
+                "elements/s",
+                "loop in next()",
+                "client.InputStall",
+                "daemon's /metrics",
+            ),
+            rows,
+        )
+    )
     return 0
 
 

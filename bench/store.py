@@ -61,8 +61,9 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def raw_boto3(server: Any, files: list[Path], out_dir: Path
-              ) -> tuple[dict[str, Any], Callable[[], float]]:
+def raw_boto3(
+    server: Any, files: list[Path], out_dir: Path
+) -> tuple[dict[str, Any], Callable[[], float]]:
     """PUT then GET every file with boto3: ``upload_file`` as the daemon publishes, and one
     ``get_object`` per object streamed to a file. The record, and the GET again (MB/s)."""
     from boto3.s3.transfer import TransferConfig
@@ -70,11 +71,16 @@ def raw_boto3(server: Any, files: list[Path], out_dir: Path
     from cacheserver.tier.bucket import MULTIPART_BYTES, UPLOAD_CONCURRENCY
 
     bucket = server.bucket().removeprefix("s3://").split("/")[0]
-    client = server.client(max_pool_connections=32, s3={"addressing_style": "path"},
-                           retries={"mode": "standard", "max_attempts": 3})
-    config = TransferConfig(multipart_threshold=MULTIPART_BYTES,
-                            multipart_chunksize=MULTIPART_BYTES,
-                            max_concurrency=UPLOAD_CONCURRENCY)
+    client = server.client(
+        max_pool_connections=32,
+        s3={"addressing_style": "path"},
+        retries={"mode": "standard", "max_attempts": 3},
+    )
+    config = TransferConfig(
+        multipart_threshold=MULTIPART_BYTES,
+        multipart_chunksize=MULTIPART_BYTES,
+        max_concurrency=UPLOAD_CONCURRENCY,
+    )
 
     def put() -> None:
         for path in files:
@@ -104,14 +110,22 @@ def raw_obstore(server: Any, files: list[Path], out_dir: Path) -> dict[str, Any]
         import obstore
         from obstore.store import S3Store
     except ImportError:
-        return {"client": "obstore", "status": "unavailable",
-                "error": "obstore is not installed (pip install obstore)"}
+        return {
+            "client": "obstore",
+            "status": "unavailable",
+            "error": "obstore is not installed (pip install obstore)",
+        }
     env = server.env()
     bucket = server.bucket().removeprefix("s3://").split("/")[0]
-    store = S3Store(bucket, endpoint=server.endpoint, region=env["AWS_DEFAULT_REGION"],
-                    access_key_id=env["AWS_ACCESS_KEY_ID"],
-                    secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                    virtual_hosted_style_request=False, client_options={"allow_http": True})
+    store = S3Store(
+        bucket,
+        endpoint=server.endpoint,
+        region=env["AWS_DEFAULT_REGION"],
+        access_key_id=env["AWS_ACCESS_KEY_ID"],
+        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True},
+    )
 
     def put() -> None:
         for path in files:
@@ -127,8 +141,9 @@ def raw_obstore(server: Any, files: list[Path], out_dir: Path) -> dict[str, Any]
     return _raw_record("obstore", put, get, files, out_dir)
 
 
-def _raw_record(client: str, put: Callable[[], None], get: Callable[[], None],
-                files: list[Path], out_dir: Path) -> dict[str, Any]:
+def _raw_record(
+    client: str, put: Callable[[], None], get: Callable[[], None], files: list[Path], out_dir: Path
+) -> dict[str, Any]:
     total = sum(p.stat().st_size for p in files)
     try:
         put_s = timed(put)
@@ -139,13 +154,26 @@ def _raw_record(client: str, put: Callable[[], None], get: Callable[[], None],
         if (out_dir / path.name).read_bytes() != path.read_bytes():
             return {"client": client, "status": "error", "error": f"{path.name} differs"}
         (out_dir / path.name).unlink()
-    return {"client": client, "status": "ok", "bytes": total, "put_s": put_s, "get_s": get_s,
-            "put_mb_per_s": total / MB / put_s, "get_mb_per_s": total / MB / get_s}
+    return {
+        "client": client,
+        "status": "ok",
+        "bytes": total,
+        "put_s": put_s,
+        "get_s": get_s,
+        "put_mb_per_s": total / MB / put_s,
+        "get_mb_per_s": total / MB / get_s,
+    }
 
 
 # ---------------------------------------------------------------------- publish and pull
-def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float, rounds: int,
-         raw_get: Callable[[], float]) -> dict[str, Any]:
+def tier(
+    server: Any,
+    scratch: Path,
+    cache_bytes: int,
+    timeout_s: float,
+    rounds: int,
+    raw_get: Callable[[], float],
+) -> dict[str, Any]:
     """Publish a cache from one daemon, then pull it into a second, cold one ``rounds`` times
     (its local copy deleted between), each pull right after a raw GET (``raw_get``) of the same
     store: pull and raw GET interleaved, so that a ratio compares neighbours."""
@@ -156,13 +184,22 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float, rounds:
     url = server.bucket()
     os.environ.update(server.env())  # the daemons' credentials (child_env copies os.environ)
     n = max(1, cache_bytes // (ELEMENT_INTS * 4))
-    ds = tf.data.Dataset.range(n).map(lambda i: tf.random.stateless_uniform(
-        [ELEMENT_INTS], seed=tf.stack([i, 7]), minval=None, maxval=None, dtype=tf.int32))
+    ds = tf.data.Dataset.range(n).map(
+        lambda i: tf.random.stateless_uniform(
+            [ELEMENT_INTS], seed=tf.stack([i, 7]), minval=None, maxval=None, dtype=tf.int32
+        )
+    )
     name = f"store-bench-{n}"
-    daemons = [BenchDaemon(scratch, role, ("--store", url, "--store-endpoint", server.endpoint))
-               for role in ("a", "b")]
-    record: dict[str, Any] = {"elements": n, "element_bytes": ELEMENT_INTS * 4,
-                              "payload_bytes": n * ELEMENT_INTS * 4, "rounds": []}
+    daemons = [
+        BenchDaemon(scratch, role, ("--store", url, "--store-endpoint", server.endpoint))
+        for role in ("a", "b")
+    ]
+    record: dict[str, Any] = {
+        "elements": n,
+        "element_bytes": ELEMENT_INTS * 4,
+        "payload_bytes": n * ELEMENT_INTS * 4,
+        "rounds": [],
+    }
     try:
         a, b = (d.start() for d in daemons)
         with CacheClient(a.target) as cc:
@@ -172,9 +209,13 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float, rounds:
             info = wait_stored(cc, name, timeout_s)
             stored = time.perf_counter()
         assert count == n, f"wrote {count} of {n} elements"
-        record |= {"write_s": committed - start, "publish_s": stored - committed,
-                   "stored_bytes": info.store_total_bytes, "shards": info.num_shards,
-                   "disk_bytes": info.disk_bytes}
+        record |= {
+            "write_s": committed - start,
+            "publish_s": stored - committed,
+            "stored_bytes": info.store_total_bytes,
+            "shards": info.num_shards,
+            "disk_bytes": info.disk_bytes,
+        }
         for i in range(rounds):
             get_s = raw_get()
             with CacheClient(b.target) as cc:
@@ -187,9 +228,12 @@ def tier(server: Any, scratch: Path, cache_bytes: int, timeout_s: float, rounds:
         for key in ("publish", "pull", "to_disk"):
             record[f"{key}_mb_per_s"] = record["stored_bytes"] / MB / record[f"{key}_s"]
         for key in ("pull", "to_disk"):  # the median of the rounds' ratios to their raw GET
-            record[f"{key}_vs_raw_get"] = statistics.median([
-                record["stored_bytes"] / MB / r[f"{key}_s"] / r["raw_get_mb_per_s"]
-                for r in record["rounds"]])
+            record[f"{key}_vs_raw_get"] = statistics.median(
+                [
+                    record["stored_bytes"] / MB / r[f"{key}_s"] / r["raw_get_mb_per_s"]
+                    for r in record["rounds"]
+                ]
+            )
         record["status"] = "ok"
     except Exception as exc:  # say why, keep the raw numbers
         logs = " | ".join(d.log_tail(5) for d in daemons if d.proc is not None)
@@ -243,9 +287,11 @@ def wait_stored(cc: Any, name: str, timeout_s: float) -> Any:
         if info.store_state == "STORED":
             return info
         if time.monotonic() > deadline:
-            raise TimeoutError(f"cache {name} still {info.store_state} after {timeout_s:g} s "
-                               f"({info.store_done_bytes:,} of {info.store_total_bytes:,} "
-                               f"bytes; {info.store_detail})")
+            raise TimeoutError(
+                f"cache {name} still {info.store_state} after {timeout_s:g} s "
+                f"({info.store_done_bytes:,} of {info.store_total_bytes:,} "
+                f"bytes; {info.store_detail})"
+            )
         time.sleep(0.02)
 
 
@@ -284,48 +330,79 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 boto3, get_again = raw_boto3(server, files, out_dir)
                 for raw in (boto3, raw_obstore(server, files, out_dir)):
                     entry["raw"].append(raw)
-                    progress(f"[store] {kind} raw {raw['client']}: " + (
-                        f"PUT {raw['put_mb_per_s']:,.0f} MB/s, GET {raw['get_mb_per_s']:,.0f} "
-                        "MB/s" if raw["status"] == "ok" else raw["error"]))
-                progress(f"[store] {kind}: publish of {sizes['cache_mib']} MiB, {args.rounds} "
-                         "pulls, each after a raw GET ...")
-                entry["tier"] = tier(server, scratch_root / f"{kind}-tier",
-                                     sizes["cache_mib"] * MIB, args.timeout, args.rounds,
-                                     get_again)
+                    progress(
+                        f"[store] {kind} raw {raw['client']}: "
+                        + (
+                            f"PUT {raw['put_mb_per_s']:,.0f} MB/s, GET {raw['get_mb_per_s']:,.0f} "
+                            "MB/s"
+                            if raw["status"] == "ok"
+                            else raw["error"]
+                        )
+                    )
+                progress(
+                    f"[store] {kind}: publish of {sizes['cache_mib']} MiB, {args.rounds} "
+                    "pulls, each after a raw GET ..."
+                )
+                entry["tier"] = tier(
+                    server,
+                    scratch_root / f"{kind}-tier",
+                    sizes["cache_mib"] * MIB,
+                    args.timeout,
+                    args.rounds,
+                    get_again,
+                )
                 progress(f"[store] {kind} tier: {summary(entry['tier'])}")
                 entry["status"] = "ok"
             finally:
                 server.close()
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)
-    return {"command": reproducing_command(), "quick": not args.full, "machine": facts,
-            "config": sizes | {"element_bytes": ELEMENT_INTS * 4}, "servers": results,
-            "wall_seconds": round(time.monotonic() - started)}
+    return {
+        "command": reproducing_command(),
+        "quick": not args.full,
+        "machine": facts,
+        "config": sizes | {"element_bytes": ELEMENT_INTS * 4},
+        "servers": results,
+        "wall_seconds": round(time.monotonic() - started),
+    }
 
 
 def summary(record: dict[str, Any]) -> str:
     if record.get("status") != "ok":
         return f"{record.get('status')}: {record.get('error')}"
-    return (f"publish {record['publish_s']:.2f} s ({record['publish_mb_per_s']:,.0f} MB/s), "
-            f"pull to disk {record['to_disk_s']:.2f} s ({record['to_disk_vs_raw_get']:.2f}x "
-            f"raw GET), pull and read {record['pull_s']:.2f} s ({record['pull_vs_raw_get']:.2f}x)"
-            f", first element {record['first_element_s']:.2f} s; rounds: " + ", ".join(
-                f"{r['to_disk_s']:.2f}/{record['stored_bytes'] / MB / r['raw_get_mb_per_s']:.2f}"
-                for r in record["rounds"]) + " s (pull to disk/raw GET)")
+    return (
+        f"publish {record['publish_s']:.2f} s ({record['publish_mb_per_s']:,.0f} MB/s), "
+        f"pull to disk {record['to_disk_s']:.2f} s ({record['to_disk_vs_raw_get']:.2f}x "
+        f"raw GET), pull and read {record['pull_s']:.2f} s ({record['pull_vs_raw_get']:.2f}x)"
+        f", first element {record['first_element_s']:.2f} s; rounds: "
+        + ", ".join(
+            f"{r['to_disk_s']:.2f}/{record['stored_bytes'] / MB / r['raw_get_mb_per_s']:.2f}"
+            for r in record["rounds"]
+        )
+        + " s (pull to disk/raw GET)"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = arguments(__doc__, out=True)
-    parser.add_argument("--full", action="store_true",
-                         help=f"{FULL['objects']} x {FULL['object_mib']} MiB raw, a "
-                         f"{FULL['cache_mib']} MiB cache (default: {QUICK['objects']} x "
-                         f"{QUICK['object_mib']} MiB, {QUICK['cache_mib']} MiB)")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help=f"{FULL['objects']} x {FULL['object_mib']} MiB raw, a "
+        f"{FULL['cache_mib']} MiB cache (default: {QUICK['objects']} x "
+        f"{QUICK['object_mib']} MiB, {QUICK['cache_mib']} MiB)",
+    )
     parser.add_argument("--no-report", action="store_true", help="print no markdown")
     parser.add_argument("--tmp-dir", type=Path, help="where objects, servers and daemons go")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="pulls per store, each after a raw GET; medians are reported")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                         help="seconds to wait for a publish to reach STORED")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="pulls per store, each after a raw GET; medians are reported",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for a publish to reach STORED"
+    )
     return parser.parse_args(argv)
 
 

@@ -84,8 +84,9 @@ def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> 
     return "\n".join(lines)
 
 
-def ratio(value: float | None, base: float | None = 1.0, bold: bool = False,
-          missing: str = "-") -> str:
+def ratio(
+    value: float | None, base: float | None = 1.0, bold: bool = False, missing: str = "-"
+) -> str:
     """``value / base`` as ``1.23x`` (bold: ``**1.23x**``), or ``missing`` without both."""
     if value is None or not base:
         return missing

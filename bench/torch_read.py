@@ -59,8 +59,10 @@ class MemmapSource(Dataset):  # type: ignore[type-arg]
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if self._arrays is None:  # opened in the process that reads
-            self._arrays = (np.load(self.folder / "x.npy", mmap_mode="r"),
-                            np.load(self.folder / "i.npy", mmap_mode="r"))
+            self._arrays = (
+                np.load(self.folder / "x.npy", mmap_mode="r"),
+                np.load(self.folder / "i.npy", mmap_mode="r"),
+            )
         return self._arrays
 
     def __getstate__(self) -> dict[str, Any]:
@@ -91,9 +93,9 @@ class MemmapBatches(IterableDataset):  # type: ignore[type-arg]
         info = get_worker_info()
         w, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         order = np.random.default_rng([self.seed, self.epoch]).permutation(len(i))
-        share = order[w * len(i) // workers:(w + 1) * len(i) // workers]
+        share = order[w * len(i) // workers : (w + 1) * len(i) // workers]
         for at in range(0, len(share), self.batch):
-            keys = share[at:at + self.batch]
+            keys = share[at : at + self.batch]
             yield {"x": torch.from_numpy(x[keys]), "i": torch.from_numpy(i[keys])}
 
 
@@ -120,15 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts")
     parser.add_argument("--modes", default="direct,plane")
     parser.add_argument("--loaders", default="map,iterable")
-    parser.add_argument("--shuffle", default="elements", choices=["elements", "shards"],
-                        help="cc.torch()'s shuffle: every element (shuffle=True) or blocks of "
-                        "~1 MiB of stored order (shuffle='shards'); the memmap's is a "
-                        "permutation of rows either way")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch.set_num_threads() in the loader's process (DataLoader "
-                        "workers use 1): more threads on a busy machine make default_collate's "
-                        "stack spin-wait, 0.68 s for a batch of 64 602 KB images at 2 against "
-                        "0.07 s at 1")
+    parser.add_argument(
+        "--shuffle",
+        default="elements",
+        choices=["elements", "shards"],
+        help="cc.torch()'s shuffle: every element (shuffle=True) or blocks of "
+        "~1 MiB of stored order (shuffle='shards'); the memmap's is a "
+        "permutation of rows either way",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads() in the loader's process (DataLoader "
+        "workers use 1): more threads on a busy machine make default_collate's "
+        "stack spin-wait, 0.68 s for a batch of 64 602 KB images at 2 against "
+        "0.07 s at 1",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from client import CacheClient
@@ -157,24 +167,31 @@ def main(argv: list[str] | None = None) -> int:
                 if w:  # started once per loader: the epochs time the reads, not the starts
                     kw.update(multiprocessing_context="forkserver", persistent_workers=True)
                 if "map" in args.loaders:
-                    arms[f"map memmap, {w} workers"] = epoch(DataLoader(
-                        MemmapSource(tmp), batch_size=b, shuffle=True, **kw), n)
+                    arms[f"map memmap, {w} workers"] = epoch(
+                        DataLoader(MemmapSource(tmp), batch_size=b, shuffle=True, **kw), n
+                    )
                     for mode in args.modes.split(","):
                         client, direct = MODES[mode]
                         source = clients[client].source("torch", direct=direct)
-                        arms[f"map cache {mode}, {w} workers"] = epoch(DataLoader(
-                            source, batch_size=b, shuffle=True, **kw), n)
+                        arms[f"map cache {mode}, {w} workers"] = epoch(
+                            DataLoader(source, batch_size=b, shuffle=True, **kw), n
+                        )
                 if "iterable" in args.loaders:
-                    arms[f"iterable memmap, {w} workers"] = epoch(DataLoader(
-                        MemmapBatches(tmp, b, 1), batch_size=None, **kw), n)
+                    arms[f"iterable memmap, {w} workers"] = epoch(
+                        DataLoader(MemmapBatches(tmp, b, 1), batch_size=None, **kw), n
+                    )
                     for mode in args.modes.split(","):
                         client, direct = MODES[mode]
                         ds = clients[client].torch(
                             "torch" if args.shuffle == "elements" else "torch-blocks",
-                            shuffle=args.shuffle == "elements" or "shards", seed=1,
-                            batch_size=b, direct=direct)
-                        arms[f"iterable cache {mode}, {w} workers"] = epoch(DataLoader(
-                            ds, batch_size=None, **kw), n)
+                            shuffle=args.shuffle == "elements" or "shards",
+                            seed=1,
+                            batch_size=b,
+                            direct=direct,
+                        )
+                        arms[f"iterable cache {mode}, {w} workers"] = epoch(
+                            DataLoader(ds, batch_size=None, **kw), n
+                        )
             rates = interleaved(arms, args.repeat)
     finally:
         daemon.stop()
@@ -186,10 +203,20 @@ def main(argv: list[str] | None = None) -> int:
         return best[f"{loader} memmap, {rest.rsplit(', ', 1)[1]}"]
 
     print(run_line())
-    print(markdown_table(
-        ["loader", "best elements/s", "median", "vs memmap (same loader, workers)"],
-        ([name, f"{rate:,.0f}", f"{statistics.median(rates[name]):,.0f}",
-          ratio(rate, base(name))] for name, rate in best.items())))
+    print(
+        markdown_table(
+            ["loader", "best elements/s", "median", "vs memmap (same loader, workers)"],
+            (
+                [
+                    name,
+                    f"{rate:,.0f}",
+                    f"{statistics.median(rates[name]):,.0f}",
+                    ratio(rate, base(name)),
+                ]
+                for name, rate in best.items()
+            ),
+        )
+    )
     write_json(args.out, {"command": run_line(), "rates": rates})
     return 0
 

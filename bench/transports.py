@@ -84,9 +84,15 @@ def serve(kind: str, path: str) -> None:
 
         def batches(chunks: Chunks) -> Iterator[Any]:
             for offset, length in chunks:  # the value is a slice of the map, not a copy
-                column = pa.Array.from_buffers(pa.binary(), 1, [
-                    None, pa.py_buffer(struct.pack("<ii", 0, length)),
-                    mapped.slice(offset, length)])
+                column = pa.Array.from_buffers(
+                    pa.binary(),
+                    1,
+                    [
+                        None,
+                        pa.py_buffer(struct.pack("<ii", 0, length)),
+                        mapped.slice(offset, length),
+                    ],
+                )
                 yield pa.RecordBatch.from_arrays([column], schema=schema)
 
         class Server(flight.FlightServerBase):
@@ -107,8 +113,9 @@ def serve(kind: str, path: str) -> None:
         for offset, length in json.loads(request):
             yield os.pread(fd, length, offset)
 
-    handler = grpc.method_handlers_generic_handler("transports.File", {
-        "Chunks": grpc.unary_stream_rpc_method_handler(chunks)})
+    handler = grpc.method_handlers_generic_handler(
+        "transports.File", {"Chunks": grpc.unary_stream_rpc_method_handler(chunks)}
+    )
     server = grpc.server(futures.ThreadPoolExecutor(8), handlers=(handler,), options=GRPC_OPTIONS)
     print(server.add_insecure_port("127.0.0.1:0"), flush=True)
     server.start()
@@ -126,7 +133,7 @@ def tcp_read(port: int, chunks: Chunks, whole: bool = False) -> int:
             if i + 1 < len(requests):
                 sock.sendall(HEADER.pack(*requests[i + 1]))
             while length:
-                received = sock.recv_into(buffer[:min(length, CHUNK)])
+                received = sock.recv_into(buffer[: min(length, CHUNK)])
                 if not received:
                     raise ConnectionError("the framed TCP server closed the connection")
                 moved, length = moved + received, length - received
@@ -140,8 +147,9 @@ def http_read(port: int, chunks: Chunks) -> int:
     connection = http.client.HTTPConnection("127.0.0.1", port)
     moved = 0
     for offset, length in chunks:
-        connection.request("GET", "/data", headers={
-            "Range": f"bytes={offset}-{offset + length - 1}"})
+        connection.request(
+            "GET", "/data", headers={"Range": f"bytes={offset}-{offset + length - 1}"}
+        )
         response = connection.getresponse()
         if response.status != 206:
             raise ConnectionError(f"HTTP {response.status} for a Range request")
@@ -155,8 +163,10 @@ def flight_read(port: int, chunks: Chunks) -> int:
     from pyarrow import flight
 
     with flight.connect(f"grpc://127.0.0.1:{port}") as client:
-        return sum(chunk.data.column(0).buffers()[2].size
-                   for chunk in client.do_get(flight.Ticket(json.dumps(chunks))))
+        return sum(
+            chunk.data.column(0).buffers()[2].size
+            for chunk in client.do_get(flight.Ticket(json.dumps(chunks)))
+        )
 
 
 def grpc_read(port: int, chunks: Chunks, single_threaded: bool = False) -> int:
@@ -187,9 +197,16 @@ class Shardcache:
         records = [os.urandom(RECORD_BYTES) for _ in range(8)]
         stored = [b"\x00" + zlib.crc32(r).to_bytes(4, "little") + r for r in records]
         with_files = Transport(self.daemon.target)  # the unix socket: the shard file written here
-        writer = LocalWriter(with_files, pb.WriteBegin(
-            name="transports", fingerprint="transports", layout_json='{"format": 1, '
-            '"leaves": []}'), True, None)
+        writer = LocalWriter(
+            with_files,
+            pb.WriteBegin(
+                name="transports",
+                fingerprint="transports",
+                layout_json='{"format": 1, "leaves": []}',
+            ),
+            True,
+            None,
+        )
         writer.begin()
         for i in range(max(1, self.total // len(stored[0]))):
             writer.add([stored[i % len(stored)]], RECORD_BYTES)
@@ -197,14 +214,16 @@ class Shardcache:
         with_files.close()
         assert self.daemon.tcp_target is not None
         self.transport = Transport(self.daemon.tcp_target)  # a remote reader's
-        self.cache = self.transport.call(self.transport.stub.GetCache,
-                                         pb.GetCacheRequest(name="transports")).cache
+        self.cache = self.transport.call(
+            self.transport.stub.GetCache, pb.GetCacheRequest(name="transports")
+        ).cache
         n = self.cache.num_elements
         per_chunk = chunk_positions(self.cache, CHUNK)
         self.chunks = [range(a, min(a + per_chunk, n)) for a in range(0, n, per_chunk)]
         # what client/read/assembly/chunks.py asks per message: a chunk's bytes in one
-        self.chunk_bytes = min(max(per_chunk * self.cache.stored_bytes // n + (64 << 10),
-                                   1 << 20), 16 << 20)
+        self.chunk_bytes = min(
+            max(per_chunk * self.cache.stored_bytes // n + (64 << 10), 1 << 20), 16 << 20
+        )
 
     def read(self, plane: bool, k: int, chunks: list[range] | None = None) -> int:
         """The cache's chunks (default: all), dealt round-robin to k threads, over the data
@@ -222,9 +241,11 @@ class Shardcache:
         if plane:
             lease = for_transport(self.transport).lease(self.cache)
             if lease is None:
-                raise RuntimeError(f"the daemon at {self.transport.target} offers no data "
-                                   f"plane (or $SHARDCACHE_DATA_PLANE=off): see its log, "
-                                   f"{self.daemon.log_path}")
+                raise RuntimeError(
+                    f"the daemon at {self.transport.target} offers no data "
+                    f"plane (or $SHARDCACHE_DATA_PLANE=off): see its log, "
+                    f"{self.daemon.log_path}"
+                )
             remote = PlaneFetcher(lease, grpc_fetcher)
         fetcher = Reconnecting(remote, calls, self.cache.name, RECONNECT_TIMEOUT)
 
@@ -235,8 +256,10 @@ class Shardcache:
             with ThreadPoolExecutor(k) as pool:
                 moved = sum(pool.map(share, range(k)))
             if lease is not None and (lease.ended or not lease.worked):
-                raise RuntimeError("the data plane read fell back to gRPC: see the log above "
-                                   f"and the daemon's, {self.daemon.log_path}")
+                raise RuntimeError(
+                    "the data plane read fell back to gRPC: see the log above "
+                    f"and the daemon's, {self.daemon.log_path}"
+                )
             return moved
         finally:
             fetcher.close()
@@ -247,8 +270,12 @@ class Shardcache:
         self.daemon.stop()
 
 
-def transport_rows(tmp: Path, total: int, repeat: int, streams: list[int],
-                   ) -> dict[str, list[Row]]:
+def transport_rows(
+    tmp: Path,
+    total: int,
+    repeat: int,
+    streams: list[int],
+) -> dict[str, list[Row]]:
     """Each candidate reads the whole file (shardcache: its cache), ``repeat`` times,
     interleaved with the others."""
     path = tmp / "payload.bin"
@@ -262,12 +289,16 @@ def transport_rows(tmp: Path, total: int, repeat: int, streams: list[int],
         def run(port: int) -> int:  # connection j reads chunks j, j + k, ...
             with ThreadPoolExecutor(k) as pool:
                 return sum(pool.map(lambda j: read(port, chunks[j::k]), range(k)))
+
         return run
 
     readers: dict[str, tuple[str, Callable[[int, Chunks], int]]] = {
-        "framed TCP": ("tcp", tcp_read), "HTTP Range": ("http", http_read),
-        "Flight DoGet": ("flight", flight_read), "gRPC": ("grpc", grpc_read),
-        "gRPC single-threaded": ("grpc", partial(grpc_read, single_threaded=True))}
+        "framed TCP": ("tcp", tcp_read),
+        "HTTP Range": ("http", http_read),
+        "Flight DoGet": ("flight", flight_read),
+        "gRPC": ("grpc", grpc_read),
+        "gRPC single-threaded": ("grpc", partial(grpc_read, single_threaded=True)),
+    }
     servers: dict[str, tuple[Any, int]] = {}
     shardcache = Shardcache(tmp, total)
     try:
@@ -276,14 +307,28 @@ def transport_rows(tmp: Path, total: int, repeat: int, streams: list[int],
         shardcache.start()
         # (name, read, server's pid, bytes it must move)
         cases: list[tuple[str, Callable[[], int], int, int]] = [
-            (RAW, partial(tcp_read, servers["tcp"][1], chunks, whole=True),
-             servers["tcp"][0].pid, size)]
-        cases += [(f"{name} x{k}", partial(split(read, k), servers[kind][1]),
-                   servers[kind][0].pid, size)
-                  for name, (kind, read) in readers.items() for k in streams]
-        cases += [(f"shardcache {label} x{k}", partial(shardcache.read, plane, k),
-                   shardcache.daemon.pid, shardcache.cache.stored_bytes)
-                  for label, plane in (("data plane", True), ("gRPC", False)) for k in streams]
+            (
+                RAW,
+                partial(tcp_read, servers["tcp"][1], chunks, whole=True),
+                servers["tcp"][0].pid,
+                size,
+            )
+        ]
+        cases += [
+            (f"{name} x{k}", partial(split(read, k), servers[kind][1]), servers[kind][0].pid, size)
+            for name, (kind, read) in readers.items()
+            for k in streams
+        ]
+        cases += [
+            (
+                f"shardcache {label} x{k}",
+                partial(shardcache.read, plane, k),
+                shardcache.daemon.pid,
+                shardcache.cache.stored_bytes,
+            )
+            for label, plane in (("data plane", True), ("gRPC", False))
+            for k in streams
+        ]
         for kind, read in readers.values():  # untimed: connections, threads, first buffers
             read(servers[kind][1], chunks[:2])
         shardcache.read(True, 1)  # untimed: the daemon's first touch of the LMDB map
@@ -310,19 +355,40 @@ def render(results: dict[str, list[Row]]) -> str:
     best = {name: max(rows, key=rate) for name, rows in results.items()}
     median = {name: sorted(rows, key=rate)[(len(rows) - 1) // 2] for name, rows in results.items()}
     return markdown_table(
-        ["transport x connections", "best GB/s", "median GB/s", "best vs raw", "median vs raw",
-         "CPU s/GB here", "CPU s/GB server"],
-        ([name, f"{rate(best[name]) / GB:.2f}", f"{rate(median[name]) / GB:.2f}",
-          ratio(rate(best[name]), rate(best[RAW])), ratio(rate(median[name]), rate(median[RAW])),
-          per_gb(median[name][2], median[name][1]), per_gb(median[name][3], median[name][1])]
-         for name in results))
+        [
+            "transport x connections",
+            "best GB/s",
+            "median GB/s",
+            "best vs raw",
+            "median vs raw",
+            "CPU s/GB here",
+            "CPU s/GB server",
+        ],
+        (
+            [
+                name,
+                f"{rate(best[name]) / GB:.2f}",
+                f"{rate(median[name]) / GB:.2f}",
+                ratio(rate(best[name]), rate(best[RAW])),
+                ratio(rate(median[name]), rate(median[RAW])),
+                per_gb(median[name][2], median[name][1]),
+                per_gb(median[name][3], median[name][1]),
+            ]
+            for name in results
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = arguments(__doc__, out=True, repeat=3)
     parser.add_argument("--mb", type=int, default=512, help="payload per row, MB")
-    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4],
-                        help="connections in parallel per candidate")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="connections in parallel per candidate",
+    )
     for hidden in ("--serve", "--file"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -333,8 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         results = transport_rows(Path(tmp), args.mb * MB, args.repeat, args.streams)
     print(run_line())
     print(render(results))
-    write_json(args.out, {k: [dict(zip(ROW_KEYS, row)) for row in rows]
-                          for k, rows in results.items()})
+    write_json(
+        args.out, {k: [dict(zip(ROW_KEYS, row)) for row in rows] for k, rows in results.items()}
+    )
     return 0
 
 

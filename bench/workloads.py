@@ -26,7 +26,6 @@ _DTYPE_BYTES = {"float32": 4, "int32": 4, "uint8": 1}
 
 @dataclass(frozen=True)
 class Workload:
-
     name: str
     feature_shape: tuple[int, ...]
     label_modulus: int
@@ -47,15 +46,20 @@ class Workload:
 #: jpeg: a decoded 1600x1200 JPEG's random crop, resized (realistically expensive); pixels:
 #: the same kept as uint8 (compressible); tokens: Zipf-like int32 ids (compressible); small:
 #: 1 KB float32 vectors, where per-element overhead dominates.
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("image", (224, 224, 3), 1000, sizes=(1000, 4000), quick_sizes=(256,)),
-    Workload("jpeg", (224, 224, 3), 1000, sizes=(600,), quick_sizes=(96,)),
-    Workload("pixels", (224, 224, 3), 1000, sizes=(2000,), quick_sizes=(256,),
-             feature_dtype="uint8"),
-    Workload("tokens", (512,), 10, sizes=(200_000,), quick_sizes=(20_000,),
-             feature_dtype="int32"),
-    Workload("small", (256,), 10, sizes=(200_000, 800_000), quick_sizes=(40_000,)),
-)}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("image", (224, 224, 3), 1000, sizes=(1000, 4000), quick_sizes=(256,)),
+        Workload("jpeg", (224, 224, 3), 1000, sizes=(600,), quick_sizes=(96,)),
+        Workload(
+            "pixels", (224, 224, 3), 1000, sizes=(2000,), quick_sizes=(256,), feature_dtype="uint8"
+        ),
+        Workload(
+            "tokens", (512,), 10, sizes=(200_000,), quick_sizes=(20_000,), feature_dtype="int32"
+        ),
+        Workload("small", (256,), 10, sizes=(200_000, 800_000), quick_sizes=(40_000,)),
+    )
+}
 
 #: Cheap, incompressible sources of several element sizes (~1 GB/s: rows of a random pool, the
 #: first value the index): feature shape per workload name; ``flat-602k`` is ``image``'s shape.
@@ -70,8 +74,13 @@ FLAT_BATCH_BYTES = 4 << 20  # the flat source makes elements in batches of about
 FLAT_POOL_BYTES = 16 << 20  # random float32 rows the flat elements are copied from
 for _name, _shape in FLAT_SHAPES.items():
     _bytes = 4 * math.prod(_shape) + LABEL_BYTES
-    WORKLOADS[_name] = Workload(_name, _shape, 1000, sizes=(max(1, (1 << 30) // _bytes),),
-                                quick_sizes=(max(1, (1 << 26) // _bytes),))  # 1 GiB, 64 MiB
+    WORKLOADS[_name] = Workload(
+        _name,
+        _shape,
+        1000,
+        sizes=(max(1, (1 << 30) // _bytes),),
+        quick_sizes=(max(1, (1 << 26) // _bytes),),
+    )  # 1 GiB, 64 MiB
 
 
 def expected_label_sum(workload: Workload, n: int) -> int:
@@ -87,9 +96,13 @@ def make_source(workload: Workload, n: int) -> tf.data.Dataset:
 
     if workload.name in FLAT_SHAPES:
         return flat_source(workload, 0, n)
-    builders = {"image": _image_element_fn, "small": _small_element_fn,
-                "jpeg": _jpeg_element_fn, "pixels": _jpeg_element_fn,
-                "tokens": _tokens_element_fn}
+    builders = {
+        "image": _image_element_fn,
+        "small": _small_element_fn,
+        "jpeg": _jpeg_element_fn,
+        "pixels": _jpeg_element_fn,
+        "tokens": _tokens_element_fn,
+    }
     fn = builders[workload.name](workload)
     return tf.data.Dataset.range(n).map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -158,8 +171,12 @@ def ensure_jpegs(directory: Path = JPEG_DIR) -> list[str]:
     paths = [str(directory / f"{i:03d}.jpg") for i in range(JPEG_FILES)]
     if all(os.path.exists(p) for p in paths):
         return paths
-    staging = Path(tempfile.mkdtemp(prefix="bench-jpeg-", dir=directory.parent.as_posix()
-                                    if directory.parent.exists() else None))
+    staging = Path(
+        tempfile.mkdtemp(
+            prefix="bench-jpeg-",
+            dir=directory.parent.as_posix() if directory.parent.exists() else None,
+        )
+    )
     height, width = JPEG_SIZE
     for i in range(JPEG_FILES):
         scene = tf.random.stateless_uniform((1, 12, 16, 3), seed=(i, 3))
@@ -210,8 +227,9 @@ def _tokens_element_fn(workload: Workload) -> ElementFn:
     modulus = tf.constant(workload.label_modulus, tf.int64)
 
     def fn(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        u = tf.random.stateless_uniform(workload.feature_shape,
-                                        seed=tf.stack([i, tf.constant(13, tf.int64)]))
+        u = tf.random.stateless_uniform(
+            workload.feature_shape, seed=tf.stack([i, tf.constant(13, tf.int64)])
+        )
         ids = tf.cast(tf.exp(u * tf.math.log(vocabulary)), tf.int32) - 1
         return ids, i % modulus
 
@@ -238,8 +256,11 @@ def flat_source(workload: Workload, start: int, stop: int) -> tf.data.Dataset:
         rows = tf.concat([tf.cast(index, tf.float32)[:, None], rows[:, 1:]], axis=1)
         return tf.reshape(rows, (-1, *shape)), index % modulus
 
-    return (tf.data.Dataset.range(start, stop, batch)
-            .map(make, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch())
+    return (
+        tf.data.Dataset.range(start, stop, batch)
+        .map(make, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .unbatch()
+    )
 
 
 def numpy_elements(shape: tuple[int, ...], n: int) -> Iterator[dict[str, Any]]:

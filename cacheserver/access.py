@@ -141,13 +141,20 @@ def _verbs(value: Any, where: str) -> frozenset[Verb]:
 
 def _grant(value: Any, where: str) -> Grant:
     if not isinstance(value, dict) or set(value) != {"verbs", "caches"}:
-        raise CredentialsError(f"{where}: a grant is a table of verbs and caches, e.g. "
-                               '{ verbs = ["read"], caches = ["team-a-*"] }')
+        raise CredentialsError(
+            f"{where}: a grant is a table of verbs and caches, e.g. "
+            '{ verbs = ["read"], caches = ["team-a-*"] }'
+        )
     caches = value["caches"]
-    if not isinstance(caches, list) or not caches or not all(
-            isinstance(c, str) and _PATTERN.fullmatch(c) for c in caches):
-        raise CredentialsError(f"{where}: caches must be a non-empty list of cache names or "
-                               "patterns (letters, digits, . _ - and the wildcards * ?)")
+    if (
+        not isinstance(caches, list)
+        or not caches
+        or not all(isinstance(c, str) and _PATTERN.fullmatch(c) for c in caches)
+    ):
+        raise CredentialsError(
+            f"{where}: caches must be a non-empty list of cache names or "
+            "patterns (letters, digits, . _ - and the wildcards * ?)"
+        )
     return Grant(_verbs(value["verbs"], where), tuple(caches))
 
 
@@ -155,8 +162,9 @@ def _principal(value: Any, where: str) -> Principal:
     keys = {"name", "token", "token_sha256", "cert", "grants"}
     if not isinstance(value, dict) or not set(value) <= keys:
         extra = sorted(set(value) - keys) if isinstance(value, dict) else value
-        raise CredentialsError(f"{where}: unknown keys {extra}; a principal has "
-                               f"{', '.join(sorted(keys))}")
+        raise CredentialsError(
+            f"{where}: unknown keys {extra}; a principal has {', '.join(sorted(keys))}"
+        )
     name = value.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise CredentialsError(f"{where}: name must be a word of letters, digits, . _ @ : -")
@@ -164,40 +172,50 @@ def _principal(value: Any, where: str) -> Principal:
     if sum(bool(x) for x in (token, hashed)) > 1:
         raise CredentialsError(f"{where} ({name}): give token or token_sha256, not both")
     if not (token or hashed or cert):
-        raise CredentialsError(f"{where} ({name}): give a token, a token_sha256 or a cert "
-                               "(the client certificate's subject CN or SAN)")
+        raise CredentialsError(
+            f"{where} ({name}): give a token, a token_sha256 or a cert "
+            "(the client certificate's subject CN or SAN)"
+        )
     if token and (not isinstance(token, str) or any(not 0x21 <= ord(c) <= 0x7E for c in token)):
-        raise CredentialsError(f"{where} ({name}): the token must be printable ASCII without "
-                               "spaces (it travels in a gRPC header)")
+        raise CredentialsError(
+            f"{where} ({name}): the token must be printable ASCII without "
+            "spaces (it travels in a gRPC header)"
+        )
     if hashed and (not isinstance(hashed, str) or not _HEX64.fullmatch(hashed.lower())):
-        raise CredentialsError(f"{where} ({name}): token_sha256 must be 64 hex digits, e.g. "
-                               "the output of `printf %s TOKEN | sha256sum`")
+        raise CredentialsError(
+            f"{where} ({name}): token_sha256 must be 64 hex digits, e.g. "
+            "the output of `printf %s TOKEN | sha256sum`"
+        )
     if cert and not isinstance(cert, str):
         raise CredentialsError(f"{where} ({name}): cert must be a string")
     grants = value.get("grants", [])
     if not isinstance(grants, list):
         raise CredentialsError(f"{where} ({name}): grants must be a list of tables")
-    return Principal(name, tuple(_grant(g, f"{where} ({name}) grant {i + 1}")
-                                 for i, g in enumerate(grants)),
-                     digest(token) if token else bytes.fromhex(hashed) if hashed else b"",
-                     cert)
+    return Principal(
+        name,
+        tuple(_grant(g, f"{where} ({name}) grant {i + 1}") for i, g in enumerate(grants)),
+        digest(token) if token else bytes.fromhex(hashed) if hashed else b"",
+        cert,
+    )
 
 
 def parse(doc: dict[str, Any], source: str) -> tuple[Principal, ...]:
     """The principals of a credentials document (from TOML)."""
     if set(doc) - {"principal"}:
-        raise CredentialsError(f"{source}: unknown keys {sorted(set(doc) - {'principal'})}; "
-                               "the file holds [[principal]] tables")
+        raise CredentialsError(
+            f"{source}: unknown keys {sorted(set(doc) - {'principal'})}; "
+            "the file holds [[principal]] tables"
+        )
     entries = doc.get("principal", [])
     if not isinstance(entries, list):
         raise CredentialsError(f"{source}: write each principal as a [[principal]] table")
-    principals = tuple(_principal(e, f"{source} principal {i + 1}")
-                       for i, e in enumerate(entries))
+    principals = tuple(_principal(e, f"{source} principal {i + 1}") for i, e in enumerate(entries))
     for attr, what in (("name", "name"), ("token_sha256", "token"), ("cert", "cert")):
         values = [getattr(p, attr) for p in principals if getattr(p, attr)]
         if len(values) != len(set(values)):
-            raise CredentialsError(f"{source}: two principals have the same {what}; each "
-                                   f"{what} names one principal")
+            raise CredentialsError(
+                f"{source}: two principals have the same {what}; each {what} names one principal"
+            )
     return principals
 
 
@@ -209,17 +227,17 @@ def load(auth_file: Path | None, token: bytes | None = None) -> Credentials:
             with open(auth_file, "rb") as f:
                 doc = tomllib.load(f)
         except OSError as exc:
-            raise CredentialsError(f"cannot read --auth-file {auth_file}: "
-                                   f"{exc.strerror}") from None
+            raise CredentialsError(f"cannot read --auth-file {auth_file}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise CredentialsError(f"--auth-file {auth_file} is not valid TOML: {exc}") from None
         principals = parse(doc, f"--auth-file {auth_file}")
     if token is not None:
         if any(p.name == "auth-token-file" for p in principals):
-            raise CredentialsError("the name auth-token-file is taken by --auth-token-file's "
-                                   "token; name that principal otherwise")
-        principals += (Principal("auth-token-file", (Grant(ALL_VERBS, ("*",)),),
-                                 digest(token)),)
+            raise CredentialsError(
+                "the name auth-token-file is taken by --auth-token-file's "
+                "token; name that principal otherwise"
+            )
+        principals += (Principal("auth-token-file", (Grant(ALL_VERBS, ("*",)),), digest(token)),)
     return Credentials(principals, open=auth_file is None and token is None)
 
 
@@ -227,7 +245,8 @@ def denied(principal: Principal, verb: Verb, cache: str) -> PermissionDenied:
     metrics.ACCESS_DENIED.labels(verb.value).inc()
     return PermissionDenied(
         f"{principal.name} may not {verb.value} cache {shown(cache)!r}: no grant of "
-        f"{verb.value} over it in the daemon's --auth-file; ask its operator for one")
+        f"{verb.value} over it in the daemon's --auth-file; ask its operator for one"
+    )
 
 
 def check(principal: Principal, verb: Verb, cache: str) -> None:
@@ -246,24 +265,39 @@ def check_follow(principal: Principal, starter: str, cache: str, operation: str)
     raise PermissionDenied(
         f"{principal.name} may not follow or cancel operation {shown(operation)!r}: only the "
         f"principal that started it, or one granted admin over cache {shown(cache)!r} in the "
-        "daemon's --auth-file, may")
+        "daemon's --auth-file, may"
+    )
 
 
-def still_allowed(credentials: Credentials, principal: Principal, verb: Verb,
-                  cache: str) -> bool:
+def still_allowed(credentials: Credentials, principal: Principal, verb: Verb, cache: str) -> bool:
     """Whether reloaded credentials still know principal by the same token or certificate
     and let it do verb on cache (an open stream or lease that used the grant goes on)."""
     now = credentials.named(principal.name)
-    return now is not None and (now.token_sha256, now.cert) == (
-        principal.token_sha256, principal.cert) and now.may(verb, cache)
+    return (
+        now is not None
+        and (now.token_sha256, now.cert) == (principal.token_sha256, principal.cert)
+        and now.may(verb, cache)
+    )
 
 
 def audit(principal: str, verb: Verb, cache: str, method: str, result: str) -> None:
     """The audit trail's line for one state-changing call."""
-    fields = {"principal": principal, "verb": verb.value, "cache": cache, "method": method,
-              "result": result}
-    audit_log.info("%s %s %s cache=%s result=%s", principal, verb.value, method, cache or "-",
-                   result, extra={"fields": fields})
+    fields = {
+        "principal": principal,
+        "verb": verb.value,
+        "cache": cache,
+        "method": method,
+        "result": result,
+    }
+    audit_log.info(
+        "%s %s %s cache=%s result=%s",
+        principal,
+        verb.value,
+        method,
+        cache or "-",
+        result,
+        extra={"fields": fields},
+    )
 
 
 class Authority:
@@ -305,8 +339,9 @@ class Authority:
                 log.error("kept the previous credentials: %s", exc)
                 return False
             self.credentials = credentials
-        log.info("credentials reloaded from %s: %d principals", self._file,
-                 len(credentials.principals))
+        log.info(
+            "credentials reloaded from %s: %d principals", self._file, len(credentials.principals)
+        )
         for listener in self._listeners:
             listener(credentials)
         return True

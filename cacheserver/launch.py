@@ -22,8 +22,9 @@ class NotHealthy(TimeoutError):
     """The daemon did not answer SERVING in time."""
 
 
-def wait_healthy(target: str, deadline_s: float = 30.0,
-                 still_starting: Callable[[], bool] = lambda: True) -> None:
+def wait_healthy(
+    target: str, deadline_s: float = 30.0, still_starting: Callable[[], bool] = lambda: True
+) -> None:
     """Block until the daemon at target answers SERVING to a health check.
 
     still_starting is polled between attempts; returning False (the process
@@ -36,8 +37,9 @@ def wait_healthy(target: str, deadline_s: float = 30.0,
             if not still_starting():
                 raise NotHealthy(f"the daemon at {target} stopped while starting")
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0,
-                                   wait_for_ready=True)
+                reply = stub.Check(
+                    health_pb2.HealthCheckRequest(), timeout=1.0, wait_for_ready=True
+                )
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
@@ -62,9 +64,15 @@ class DaemonProcess:
     in a terminal reaches only the parent, which then stops the daemon itself.
     """
 
-    def __init__(self, data_dir: Path, listen: Sequence[str], log_path: Path,
-                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 new_session: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        listen: Sequence[str],
+        log_path: Path,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        new_session: bool = False,
+    ) -> None:
         if not listen:
             raise ValueError("a daemon needs at least one listen address")
         self.data_dir = data_dir
@@ -83,22 +91,37 @@ class DaemonProcess:
     @property
     def command(self) -> list[str]:
         listen = [arg for address in self.listen for arg in ("--listen", address)]
-        return [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(self.data_dir),
-                *listen, *self.extra_args]
+        return [
+            sys.executable,
+            "-m",
+            "cacheserver",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            *listen,
+            *self.extra_args,
+        ]
 
     def start(self, timeout_s: float = 60.0) -> DaemonProcess:
         """Start the daemon; return once it is healthy, else raise DaemonStartError."""
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=self.new_session)
+            self.proc = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=self.new_session,
+            )
         proc = self.proc
         try:
             wait_healthy(self.target, timeout_s, still_starting=lambda: proc.poll() is None)
         except NotHealthy as exc:
             self.kill()
-            raise DaemonStartError(f"{exc} (exit status {proc.returncode}); its log "
-                                   f"({self.log_path}):\n{self.log_tail()}") from None
+            raise DaemonStartError(
+                f"{exc} (exit status {proc.returncode}); its log "
+                f"({self.log_path}):\n{self.log_tail()}"
+            ) from None
         return self
 
     def alive(self) -> bool:

@@ -55,33 +55,52 @@ class Figures:
     stall_seconds: float = 0.0
 
     def __add__(self, other: Figures) -> Figures:
-        return Figures(self.elements + other.elements, self.bytes + other.bytes,
-                       self.chunks + other.chunks, self.chunk_seconds + other.chunk_seconds,
-                       self.stall_seconds + other.stall_seconds)
+        return Figures(
+            self.elements + other.elements,
+            self.bytes + other.bytes,
+            self.chunks + other.chunks,
+            self.chunk_seconds + other.chunk_seconds,
+            self.stall_seconds + other.stall_seconds,
+        )
 
 
 _FAMILIES: tuple[tuple[str, str, Callable[[Figures], float]], ...] = (
-    ("shardcache_reader_elements", "Elements readers handed to tf.data, as they report it.",
-     lambda f: f.elements),
-    ("shardcache_reader_bytes", "Bytes of decoded chunks readers handed to tf.data.",
-     lambda f: f.bytes),
+    (
+        "shardcache_reader_elements",
+        "Elements readers handed to tf.data, as they report it.",
+        lambda f: f.elements,
+    ),
+    (
+        "shardcache_reader_bytes",
+        "Bytes of decoded chunks readers handed to tf.data.",
+        lambda f: f.bytes,
+    ),
     ("shardcache_reader_chunks", "Chunks readers handed to tf.data.", lambda f: f.chunks),
-    ("shardcache_reader_chunk_seconds",
-     "Seconds readers' chunks took to fetch and decode, summed over chunks (several are in "
-     "flight at once).", lambda f: f.chunk_seconds),
-    ("shardcache_reader_stall_seconds",
-     "Seconds the readers' training loops asked for their next element before it was "
-     "ready (cc.timed()): the input stall. Its rate is the fraction of time the loop waited "
-     "on its input.",
-     lambda f: f.stall_seconds),
+    (
+        "shardcache_reader_chunk_seconds",
+        "Seconds readers' chunks took to fetch and decode, summed over chunks (several are in "
+        "flight at once).",
+        lambda f: f.chunk_seconds,
+    ),
+    (
+        "shardcache_reader_stall_seconds",
+        "Seconds the readers' training loops asked for their next element before it was "
+        "ready (cc.timed()): the input stall. Its rate is the fraction of time the loop waited "
+        "on its input.",
+        lambda f: f.stall_seconds,
+    ),
 )
 
 
 class Readers(Collector):
     """The latest report of each reader, exported at every scrape (see the module docstring)."""
 
-    def __init__(self, max_readers: int = MAX_READERS, expiry: float = EXPIRY_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_readers: int = MAX_READERS,
+        expiry: float = EXPIRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_readers, self.expiry = max_readers, expiry
         self._clock = clock
         self._lock = threading.Lock()
@@ -119,9 +138,11 @@ class Readers(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         live = self.live()
-        yield GaugeMetricFamily("shardcache_readers",
-                                "Readers reported within the expiry, by their labels.",
-                                value=len(live))
+        yield GaugeMetricFamily(
+            "shardcache_readers",
+            "Readers reported within the expiry, by their labels.",
+            value=len(live),
+        )
         for name, doc, value in _FAMILIES:
             unit = name.rpartition("_")[2] if name.endswith(("_seconds", "_bytes")) else ""
             family = CounterMetricFamily(name, doc, labels=LABELS, unit=unit)

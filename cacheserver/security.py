@@ -39,8 +39,10 @@ def _certificates(flag: str, path: Path) -> bytes:
     try:
         x509.load_pem_x509_certificates(pem)
     except ValueError as exc:
-        raise SecurityConfigError(f"{flag} {path} holds no PEM certificate ({exc}); pass a "
-                                  "file starting with -----BEGIN CERTIFICATE-----") from None
+        raise SecurityConfigError(
+            f"{flag} {path} holds no PEM certificate ({exc}); pass a "
+            "file starting with -----BEGIN CERTIFICATE-----"
+        ) from None
     return pem
 
 
@@ -52,8 +54,10 @@ class TlsMaterial:
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
-            [(self.private_key, self.cert_chain)], root_certificates=self.client_ca,
-            require_client_auth=self.client_ca is not None)
+            [(self.private_key, self.cert_chain)],
+            root_certificates=self.client_ca,
+            require_client_auth=self.client_ca is not None,
+        )
 
     def server_context(self) -> ssl.SSLContext:
         """The same certificate, key and client CA for the data port (cacheserver/plane)."""
@@ -70,20 +74,22 @@ def load_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Tls
     """Read and check --tls-cert/--tls-key/--tls-client-ca; None when TLS is off."""
     if cert is None and key is None:
         if client_ca is not None:
-            raise SecurityConfigError("--tls-client-ca needs --tls-cert and --tls-key: mutual "
-                                      "TLS is TLS with client certificates")
+            raise SecurityConfigError(
+                "--tls-client-ca needs --tls-cert and --tls-key: mutual "
+                "TLS is TLS with client certificates"
+            )
         return None
     if cert is None or key is None:
         missing = "--tls-key" if key is None else "--tls-cert"
-        raise SecurityConfigError(f"TLS needs both --tls-cert and --tls-key; {missing} is "
-                                  "missing")
+        raise SecurityConfigError(f"TLS needs both --tls-cert and --tls-key; {missing} is missing")
     chain = _certificates("--tls-cert", cert)
     key_pem = _read("--tls-key", key)
     try:
         load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as exc:
-        raise SecurityConfigError(f"--tls-key {key} holds no unencrypted PEM private key "
-                                  f"({exc})") from None
+        raise SecurityConfigError(
+            f"--tls-key {key} holds no unencrypted PEM private key ({exc})"
+        ) from None
     ca = _certificates("--tls-client-ca", client_ca) if client_ca is not None else None
     return TlsMaterial(chain, key_pem, ca)
 
@@ -94,11 +100,15 @@ def load_token(path: Path | None, flag: str = "--auth-token-file") -> bytes | No
         return None
     token = _read(flag, path).strip()
     if not token:
-        raise SecurityConfigError(f"{flag} {path} is empty; write a random token "
-                                  "into it, e.g. `openssl rand -hex 32 > FILE`")
+        raise SecurityConfigError(
+            f"{flag} {path} is empty; write a random token "
+            "into it, e.g. `openssl rand -hex 32 > FILE`"
+        )
     if any(c < 0x21 or c > 0x7E for c in token):
-        raise SecurityConfigError(f"{flag} {path}: the token must be printable "
-                                  "ASCII without spaces (it travels in a header)")
+        raise SecurityConfigError(
+            f"{flag} {path}: the token must be printable "
+            "ASCII without spaces (it travels in a header)"
+        )
     return token
 
 
@@ -132,6 +142,9 @@ def warn_if_exposed(address: str, tls: bool) -> None:
         return
     host = address.rpartition(":")[0]
     if not is_loopback(host):
-        log.warning("listening on %s without TLS: anyone who can reach this address can read "
-                    "and write caches in clear text; pass --tls-cert/--tls-key (and "
-                    "--auth-token-file) or bind 127.0.0.1", address)
+        log.warning(
+            "listening on %s without TLS: anyone who can reach this address can read "
+            "and write caches in clear text; pass --tls-cert/--tls-key (and "
+            "--auth-token-file) or bind 127.0.0.1",
+            address,
+        )

@@ -30,13 +30,24 @@ class ArrayMethods:
     def _reopener(self) -> Callable[[], tuple[Daemons, Path | None]]:
         raise NotImplementedError
 
-    def numpy(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
-              prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
-              seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
-              parallel_shards: int = 0, epoch: int = 0, start: int = 0,
-              resume: plan.Resume = None,
-              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-              direct: bool | str | None = None) -> ArrayReader:
+    def numpy(
+        self,
+        name: str,
+        *,
+        batch_size: int | None = None,
+        drop_remainder: bool = False,
+        prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
+        shuffle: bool | str = False,
+        seed: int | None = None,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        parallel_shards: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        resume: plan.Resume = None,
+        reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+        direct: bool | str | None = None,
+    ) -> ArrayReader:
         """A READY cache's elements as NumPy arrays, without TensorFlow: an iterable whose
         every iter() reads the next epoch, as cc.dataset()'s iterations do.
 
@@ -52,11 +63,15 @@ class ArrayMethods:
         """
         from client.numpy.reader import ArrayReader
 
-        return ArrayReader(self._daemons, self._local_data_dir, name,
-                           plan.ReadOptions.of(locals()))
+        return ArrayReader(self._daemons, self._local_data_dir, name, plan.ReadOptions.of(locals()))
 
-    def source(self, name: str, *, direct: bool | str | None = None,
-               reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT) -> CacheSource:
+    def source(
+        self,
+        name: str,
+        *,
+        direct: bool | str | None = None,
+        reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+    ) -> CacheSource:
         """A READY cache as a random-access data source: len(), source[i] (the element at
         index i of the stored order, as cc.numpy() yields it) and a batched fetch of a list
         of indices in one request (__getitems__; Grain's _getitems). It is Grain's
@@ -70,12 +85,22 @@ class ArrayMethods:
         cache = self._daemons.ready(name, "call source() again")
         return CacheSource(name, self._reopener(), options, cache.num_elements)
 
-    def torch(self, name: str, *, batch_size: int | None = None, drop_remainder: bool = False,
-              prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
-              seed: int | None = None, rank: int | None = None, world_size: int | None = None,
-              parallel_shards: int = 0, epoch: int = 0,
-              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-              direct: bool | str | None = None) -> CacheIterable:
+    def torch(
+        self,
+        name: str,
+        *,
+        batch_size: int | None = None,
+        drop_remainder: bool = False,
+        prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
+        shuffle: bool | str = False,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        parallel_shards: int = 0,
+        epoch: int = 0,
+        reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+        direct: bool | str | None = None,
+    ) -> CacheIterable:
         """A READY cache as a PyTorch IterableDataset of tensors (needs torch; no TensorFlow).
 
         Each iteration reads one epoch through cc.numpy()'s reader, as the share of
@@ -88,16 +113,24 @@ class ArrayMethods:
         from client.numpy.torch import CacheIterable
 
         if (rank is None) != (world_size is None):
-            raise InvalidArgumentError("give rank and world_size together, or neither (then "
-                                       "torch.distributed's are used)")
+            raise InvalidArgumentError(
+                "give rank and world_size together, or neither (then torch.distributed's are used)"
+            )
         worker_index, num_workers = rank or 0, world_size or 1
         options = plan.ReadOptions.of(locals())
         self._daemons.ready(name, "call torch() again")
         placement = None if rank is None or world_size is None else (rank, world_size)
         return CacheIterable(name, self._reopener(), options, placement)
 
-    def write(self, name: str, elements: Iterable[Any], *, version: str | None = None,
-              block_bytes: int | None = None, direct: bool | str | None = None) -> CacheInfo:
+    def write(
+        self,
+        name: str,
+        elements: Iterable[Any],
+        *,
+        version: str | None = None,
+        block_bytes: int | None = None,
+        direct: bool | str | None = None,
+    ) -> CacheInfo:
         """Build READY cache name from an iterable of nested NumPy structures, without
         TensorFlow; returns its CacheInfo.
 
@@ -117,11 +150,18 @@ class ArrayMethods:
         if version is not None and not isinstance(version, str):
             raise InvalidArgumentError(f"version must be a str or None, got {version!r}")
         if isinstance(elements, (str, bytes, Mapping)) or not isinstance(elements, Iterable):
-            raise InvalidArgumentError(f"elements must be an iterable of elements, got "
-                                       f"{type(elements).__name__}")
+            raise InvalidArgumentError(
+                f"elements must be an iterable of elements, got {type(elements).__name__}"
+            )
         mode = direct_read.resolve_mode(direct)
-        return CacheInfo.from_proto(writer.write(
-            self._daemons, name, elements, version, check_block_bytes(block_bytes), mode,
-            self._local_data_dir))
-
-
+        return CacheInfo.from_proto(
+            writer.write(
+                self._daemons,
+                name,
+                elements,
+                version,
+                check_block_bytes(block_bytes),
+                mode,
+                self._local_data_dir,
+            )
+        )

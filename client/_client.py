@@ -57,14 +57,17 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 def _no_checkpoint_keyword(method: _Method) -> _Method:
     """Refuse the removed checkpoint= keyword with the reason, not a bare TypeError."""
+
     @functools.wraps(method)
     def checked(*args: Any, **kwargs: Any) -> Any:
         if "checkpoint" in kwargs:
             raise InvalidArgumentError(
                 f"{method.__name__}() no longer takes checkpoint=: every dataset's iterators "
-                "save in tf.train.Checkpoint (docs/reading.md, \"Checkpoints\"); drop the "
-                "argument")
+                'save in tf.train.Checkpoint (docs/reading.md, "Checkpoints"); drop the '
+                "argument"
+            )
         return method(*args, **kwargs)
+
     return checked  # type: ignore[return-value]
 
 
@@ -102,18 +105,34 @@ class CacheClient(ArrayMethods):
     The input stall among them is timed by the datasets cc.timed() wraps.
     """
 
-    def __init__(self, target: str | None = None, *, targets: str | Sequence[str] | None = None,
-                 connect_timeout: float = 5.0,
-                 tune_malloc: bool = True, token: str | None = None, tls_ca: Pem | None = None,
-                 tls_cert: Pem | None = None, tls_key: Pem | None = None,
-                 local_data_dir: str | Path | None = None, job: str | None = None,
-                 rank: int | None = None, report: bool = True) -> None:
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        targets: str | Sequence[str] | None = None,
+        connect_timeout: float = 5.0,
+        tune_malloc: bool = True,
+        token: str | None = None,
+        tls_ca: Pem | None = None,
+        tls_cert: Pem | None = None,
+        tls_key: Pem | None = None,
+        local_data_dir: str | Path | None = None,
+        job: str | None = None,
+        rank: int | None = None,
+        report: bool = True,
+    ) -> None:
         credentials = Credentials.make(token, tls_ca, tls_cert, tls_key)
         #: How a worker process opens a client like this one (cc.source()'s pickles).
-        self._opened_with = {"target": target, "targets": targets,
-                             "connect_timeout": connect_timeout, "token": token,
-                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key,
-                             "local_data_dir": local_data_dir}
+        self._opened_with = {
+            "target": target,
+            "targets": targets,
+            "connect_timeout": connect_timeout,
+            "token": token,
+            "tls_ca": tls_ca,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
+            "local_data_dir": local_data_dir,
+        }
         if target is not None and targets is not None:
             raise InvalidArgumentError("give target (one daemon) or targets (a fleet), not both")
         if targets is None and target is None:
@@ -165,8 +184,9 @@ class CacheClient(ArrayMethods):
         """Delete a READY cache and its files on the daemon; store=True: also its copy in
         the daemon's object store, so no daemon finds it any more. Returns what was
         removed: (the daemon's copy, the stored copy)."""
-        response = self._daemons.call(name, "DeleteCache",
-                                      pb.DeleteCacheRequest(name=name, store=store))
+        response = self._daemons.call(
+            name, "DeleteCache", pb.DeleteCacheRequest(name=name, store=store)
+        )
         return response.local, response.stored
 
     def pin(self, name: str) -> CacheInfo:
@@ -180,14 +200,14 @@ class CacheClient(ArrayMethods):
     def set_ttl(self, name: str, seconds: float | None) -> CacheInfo:
         """Delete the cache once unread for this many seconds; None clears the TTL."""
         if seconds is not None and not seconds > 0:
-            raise InvalidArgumentError(f"ttl must be a positive number of seconds or None, "
-                                       f"got {seconds!r}")
+            raise InvalidArgumentError(
+                f"ttl must be a positive number of seconds or None, got {seconds!r}"
+            )
         return self._retention(name, ttl_seconds=seconds or 0.0)
 
     def _retention(self, name: str, **fields: Any) -> CacheInfo:
         request = pb.SetCacheRetentionRequest(name=name, **fields)
-        return CacheInfo.from_proto(self._daemons.call(name, "SetCacheRetention",
-                                                       request).cache)
+        return CacheInfo.from_proto(self._daemons.call(name, "SetCacheRetention", request).cache)
 
     # ------------------------------------------------------------------ datasets
 
@@ -198,18 +218,27 @@ class CacheClient(ArrayMethods):
     def _datasets(self) -> DatasetBuilder:
         from client.tf.builder import DatasetBuilder  # imports tensorflow
 
-        return DatasetBuilder(self._daemons, self._local_data_dir, self._tune_malloc,
-                              self._reports)
+        return DatasetBuilder(self._daemons, self._local_data_dir, self._tune_malloc, self._reports)
 
     @_no_checkpoint_keyword
-    def dataset(self, name: str, *, prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
-                shuffle: bool | str = False, seed: int | None = None, worker_index: int = 0,
-                num_workers: int = 1, parallel_shards: int = 0, epoch: int = 0, start: int = 0,
-                resume: plan.Resume = None,
-                reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-                direct: bool | str | None = None,
-                resume_from: str | os.PathLike[str] | None = None,
-                batch_size: int | None = None) -> Dataset:
+    def dataset(
+        self,
+        name: str,
+        *,
+        prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
+        shuffle: bool | str = False,
+        seed: int | None = None,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        parallel_shards: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        resume: plan.Resume = None,
+        reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+        direct: bool | str | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
+        batch_size: int | None = None,
+    ) -> Dataset:
         """A tf.data.Dataset over an existing READY cache; needs no source pipeline.
 
         shuffle=True visits every element once per epoch in an order over the
@@ -244,18 +273,28 @@ class CacheClient(ArrayMethods):
         options = plan.ReadOptions.of(locals())
         if resume_from is not None and (resume is not None or start):
             raise InvalidArgumentError(
-                "pass either resume_from= (a Keras backup's position) or resume=/start=, not "
-                "both")
+                "pass either resume_from= (a Keras backup's position) or resume=/start=, not both"
+            )
         return self._datasets().dataset(name, options, resume_from)
 
     @_no_checkpoint_keyword
-    def mix(self, weights: Mapping[str, float], *, size: int | None = None,
-            seed: int | None = None, shuffle: bool | str = False, worker_index: int = 0,
-            num_workers: int = 1, prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
-            parallel_shards: int = 0, epoch: int = 0, start: int = 0,
-            resume: plan.Resume = None,
-            reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-            direct: bool | str | None = None) -> Dataset:
+    def mix(
+        self,
+        weights: Mapping[str, float],
+        *,
+        size: int | None = None,
+        seed: int | None = None,
+        shuffle: bool | str = False,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
+        parallel_shards: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        resume: plan.Resume = None,
+        reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+        direct: bool | str | None = None,
+    ) -> Dataset:
         """A tf.data.Dataset mixing READY caches of one element spec by weight.
 
         weights maps cache names to positive weights: each epoch of size
@@ -275,14 +314,23 @@ class CacheClient(ArrayMethods):
             if num_workers != 1 or resume is not None:
                 raise InvalidArgumentError(
                     "a mix read by several workers, or resumed, needs seed=: the order of "
-                    "the mix is fixed by it (pass the seed the states were saved with)")
+                    "the mix is fixed by it (pass the seed the states were saved with)"
+                )
             seed = secrets.randbits(63)
         return self._datasets().mix(weights, size, plan.ReadOptions.of(locals()))
 
-    def mix_read_state(self, weights: Mapping[str, float], *, elements_seen: int, seed: int,
-                       size: int | None = None, shuffle: bool | str = False,
-                       worker_index: int = 0, num_workers: int = 1,
-                       resume: plan.Resume = None) -> plan.ReadState:
+    def mix_read_state(
+        self,
+        weights: Mapping[str, float],
+        *,
+        elements_seen: int,
+        seed: int,
+        size: int | None = None,
+        shuffle: bool | str = False,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        resume: plan.Resume = None,
+    ) -> plan.ReadState:
         """read_state() of cc.mix(weights, ...): where this worker stands after consuming
         elements_seen elements; pass it back as cc.mix(..., resume=state)."""
         weights = mixing.check_weights(weights)
@@ -309,13 +357,25 @@ class CacheClient(ArrayMethods):
         return timed(dataset, functools.partial(stalled, reports=self._reports))
 
     @_no_checkpoint_keyword
-    def cache(self, dataset: Dataset, name: str, *, version: str | None = None,
-              prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES, shuffle: bool | str = False,
-              seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
-              parallel_shards: int = 0, epoch: int = 0, start: int = 0,
-              resume: plan.Resume = None,
-              reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
-              direct: bool | str | None = None, block_bytes: int | None = None) -> Dataset:
+    def cache(
+        self,
+        dataset: Dataset,
+        name: str,
+        *,
+        version: str | None = None,
+        prefetch_bytes: int = plan.DEFAULT_PREFETCH_BYTES,
+        shuffle: bool | str = False,
+        seed: int | None = None,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        parallel_shards: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        resume: plan.Resume = None,
+        reconnect_timeout: float = plan.DEFAULT_RECONNECT_TIMEOUT,
+        direct: bool | str | None = None,
+        block_bytes: int | None = None,
+    ) -> Dataset:
         """The drop-in for ``dataset.cache()``, stored by the daemon under name.
 
         The first full iteration runs dataset and writes its elements through to
@@ -342,10 +402,18 @@ class CacheClient(ArrayMethods):
         compress_mode()  # a bad $SHARDCACHE_COMPRESS fails here, not in the write epoch
         return self._datasets().cache(dataset, name, version, options, block_bytes)
 
-    def materialize(self, source: str | Dataset, name: str, *, num_shards: int,
-                    workers: int | None = None, overwrite: bool = False, wait: bool = True,
-                    resume: bool = False, block_bytes: int | None = None
-                    ) -> CacheInfo | MaterializeOperation:
+    def materialize(
+        self,
+        source: str | Dataset,
+        name: str,
+        *,
+        num_shards: int,
+        workers: int | None = None,
+        overwrite: bool = False,
+        wait: bool = True,
+        resume: bool = False,
+        block_bytes: int | None = None,
+    ) -> CacheInfo | MaterializeOperation:
         """Have the daemon run a pipeline itself and store it as cache name.
 
         source is an entry point "package.module:fn", with fn(shard_index,
@@ -358,17 +426,32 @@ class CacheClient(ArrayMethods):
         resume attaches to a running or interrupted materialization of name.
         block_bytes: as for cache() (None: the daemon's default, 256 KiB blocks).
         """
-        op = _materialize.start(self._daemons.home(name), source, name=name,
-                                num_shards=num_shards, workers=workers, overwrite=overwrite,
-                                resume=resume, block_bytes=block_bytes)
+        op = _materialize.start(
+            self._daemons.home(name),
+            source,
+            name=name,
+            num_shards=num_shards,
+            workers=workers,
+            overwrite=overwrite,
+            resume=resume,
+            block_bytes=block_bytes,
+        )
         if not wait:
             return op
         op.wait(show_progress=True)
         return self.info(name)
 
-    def read_state(self, name: str, *, elements_seen: int, shuffle: bool | str = False,
-                   seed: int | None = None, worker_index: int = 0, num_workers: int = 1,
-                   resume: plan.Resume = None) -> plan.ReadState:
+    def read_state(
+        self,
+        name: str,
+        *,
+        elements_seen: int,
+        shuffle: bool | str = False,
+        seed: int | None = None,
+        worker_index: int = 0,
+        num_workers: int = 1,
+        resume: plan.Resume = None,
+    ) -> plan.ReadState:
         """Where this worker stands after consuming elements_seen elements since epoch 0
         (with resume=: since the start of cc.dataset(name, resume=resume, ...)).
 

@@ -51,14 +51,31 @@ class CacheInfo:
 
     @classmethod
     def from_proto(cls, c: pb.Cache) -> CacheInfo:
-        return cls(c.name, _STATES.get(c.state, "UNSPECIFIED"), c.num_elements, len(c.shards),
-                   c.disk_bytes, c.raw_bytes, c.stored_bytes, c.fingerprint, c.create_time,
-                   c.commit_time, c.pinned, c.ttl_seconds, c.last_read_time, c.hits,
-                   c.direct_leases, c.direct_reads,
-                   pb.StoreState.Name(c.store.state).removeprefix("STORE_STATE_")
-                   if c.store.state else "", c.store.done_bytes, c.store.total_bytes,
-                   c.store.detail, dict(c.store.requests), c.store.bytes_in,
-                   c.store.bytes_out)
+        return cls(
+            c.name,
+            _STATES.get(c.state, "UNSPECIFIED"),
+            c.num_elements,
+            len(c.shards),
+            c.disk_bytes,
+            c.raw_bytes,
+            c.stored_bytes,
+            c.fingerprint,
+            c.create_time,
+            c.commit_time,
+            c.pinned,
+            c.ttl_seconds,
+            c.last_read_time,
+            c.hits,
+            c.direct_leases,
+            c.direct_reads,
+            pb.StoreState.Name(c.store.state).removeprefix("STORE_STATE_") if c.store.state else "",
+            c.store.done_bytes,
+            c.store.total_bytes,
+            c.store.detail,
+            dict(c.store.requests),
+            c.store.bytes_in,
+            c.store.bytes_out,
+        )
 
 
 class Daemons:
@@ -86,8 +103,8 @@ class Daemons:
                 return transport.call(getattr(transport.stub, method), request)
             except ServerUnavailableError as exc:
                 if self.fleet is None or all(
-                        m == transport.target or self.fleet.is_down(m)
-                        for m in self.fleet.members()):
+                    m == transport.target or self.fleet.is_down(m) for m in self.fleet.members()
+                ):
                     raise
                 self.fleet.mark_down(transport.target, str(exc))
 
@@ -101,7 +118,8 @@ class Daemons:
         if cache.state != pb.CACHE_STATE_READY:
             raise CacheNotReadyError(
                 f"cache {name!r}{of} is WRITING ({cache.num_elements} elements committed so "
-                f"far); wait until its writer finishes, then {then}")
+                f"far); wait until its writer finishes, then {then}"
+            )
         return cache
 
     def close(self) -> None:

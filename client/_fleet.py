@@ -47,9 +47,11 @@ _DNS = "dns:///"
 STREAMS_PER_MEMBER = 8
 #: Keepalive: a member whose link is gone is found within ~2 x this (the daemon allows it).
 KEEPALIVE_MS = 3000
-_FLEET_OPTIONS = [("grpc.keepalive_time_ms", KEEPALIVE_MS),
-                  ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
-                  ("grpc.http2.max_pings_without_data", 0)]
+_FLEET_OPTIONS = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 def weight(member: str, cache: str, shard: int) -> int:
@@ -66,8 +68,11 @@ def ranked(members: Sequence[str], cache: str, shard: int) -> list[str]:
 def routed(cache: pb.Cache) -> bool:
     """Whether the fleet reads cache shard by shard from the owners: once the store
     holds it (each owner pulls its shards from there). Before, its home serves it all."""
-    return cache.store.state in (pb.STORE_STATE_STORED, pb.STORE_STATE_PULLING,
-                                 pb.STORE_STATE_REMOTE)
+    return cache.store.state in (
+        pb.STORE_STATE_STORED,
+        pb.STORE_STATE_PULLING,
+        pb.STORE_STATE_REMOTE,
+    )
 
 
 def parse_targets(targets: str | Sequence[str]) -> list[str]:
@@ -75,11 +80,12 @@ def parse_targets(targets: str | Sequence[str]) -> list[str]:
     items = targets.split(",") if isinstance(targets, str) else list(targets)
     items = [t.strip() for t in items if t.strip()]
     if not items:
-        raise InvalidArgumentError("targets is empty: name at least one daemon, "
-                                   "host:port or dns:///NAME:PORT")
+        raise InvalidArgumentError(
+            "targets is empty: name at least one daemon, host:port or dns:///NAME:PORT"
+        )
     for item in items:
         if item.startswith(_DNS):
-            _host_port(item[len(_DNS):], item)
+            _host_port(item[len(_DNS) :], item)
     return items
 
 
@@ -94,7 +100,7 @@ def _resolve(item: str) -> list[str]:
     """The members item names: itself, or every address its DNS name has now."""
     if not item.startswith(_DNS):
         return [item]
-    host, port = _host_port(item[len(_DNS):], item)
+    host, port = _host_port(item[len(_DNS) :], item)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror:
@@ -110,8 +116,9 @@ class Fleet:
     """The members of a fleet, a Transport to each, and which of them are down;
     thread-safe."""
 
-    def __init__(self, targets: Sequence[str], connect_timeout: float,
-                 credentials: Credentials) -> None:
+    def __init__(
+        self, targets: Sequence[str], connect_timeout: float, credentials: Credentials
+    ) -> None:
         self.targets = list(targets)
         self._connect_timeout = connect_timeout
         self._credentials = credentials
@@ -137,8 +144,7 @@ class Fleet:
         """The members and the rendezvous orders computed for them so far."""
         now = time.monotonic()
         with self._lock:
-            if not self._members or (self._dynamic
-                                     and now - self._resolved_at >= self._refresh):
+            if not self._members or (self._dynamic and now - self._resolved_at >= self._refresh):
                 found = sorted({m for t in self.targets for m in _resolve(t)})
                 if found != self._members and (found or not self._members):
                     self._members = found  # (a failed lookup keeps the last answer)
@@ -159,7 +165,8 @@ class Fleet:
         if not members:
             raise ServerUnavailableError(
                 f"no cacheserver found for targets {self!r}: the DNS name resolves to no "
-                "address (a headless Service with no ready pods?)")
+                "address (a headless Service with no ready pods?)"
+            )
         order = orders.get((cache, shard))
         if order is None:
             order = orders[(cache, shard)] = ranked(members, cache, shard)
@@ -170,8 +177,12 @@ class Fleet:
             transport = self._transports.get(member)
             if transport is None:
                 transport = self._transports[member] = Transport(
-                    member, self._connect_timeout, credentials=self._credentials,
-                    options=_FLEET_OPTIONS, wait_connect=False)
+                    member,
+                    self._connect_timeout,
+                    credentials=self._credentials,
+                    options=_FLEET_OPTIONS,
+                    wait_connect=False,
+                )
             return transport
 
     def permits(self, member: str) -> threading.BoundedSemaphore:
@@ -179,8 +190,7 @@ class Fleet:
         with self._lock:
             permits = self._permits.get(member)
             if permits is None:
-                permits = self._permits[member] = threading.BoundedSemaphore(
-                    STREAMS_PER_MEMBER)
+                permits = self._permits[member] = threading.BoundedSemaphore(STREAMS_PER_MEMBER)
             return permits
 
     def is_down(self, member: str) -> bool:
@@ -192,9 +202,13 @@ class Fleet:
             known = self._down.get(member, 0.0) > time.monotonic()
             self._down[member] = time.monotonic() + DOWN_SECONDS
         if not known:
-            log.warning("cacheserver %s is unavailable (%s); its shards are read from the "
-                        "next members in their order, and it is tried again in %gs",
-                        member, why, DOWN_SECONDS)
+            log.warning(
+                "cacheserver %s is unavailable (%s); its shards are read from the "
+                "next members in their order, and it is tried again in %gs",
+                member,
+                why,
+                DOWN_SECONDS,
+            )
 
     @contextlib.contextmanager
     def watching(self, member: str) -> Iterator[None]:

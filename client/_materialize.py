@@ -28,8 +28,12 @@ from client.errors import (
 from client.format.blocks import check_block_bytes
 
 log = logging.getLogger("client")
-_STATES = {pb.OPERATION_STATE_RUNNING: "RUNNING", pb.OPERATION_STATE_SUCCEEDED: "SUCCEEDED",
-           pb.OPERATION_STATE_FAILED: "FAILED", pb.OPERATION_STATE_CANCELLED: "CANCELLED"}
+_STATES = {
+    pb.OPERATION_STATE_RUNNING: "RUNNING",
+    pb.OPERATION_STATE_SUCCEEDED: "SUCCEEDED",
+    pb.OPERATION_STATE_FAILED: "FAILED",
+    pb.OPERATION_STATE_CANCELLED: "CANCELLED",
+}
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 #: Seconds between progress lines when stderr is not a terminal.
 LOG_EVERY = 10.0
@@ -58,17 +62,32 @@ class Progress:
 
     @classmethod
     def from_proto(cls, op: pb.Operation) -> Progress:
-        return cls(op.name, op.cache, _STATES.get(op.state, "UNSPECIFIED"), op.done,
-                   op.shards_total, op.shards_done, op.shards_resumed, op.elements,
-                   op.raw_bytes, op.stored_bytes, op.bytes_per_second, op.elements_per_second,
-                   op.eta_seconds, op.workers, tuple(e.message for e in op.shard_errors),
-                   op.error.message)
+        return cls(
+            op.name,
+            op.cache,
+            _STATES.get(op.state, "UNSPECIFIED"),
+            op.done,
+            op.shards_total,
+            op.shards_done,
+            op.shards_resumed,
+            op.elements,
+            op.raw_bytes,
+            op.stored_bytes,
+            op.bytes_per_second,
+            op.elements_per_second,
+            op.eta_seconds,
+            op.workers,
+            tuple(e.message for e in op.shard_errors),
+            op.error.message,
+        )
 
     def line(self) -> str:
         """'31/64 shards  812,204 elements  38.1 GiB  412.0 MiB/s  ETA 4m12s'."""
         eta = "ETA ?" if self.eta_seconds < 0 else f"ETA {_duration(self.eta_seconds)}"
-        return (f"{self.shards_done}/{self.shards_total} shards  {self.elements:,} elements  "
-                f"{_size(self.stored_bytes)}  {_size(self.bytes_per_second)}/s  {eta}")
+        return (
+            f"{self.shards_done}/{self.shards_total} shards  {self.elements:,} elements  "
+            f"{_size(self.stored_bytes)}  {_size(self.bytes_per_second)}/s  {eta}"
+        )
 
 
 def _size(n: float) -> str:
@@ -123,8 +142,14 @@ class ProgressDisplay:
                 from tqdm import tqdm
 
                 columns, lines = _terminal_size()
-                self._bar = tqdm(total=p.shards_total, unit="shard", file=sys.stderr,
-                                 desc=p.cache, ncols=columns, nrows=lines)
+                self._bar = tqdm(
+                    total=p.shards_total,
+                    unit="shard",
+                    file=sys.stderr,
+                    desc=p.cache,
+                    ncols=columns,
+                    nrows=lines,
+                )
             self._bar.n = p.shards_done
             self._bar.set_postfix_str(p.line().split("shards  ", 1)[-1], refresh=True)
             return
@@ -154,19 +179,26 @@ class MaterializeOperation:
     def progress(self) -> Progress:
         """The operation's state now (one GetOperation call)."""
         stub = self._transport.stub
-        self._last = self._transport.call(stub.GetOperation,
-                                          pb.GetOperationRequest(name=self.name)).operation
+        self._last = self._transport.call(
+            stub.GetOperation, pb.GetOperationRequest(name=self.name)
+        ).operation
         return Progress.from_proto(self._last)
 
     def cancel(self) -> Progress:
         """Stop the operation: its workers stop and its unfinished cache is discarded."""
         stub = self._transport.stub
-        self._last = self._transport.call(stub.CancelOperation,
-                                          pb.CancelOperationRequest(name=self.name)).operation
+        self._last = self._transport.call(
+            stub.CancelOperation, pb.CancelOperationRequest(name=self.name)
+        ).operation
         return Progress.from_proto(self._last)
 
-    def wait(self, timeout: float | None = None, *, show_progress: bool = False,
-             emit: Callable[[str], None] | None = None) -> Progress:
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        show_progress: bool = False,
+        emit: Callable[[str], None] | None = None,
+    ) -> Progress:
         """Block until the operation is done; raise its error if it did not succeed.
 
         Raises TimeoutError after timeout seconds (the operation keeps running).
@@ -174,7 +206,8 @@ class MaterializeOperation:
         display = ProgressDisplay(emit, enabled=show_progress)
         self._transport.connect()
         stream = self._transport.stub.WatchOperation(
-            pb.WatchOperationRequest(name=self.name, interval=0.5), timeout=timeout)
+            pb.WatchOperationRequest(name=self.name, interval=0.5), timeout=timeout
+        )
         try:
             for response in stream:
                 self._last = response.operation
@@ -187,24 +220,38 @@ class MaterializeOperation:
             stream.cancel()
             display.close()
         if not self._last.done:
-            raise ShardcacheError(f"the daemon stopped reporting on {self.name} before it "
-                                  "finished; resume it with resume=True")
+            raise ShardcacheError(
+                f"the daemon stopped reporting on {self.name} before it "
+                "finished; resume it with resume=True"
+            )
         if self._last.state != pb.OPERATION_STATE_SUCCEEDED:
             raise operation_error(self._last)
         return Progress.from_proto(self._last)
 
 
-def start(transport: Transport, source: Any, *, name: str, num_shards: int,
-          workers: int | None, overwrite: bool, resume: bool,
-          block_bytes: int | None = None) -> MaterializeOperation:
+def start(
+    transport: Transport,
+    source: Any,
+    *,
+    name: str,
+    num_shards: int,
+    workers: int | None,
+    overwrite: bool,
+    resume: bool,
+    block_bytes: int | None = None,
+) -> MaterializeOperation:
     """Start (or, with resume, attach to) the materialization of source as cache name."""
     if not isinstance(num_shards, int) or isinstance(num_shards, bool):
         raise InvalidArgumentError(f"num_shards must be an int, got {num_shards!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise InvalidArgumentError(f"workers must be a positive int or None, got {workers!r}")
-    request = pb.StartMaterializeRequest(name=name, num_shards=max(num_shards, 0),
-                                         workers=workers or 0, overwrite=overwrite,
-                                         resume=resume)
+    request = pb.StartMaterializeRequest(
+        name=name,
+        num_shards=max(num_shards, 0),
+        workers=workers or 0,
+        overwrite=overwrite,
+        resume=resume,
+    )
     if num_shards < 1:
         raise InvalidArgumentError(f"num_shards is {num_shards}; it must be at least 1")
     if block_bytes is not None:
@@ -217,7 +264,8 @@ def start(transport: Transport, source: Any, *, name: str, num_shards: int,
         if not convert.is_dataset(source):
             raise InvalidArgumentError(
                 f"cannot materialize a {type(source).__name__}: pass an entry point "
-                "'package.module:fn' or a tf.data.Dataset")
+                "'package.module:fn' or a tf.data.Dataset"
+            )
         request.graph_def, request.element_spec = graphs.serialize_dataset(source)
         request.fingerprint = graphs.fingerprint_of(source, None)
     stub = transport.stub

@@ -25,10 +25,15 @@ def resolve_target(target: str | None) -> str:
 class Transport:
     """Owns the channel and the stub; every call goes through :meth:`call`."""
 
-    def __init__(self, target: str, connect_timeout: float = 5.0, *,
-                 credentials: Credentials | None = None,
-                 options: list[tuple[str, int]] | None = None, wait_connect: bool = True
-                 ) -> None:
+    def __init__(
+        self,
+        target: str,
+        connect_timeout: float = 5.0,
+        *,
+        credentials: Credentials | None = None,
+        options: list[tuple[str, int]] | None = None,
+        wait_connect: bool = True,
+    ) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
         credentials = credentials or Credentials()
@@ -70,8 +75,13 @@ class Transport:
             raise ServerUnavailableError(
                 f"cannot reach cacheserver at {self.target} within {self.connect_timeout:g}s: "
                 "start it with `cacheserver serve --listen ...` or check the target"
-                + ("; over TLS, also check that tls_ca trusts the daemon's certificate and "
-                   "that mutual TLS gets tls_cert/tls_key" if self._tls else "")) from None
+                + (
+                    "; over TLS, also check that tls_ca trusts the daemon's certificate and "
+                    "that mutual TLS gets tls_cert/tls_key"
+                    if self._tls
+                    else ""
+                )
+            ) from None
         self._connected = True
 
     def call(self, method: Callable[..., T], request: Any, timeout: float | None = 60) -> T:
@@ -102,8 +112,9 @@ class Credentials(NamedTuple):
     pems: tuple[bytes | None, bytes | None, bytes | None] = (None, None, None)
 
     @classmethod
-    def make(cls, token: str | None, tls_ca: Pem | None, tls_cert: Pem | None,
-             tls_key: Pem | None) -> Credentials:
+    def make(
+        cls, token: str | None, tls_ca: Pem | None, tls_cert: Pem | None, tls_key: Pem | None
+    ) -> Credentials:
         """Token from the argument, else $CACHESERVER_TOKEN; TLS when any PEM is given.
 
         PEMs are file paths or the PEM bytes themselves; tls_cert/tls_key are the
@@ -117,8 +128,9 @@ class Credentials(NamedTuple):
         tls = None
         pems = (_pem("tls_ca", tls_ca), _pem("tls_cert", tls_cert), _pem("tls_key", tls_key))
         if tls_ca is not None or tls_cert is not None:
-            tls = grpc.ssl_channel_credentials(root_certificates=pems[0], private_key=pems[2],
-                                               certificate_chain=pems[1])
+            tls = grpc.ssl_channel_credentials(
+                root_certificates=pems[0], private_key=pems[2], certificate_chain=pems[1]
+            )
         return cls(token.strip() if token else None, tls, pems)
 
 
@@ -131,8 +143,12 @@ class _CallDetails(NamedTuple):
     compression: Any
 
 
-class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds ``authorization: Bearer <token>`` to every call."""
 
     def __init__(self, token: str) -> None:
@@ -140,9 +156,14 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
 
     def _details(self, details: Any) -> _CallDetails:
         metadata = [*(details.metadata or ()), self._header]
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                            getattr(details, "wait_for_ready", None),
-                            getattr(details, "compression", None))
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
         return continuation(self._details(details), request)

@@ -73,9 +73,19 @@ class InternalError(ShardcacheError):
     code, reason = status.CacheServerError.code, status.CacheServerError.reason
 
 
-_BY_REASON: dict[str, type[ShardcacheError]] = {cls.reason: cls for cls in (
-    ServerUnavailableError, InvalidArgumentError, CacheNotFoundError, CacheNotReadyError,
-    FingerprintMismatchError, DiskFullError, DataLossError, InternalError)}
+_BY_REASON: dict[str, type[ShardcacheError]] = {
+    cls.reason: cls
+    for cls in (
+        ServerUnavailableError,
+        InvalidArgumentError,
+        CacheNotFoundError,
+        CacheNotReadyError,
+        FingerprintMismatchError,
+        DiskFullError,
+        DataLossError,
+        InternalError,
+    )
+}
 _BY_CODE = {
     grpc.StatusCode.UNAVAILABLE: ServerUnavailableError,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
@@ -99,7 +109,8 @@ def from_rpc_error(err: grpc.RpcError, target: str) -> ShardcacheError:
     if code == grpc.StatusCode.UNAVAILABLE and not reason:
         return ServerUnavailableError(
             f"cannot reach cacheserver at {target}: {details}; is `cacheserver serve` "
-            "running and listening there?")
+            "running and listening there?"
+        )
     return cls(details)
 
 
@@ -142,9 +153,19 @@ class StoreUnavailableError(ServerUnavailableError):
     code, reason = status.StoreUnavailable.code, status.StoreUnavailable.reason
 
 
-_BY_REASON.update({cls.reason: cls for cls in (
-    CapacityExceededError, TooManyStreamsError, MessageTooLargeError, UnauthenticatedError,
-    StoreUnavailableError, PermissionDeniedError)})
+_BY_REASON.update(
+    {
+        cls.reason: cls
+        for cls in (
+            CapacityExceededError,
+            TooManyStreamsError,
+            MessageTooLargeError,
+            UnauthenticatedError,
+            StoreUnavailableError,
+            PermissionDeniedError,
+        )
+    }
+)
 _BY_CODE[grpc.StatusCode.UNAUTHENTICATED] = UnauthenticatedError
 _BY_CODE[grpc.StatusCode.PERMISSION_DENIED] = PermissionDeniedError
 
@@ -184,8 +205,12 @@ class MaterializeNotAllowedError(ShardcacheError):
 
 
 _MATERIALIZE_ERRORS: tuple[type[ShardcacheError], ...] = (
-    CacheExistsError, OperationNotFoundError, PipelineError, OperationCancelledError,
-    MaterializeNotAllowedError)
+    CacheExistsError,
+    OperationNotFoundError,
+    PipelineError,
+    OperationCancelledError,
+    MaterializeNotAllowedError,
+)
 _BY_REASON.update({cls.reason: cls for cls in _MATERIALIZE_ERRORS})  # type: ignore[misc]
 _BY_CODE[grpc.StatusCode.ALREADY_EXISTS] = CacheExistsError
 _BY_CODE[grpc.StatusCode.CANCELLED] = OperationCancelledError

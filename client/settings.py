@@ -43,7 +43,7 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_auto(text: str) -> Auto:
-    """"auto", or a boolean as parse_bool takes it."""
+    """ "auto", or a boolean as parse_bool takes it."""
     if text.strip().lower() == "auto":
         return "auto"
     try:
@@ -123,8 +123,10 @@ class Setting(Generic[T]):
         try:
             return self.parse(text)
         except ValueError as exc:
-            raise InvalidArgumentError(f"${self.name}={text!r} {exc}; set it to {self.takes}, "
-                                       f"or unset it for the default ({self.shown()})") from None
+            raise InvalidArgumentError(
+                f"${self.name}={text!r} {exc}; set it to {self.takes}, "
+                f"or unset it for the default ({self.shown()})"
+            ) from None
 
     def shown(self) -> str:
         """The default as the docs and errors show it."""
@@ -136,71 +138,148 @@ class Setting(Generic[T]):
 
 
 TARGET: Setting[str] = Setting(
-    "SHARDCACHE_TARGET", parse_text, "127.0.0.1:50051", "HOST:PORT or unix:///path.sock",
+    "SHARDCACHE_TARGET",
+    parse_text,
+    "127.0.0.1:50051",
+    "HOST:PORT or unix:///path.sock",
     "The daemon's address when CacheClient() is given neither target= nor targets= and "
-    "SHARDCACHE_TARGETS is unset.")
+    "SHARDCACHE_TARGETS is unset.",
+)
 TARGETS: Setting[str | None] = Setting(
-    "SHARDCACHE_TARGETS", parse_text, None, "comma-separated HOST:PORT or dns:///NAME:PORT",
+    "SHARDCACHE_TARGETS",
+    parse_text,
+    None,
+    "comma-separated HOST:PORT or dns:///NAME:PORT",
     "A fleet of daemons when CacheClient() is given neither target= nor targets= "
-    "([fleet.md](fleet.md)).")
+    "([fleet.md](fleet.md)).",
+)
 RESOLVE_SECONDS: Setting[float] = Setting(
-    "SHARDCACHE_RESOLVE_SECONDS", parse_seconds, 10.0, "a positive number of seconds",
-    "How often a fleet's dns:/// targets are resolved again ([fleet.md](fleet.md)).")
+    "SHARDCACHE_RESOLVE_SECONDS",
+    parse_seconds,
+    10.0,
+    "a positive number of seconds",
+    "How often a fleet's dns:/// targets are resolved again ([fleet.md](fleet.md)).",
+)
 TOKEN: Setting[str | None] = Setting(
-    "CACHESERVER_TOKEN", parse_text, None, "text without spaces",
+    "CACHESERVER_TOKEN",
+    parse_text,
+    None,
+    "text without spaces",
     "The bearer token every call carries when CacheClient(token=) is not given (the "
-    "daemon's --auth-token-file).")
+    "daemon's --auth-token-file).",
+)
 DIRECT: Setting[Auto] = Setting(
-    "SHARDCACHE_DIRECT", parse_auto, "auto", "auto, true or false",
+    "SHARDCACHE_DIRECT",
+    parse_auto,
+    "auto",
+    "auto, true or false",
     "Read caches straight from the daemon's data dir when direct= is not given: auto "
-    "where the files can be read here ([direct.md](direct.md)).")
+    "where the files can be read here ([direct.md](direct.md)).",
+)
 LOCAL_DATA_DIR: Setting[str | None] = Setting(
-    "SHARDCACHE_LOCAL_DATA_DIR", parse_text, None, "a directory",
+    "SHARDCACHE_LOCAL_DATA_DIR",
+    parse_text,
+    None,
+    "a directory",
     "Where the daemon's data dir is mounted here, when not at the daemon's own path and "
-    "local_data_dir= is not given ([direct.md](direct.md)).")
+    "local_data_dir= is not given ([direct.md](direct.md)).",
+)
 DATA_PLANE: Setting[Auto] = Setting(
-    "SHARDCACHE_DATA_PLANE", parse_auto, "auto", "auto or off",
+    "SHARDCACHE_DATA_PLANE",
+    parse_auto,
+    "auto",
+    "auto or off",
     "Remote reads take record bytes from the daemon's data port when it announces one; off "
-    "keeps them on gRPC ([reading.md](reading.md)).")
+    "keeps them on gRPC ([reading.md](reading.md)).",
+)
 BLOCK_BYTES: Setting[int] = Setting(
-    "SHARDCACHE_BLOCK_BYTES", parse_int(0), 256 << 10, "a whole number of bytes >= 0",
+    "SHARDCACHE_BLOCK_BYTES",
+    parse_int(0),
+    256 << 10,
+    "a whole number of bytes >= 0",
     "Raw bytes per stored block a write aims at when block_bytes= is not given; 0 stores one "
-    "element per value ([writing.md](writing.md#choosing-the-block-size)).")
+    "element per value ([writing.md](writing.md#choosing-the-block-size)).",
+)
 COMPRESS: Setting[str] = Setting(
-    "SHARDCACHE_COMPRESS", parse_choice("always", "spare-cpu"), "always", "always or spare-cpu",
+    "SHARDCACHE_COMPRESS",
+    parse_choice("always", "spare-cpu"),
+    "always",
+    "always or spare-cpu",
     "always compresses every record a write epoch stores, spare-cpu only while the process "
-    "has CPU to spare ([writing.md](writing.md#compressing-only-with-cpu-to-spare)).")
+    "has CPU to spare ([writing.md](writing.md#compressing-only-with-cpu-to-spare)).",
+)
 WRITE_TAP: Setting[bool] = Setting(
-    "SHARDCACHE_WRITE_TAP", parse_bool, True, "true or false",
+    "SHARDCACHE_WRITE_TAP",
+    parse_bool,
+    True,
+    "true or false",
     "cc.cache()'s write epochs tap batchable sources; false sends every one through "
-    "from_generator ([writing.md](writing.md)).")
+    "from_generator ([writing.md](writing.md)).",
+)
 TUNE_MALLOC: Setting[bool] = Setting(
-    "SHARDCACHE_TUNE_MALLOC", parse_bool, True, "true or false",
+    "SHARDCACHE_TUNE_MALLOC",
+    parse_bool,
+    True,
+    "true or false",
     "Raise glibc's mmap and trim thresholds for the read path; false leaves malloc alone "
-    "([design.md](design.md#malloc-on-the-read-path)).")
+    "([design.md](design.md#malloc-on-the-read-path)).",
+)
 JOB: Setting[str | None] = Setting(
-    "SHARDCACHE_JOB", parse_label, None, "1-64 of A-Z a-z 0-9 _ . -",
+    "SHARDCACHE_JOB",
+    parse_label,
+    None,
+    "1-64 of A-Z a-z 0-9 _ . -",
     "The training job this process's readers report as when CacheClient(job=) is not given "
-    "([reading.md](reading.md)).", shown_default="the program's name")
+    "([reading.md](reading.md)).",
+    shown_default="the program's name",
+)
 RANK: Setting[int | None] = Setting(
-    "SHARDCACHE_RANK", parse_int(0, MAX_RANK), None, f"a whole number from 0 to {MAX_RANK}",
+    "SHARDCACHE_RANK",
+    parse_int(0, MAX_RANK),
+    None,
+    f"a whole number from 0 to {MAX_RANK}",
     "The rank this process's readers report as when CacheClient(rank=) is not given "
-    "([reading.md](reading.md)).", shown_default="TF_CONFIG's task index, else 0")
+    "([reading.md](reading.md)).",
+    shown_default="TF_CONFIG's task index, else 0",
+)
 
 #: Every setting, in the order docs/operations.md lists them.
 SETTINGS: tuple[Setting[Any], ...] = (
-    TARGET, TARGETS, RESOLVE_SECONDS, TOKEN, DIRECT, LOCAL_DATA_DIR, DATA_PLANE, BLOCK_BYTES,
-    COMPRESS, WRITE_TAP, TUNE_MALLOC, JOB, RANK)
+    TARGET,
+    TARGETS,
+    RESOLVE_SECONDS,
+    TOKEN,
+    DIRECT,
+    LOCAL_DATA_DIR,
+    DATA_PLANE,
+    BLOCK_BYTES,
+    COMPRESS,
+    WRITE_TAP,
+    TUNE_MALLOC,
+    JOB,
+    RANK,
+)
 
 
 def markdown_table() -> str:
     """The settings as the markdown table docs/operations.md carries."""
     rows = ["| environment | takes | default | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
-        default = (s.shown_default or ("(none)" if s.default is None else f"`{s.shown()}`"))
+        default = s.shown_default or ("(none)" if s.default is None else f"`{s.shown()}`")
         rows.append(f"| `{s.name}` | {s.takes} | {default} | {s.help} |")
     return "\n".join(rows)
 
 
-__all__ = ["SETTINGS", "Auto", "Setting", "markdown_table", "parse_auto", "parse_bool",
-           "parse_choice", "parse_int", "parse_label", "parse_seconds", "parse_text"]
+__all__ = [
+    "SETTINGS",
+    "Auto",
+    "Setting",
+    "markdown_table",
+    "parse_auto",
+    "parse_bool",
+    "parse_choice",
+    "parse_int",
+    "parse_label",
+    "parse_seconds",
+    "parse_text",
+]

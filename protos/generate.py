@@ -37,8 +37,17 @@ TOOLS_DIR = ROOT / ".cache" / GRPCIO_TOOLS.replace("==", "-")
 def _tools() -> Path:
     if not (TOOLS_DIR / "grpc_tools").is_dir():
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-             "--target", str(TOOLS_DIR), GRPCIO_TOOLS],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(TOOLS_DIR),
+                GRPCIO_TOOLS,
+            ],
             check=True,
         )
     return TOOLS_DIR
@@ -49,17 +58,22 @@ def generate(out_root: Path) -> list[Path]:
     protos = sorted(PROTO_ROOT.glob("cacheserver/v1/*.proto"))
     tools = _tools()
     cmd = [
-        sys.executable, "-c",
+        sys.executable,
+        "-c",
         f"import sys; sys.path.insert(0, {str(tools)!r}); "
         "from grpc_tools import protoc; sys.exit(protoc.main(sys.argv))",
-        f"-I{PROTO_ROOT}", f"--python_out={out_root}", f"--pyi_out={out_root}",
-        f"--grpc_python_out={out_root}", *(str(p.relative_to(PROTO_ROOT)) for p in protos),
+        f"-I{PROTO_ROOT}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        *(str(p.relative_to(PROTO_ROOT)) for p in protos),
     ]
     subprocess.run(cmd, check=True, cwd=PROTO_ROOT)
     written = sorted((out_root / "cacheserver" / "v1").glob("*_pb2*.py*"))
     for path in written:
-        path.write_text(path.read_text().replace(
-            f"from {PROTO_MODULE} import ", f"from {OUT_MODULE} import "))
+        path.write_text(
+            path.read_text().replace(f"from {PROTO_MODULE} import ", f"from {OUT_MODULE} import ")
+        )
     return written
 
 
@@ -78,15 +92,21 @@ def main() -> int:
                 continue
             stale.append(target)
             if args.check:
-                sys.stdout.writelines(difflib.unified_diff(
-                    old.splitlines(True), new.splitlines(True), str(target), "generated"))
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        old.splitlines(True), new.splitlines(True), str(target), "generated"
+                    )
+                )
             else:
                 target.write_text(new)
         extra = {p.name for p in OUT_PACKAGE.glob("*_pb2*.py*")} - {p.name for p in fresh}
     if args.check:
         if stale or extra:
-            print(f"stale generated code: {[str(p) for p in stale] + sorted(extra)}; "
-                  "run: python protos/generate.py", file=sys.stderr)
+            print(
+                f"stale generated code: {[str(p) for p in stale] + sorted(extra)}; "
+                "run: python protos/generate.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     print(f"wrote {len(stale)} file(s) under {OUT_PACKAGE}")

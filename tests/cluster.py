@@ -14,8 +14,9 @@ from daemon import env_without_tf_noise, free_port
 
 
 @contextlib.contextmanager
-def workers(argvs: Sequence[Sequence[str]], logs: Sequence[Path],
-            env: dict[str, str] | None = None) -> Iterator[list[subprocess.Popen[bytes]]]:
+def workers(
+    argvs: Sequence[Sequence[str]], logs: Sequence[Path], env: dict[str, str] | None = None
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     """A Python process per argv, its output appended to its log; with more than one, each
     gets TF_CONFIG naming it a worker of one cluster on free loopback ports. Whatever is
     still running when the block ends is killed (a dead peer would leave the others waiting
@@ -26,12 +27,21 @@ def workers(argvs: Sequence[Sequence[str]], logs: Sequence[Path],
         for rank, (argv, log) in enumerate(zip(argvs, logs, strict=True)):
             worker_env = {**env_without_tf_noise(), **(env or {})}
             if len(argvs) > 1:
-                worker_env["TF_CONFIG"] = json.dumps({
-                    "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                    "task": {"type": "worker", "index": rank}})
+                worker_env["TF_CONFIG"] = json.dumps(
+                    {
+                        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                        "task": {"type": "worker", "index": rank},
+                    }
+                )
             with log.open("ab") as out:
-                procs.append(subprocess.Popen([sys.executable, *argv], env=worker_env,
-                                              stdout=out, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, *argv],
+                        env=worker_env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         yield procs
     finally:
         for proc in procs:

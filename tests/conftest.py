@@ -79,8 +79,11 @@ def no_thread_leak() -> Iterator[None]:
     yield
     deadline = time.monotonic() + 5
     while True:
-        left = [t for t in threading.enumerate()
-                if t not in before and t.is_alive() and not t.name.startswith("Dummy-")]
+        left = [
+            t
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith("Dummy-")
+        ]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)

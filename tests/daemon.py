@@ -20,16 +20,26 @@ def free_port() -> int:
 class Daemon(DaemonProcess):
     """`cacheserver serve` in a temp dir of its own; data survives restarts."""
 
-    def __init__(self, data_dir: Path | None = None, extra_args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, host: str = "127.0.0.1",
-                 port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+    ) -> None:
         self._tmp = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
         self.socket = self._tmp / "d.sock"
         self.unix_target = f"unix://{self.socket}"
         self.port = port or free_port()
         self.tcp_target = f"{host}:{self.port}"
-        super().__init__(data_dir or self._tmp / "data", (self.unix_target, self.tcp_target),
-                         self._tmp / "daemon.log", extra_args, env)
+        super().__init__(
+            data_dir or self._tmp / "data",
+            (self.unix_target, self.tcp_target),
+            self._tmp / "daemon.log",
+            extra_args,
+            env,
+        )
 
     def restart(self) -> Daemon:
         self.kill()

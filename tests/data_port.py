@@ -15,12 +15,14 @@ from client.wire.v1 import cache_service_pb2 as pb
 def lease(channel: grpc.Channel, name: str) -> pb.AcquireReadLeaseResponse:
     """A read lease on name with a data-plane ticket (empty when the caller gets none)."""
     return stub(channel).AcquireReadLease(
-        pb.AcquireReadLeaseRequest(name=name, data_plane=True), timeout=10)
+        pb.AcquireReadLeaseRequest(name=name, data_plane=True), timeout=10
+    )
 
 
 def release(channel: grpc.Channel, granted: pb.AcquireReadLeaseResponse) -> None:
-    stub(channel).ReleaseReadLease(pb.ReleaseReadLeaseRequest(lease_id=granted.lease_id),
-                                   timeout=10)
+    stub(channel).ReleaseReadLease(
+        pb.ReleaseReadLeaseRequest(lease_id=granted.lease_id), timeout=10
+    )
 
 
 def connect(port: int, source: str = "127.0.0.1", host: str = "127.0.0.1") -> socket.socket:
@@ -60,8 +62,9 @@ def opened(port: int, ticket: bytes, source: str = "127.0.0.1") -> socket.socket
     return sock
 
 
-def shard_values(sock: socket.socket, shard: int, start: int, count: int,
-                 chunk_bytes: int = 1 << 20) -> list[bytes]:
+def shard_values(
+    sock: socket.socket, shard: int, start: int, count: int, chunk_bytes: int = 1 << 20
+) -> list[bytes]:
     """The stored values of a shard run, asked for on an open connection."""
     sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, shard, start, count, chunk_bytes))
     values: list[bytes] = []
@@ -70,10 +73,10 @@ def shard_values(sock: socket.socket, shard: int, start: int, count: int,
         if kind == plane.END:
             return values
         assert kind == plane.CHUNK, plane.parse_error(payload)
-        lengths = struct.unpack(f"<{n}I", payload[:4 * n])
+        lengths = struct.unpack(f"<{n}I", payload[: 4 * n])
         offset = 4 * n
         for length in lengths:
-            values.append(payload[offset:offset + length])
+            values.append(payload[offset : offset + length])
             offset += length
 
 
@@ -95,7 +98,8 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
     while len(buf) < size:
         got = sock.recv(size - len(buf))
         if not got:
-            raise EOFError(f"the daemon closed the connection after {len(buf)} of {size} "
-                           "bytes of a frame")
+            raise EOFError(
+                f"the daemon closed the connection after {len(buf)} of {size} bytes of a frame"
+            )
         buf += got
     return bytes(buf)

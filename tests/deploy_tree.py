@@ -98,10 +98,8 @@ class PathMap:
         """One pass, longest prefix first, so a mapped path is never mapped again."""
         if not self.prefixes:
             return text
-        alternatives = "|".join(re.escape(p) for p in sorted(self.prefixes, key=len,
-                                                               reverse=True))
-        return re.sub(rf"({alternatives})(?=/|$)",
-                      lambda m: str(self.prefixes[m.group(1)]), text)
+        alternatives = "|".join(re.escape(p) for p in sorted(self.prefixes, key=len, reverse=True))
+        return re.sub(rf"({alternatives})(?=/|$)", lambda m: str(self.prefixes[m.group(1)]), text)
 
 
 @dataclass
@@ -122,8 +120,12 @@ class Deployment:
 
 def _config_maps() -> dict[str, dict[str, str]]:
     """The ConfigMaps deploy/k8s ships, by name: their data."""
-    return {d["metadata"]["name"]: d.get("data", {}) for p in k8s_yaml_files()
-            for d in load_all(p) if d["kind"] == "ConfigMap"}
+    return {
+        d["metadata"]["name"]: d.get("data", {})
+        for p in k8s_yaml_files()
+        for d in load_all(p)
+        if d["kind"] == "ConfigMap"
+    }
 
 
 def _env_from(c: dict[str, Any]) -> dict[str, str]:
@@ -144,8 +146,9 @@ def _env_from(c: dict[str, Any]) -> dict[str, str]:
 Secrets = dict[str, dict[str, str]]
 
 
-def _env_value(entry: dict[str, Any], defined: dict[str, str],
-               secrets: Secrets | None = None) -> str | None:
+def _env_value(
+    entry: dict[str, Any], defined: dict[str, str], secrets: Secrets | None = None
+) -> str | None:
     """An env entry's value as the kubelet gives it: the pod IP of the one downward API
     field the manifests use, $(VAR) expanded from the variables defined before it; from a
     Secret, its key if the test created it, else None (never shipped, so it must be
@@ -157,8 +160,7 @@ def _env_value(entry: dict[str, Any], defined: dict[str, str],
     if "valueFrom" in entry:
         assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}, entry
         return POD_IP
-    return re.sub(r"\$\((\w+)\)", lambda m: defined.get(m.group(1), m.group(0)),
-                  entry["value"])
+    return re.sub(r"\$\((\w+)\)", lambda m: defined.get(m.group(1), m.group(0)), entry["value"])
 
 
 def _local_port(address: str) -> str:
@@ -186,8 +188,13 @@ def _volume_key(volume: dict[str, Any]) -> str:
     return "vol_" + volume["name"]
 
 
-def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
-                client_name: str, root: Path, secrets: Secrets | None = None) -> Deployment:
+def _deployment(
+    server_spec: dict[str, Any],
+    client_spec: dict[str, Any],
+    client_name: str,
+    root: Path,
+    secrets: Secrets | None = None,
+) -> Deployment:
     server = container(server_spec, "cacheserver")
     paths = PathMap(root)
     for spec, c in ((server_spec, server), (client_spec, container(client_spec, client_name))):
@@ -223,18 +230,27 @@ def _deployment(server_spec: dict[str, Any], client_spec: dict[str, Any],
     if "CACHESERVER_METRICS_LISTEN" in env:
         env["CACHESERVER_METRICS_LISTEN"] = _local_port(env["CACHESERVER_METRICS_LISTEN"])
         metrics_url = f"http://{env['CACHESERVER_METRICS_LISTEN']}/metrics"
-    client_env = {e["name"]: paths(value) for e in container(client_spec, client_name)["env"]
-                  if (value := _env_value(e, {}, secrets)) is not None}
+    client_env = {
+        e["name"]: paths(value)
+        for e in container(client_spec, client_name)["env"]
+        if (value := _env_value(e, {}, secrets)) is not None
+    }
     if "SHARDCACHE_TARGETS" in client_env:
-        client_env["SHARDCACHE_TARGETS"] = _fleet_here(client_env["SHARDCACHE_TARGETS"],
-                                                       pod_port, probe_port)
+        client_env["SHARDCACHE_TARGETS"] = _fleet_here(
+            client_env["SHARDCACHE_TARGETS"], pod_port, probe_port
+        )
     return Deployment(
-        argv=argv, env=env, probe_port=probe_port,
+        argv=argv,
+        env=env,
+        probe_port=probe_port,
         probes={k: server[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")},
         grace_period_s=float(server_spec["terminationGracePeriodSeconds"]),
-        client_target=client_env["SHARDCACHE_TARGET"], root=root,
-        client_env=client_env, metrics_url=metrics_url, data_port=data_port)
-
+        client_target=client_env["SHARDCACHE_TARGET"],
+        root=root,
+        client_env=client_env,
+        metrics_url=metrics_url,
+        data_port=data_port,
+    )
 
 
 def sidecar_deployment(root: Path) -> Deployment:
@@ -256,8 +272,10 @@ def kubelet_probe(port: int, probe: dict[str, Any], deadline_s: float) -> None:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
-                if stub.Check(request, timeout=timeout).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
+                if (
+                    stub.Check(request, timeout=timeout).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
                     return
             except grpc.RpcError:
                 pass
@@ -265,14 +283,16 @@ def kubelet_probe(port: int, probe: dict[str, Any], deadline_s: float) -> None:
             time.sleep(0.1)
 
 
-
 def write_zero_cache(target: str, name: str, chunks: int) -> int:
     """A cache of `chunks` x 64 KiB elements over the raw gRPC API (no TensorFlow)."""
     chunk = pb.WriteChunk(lengths=(b"\x00\x00\x01\x00" * 8), data=b"\x00" * (8 << 16))
 
     def requests() -> Iterator[pb.WriteCacheRequest]:
-        yield pb.WriteCacheRequest(begin=pb.WriteBegin(name=name, fingerprint="f",
-                                                       layout_json='{"format": 1, "leaves": []}'))
+        yield pb.WriteCacheRequest(
+            begin=pb.WriteBegin(
+                name=name, fingerprint="f", layout_json='{"format": 1, "leaves": []}'
+            )
+        )
         for _ in range(chunks):
             yield pb.WriteCacheRequest(chunk=chunk)
         yield pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=8 * chunks))
@@ -280,4 +300,3 @@ def write_zero_cache(target: str, name: str, chunks: int) -> int:
     with grpc.insecure_channel(target) as ch:
         list(pb_grpc.CacheServiceStub(ch).WriteCache(requests()))
     return 8 * chunks * 65536
-

@@ -15,6 +15,8 @@ def exposition(url: str) -> str:
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """/metrics as {(sample name, sorted labels): value}."""
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(exposition(url))
-            for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(exposition(url))
+        for sample in family.samples
+    }

@@ -18,10 +18,35 @@ import tensorflow as tf
 
 UNKNOWN = int(tf.data.UNKNOWN_CARDINALITY)
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "bfloat16", "float32", "float64", "complex64", "complex128", "string"]
-STRINGS = [b"", b"\x00\xff", b"\x00", b"a\x00", b"\x00\x00b", bytes(range(256)), b"\xff" * 3,
-           "\u00e9t\u00e9".encode(), b"plain"]
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "string",
+]
+STRINGS = [
+    b"",
+    b"\x00\xff",
+    b"\x00",
+    b"a\x00",
+    b"\x00\x00b",
+    bytes(range(256)),
+    b"\xff" * 3,
+    "\u00e9t\u00e9".encode(),
+    b"plain",
+]
 
 Point = collections.namedtuple("Point", ["x", "label"])
 Pair = collections.namedtuple("Pair", ["left", "right"])
@@ -35,13 +60,18 @@ def canon(x: Any) -> Any:
     if isinstance(x, dict):
         return {"dict": {str(k): canon(v) for k, v in sorted(x.items())}}
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return {"namedtuple": type(x).__name__, "fields": list(x._fields),
-                "values": [canon(v) for v in x]}
+        return {
+            "namedtuple": type(x).__name__,
+            "fields": list(x._fields),
+            "values": [canon(v) for v in x],
+        }
     if isinstance(x, (tuple, list)):
         return {"tuple": [canon(v) for v in x]}
     if isinstance(x, tf.RaggedTensor):
-        return {"ragged": [canon(s) for s in x.nested_row_splits],
-                "flat_values": canon(x.flat_values)}
+        return {
+            "ragged": [canon(s) for s in x.nested_row_splits],
+            "flat_values": canon(x.flat_values),
+        }
     if isinstance(x, tf.SparseTensor):
         return {"sparse": [canon(x.indices), canon(x.values), canon(x.dense_shape)]}
     if isinstance(x, tf.TypeSpec):
@@ -59,8 +89,9 @@ def elements_of(ds: tf.data.Dataset) -> list[Any]:
     return [canon(e) for e in ds]
 
 
-def assert_faithful(cc: Any, name: str, src: tf.data.Dataset,
-                    runs: list[int] | None = None) -> list[Any]:
+def assert_faithful(
+    cc: Any, name: str, src: tf.data.Dataset, runs: list[int] | None = None
+) -> list[Any]:
     """The cache of src behaves as src.cache(), through every way of reading it.
 
     runs, when given, counts how often src's Python source ran: epoch 2 and
@@ -96,9 +127,11 @@ def assert_faithful(cc: Any, name: str, src: tf.data.Dataset,
     return want
 
 
-def generated(elements: list[Any], spec: Any, *, known_cardinality: bool = True,
-              runs: list[int] | None = None) -> tf.data.Dataset:
+def generated(
+    elements: list[Any], spec: Any, *, known_cardinality: bool = True, runs: list[int] | None = None
+) -> tf.data.Dataset:
     """A from_generator pipeline over elements (numpy values or composite tensors)."""
+
     def gen() -> Iterator[Any]:
         if runs is not None:
             runs[0] += 1
@@ -134,7 +167,7 @@ def values(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.n
     arr = np.frombuffer(rng.bytes(count * dt.itemsize), dt).copy()
     if dt.kind in "fc" or dtype == "bfloat16":
         specials = np.array([np.nan, -0.0, np.inf, -np.inf]).astype(dt)
-        arr[:min(count, 4)] = specials[:min(count, 4)]
+        arr[: min(count, 4)] = specials[: min(count, 4)]
     return arr.reshape(shape)
 
 
@@ -142,18 +175,23 @@ def rng_for(key: str) -> np.random.Generator:
     return np.random.default_rng(sum(key.encode()) * 7919 + len(key))
 
 
-
 def rich_source() -> tf.data.Dataset:
     """Namedtuples, dicts, ragged, sparse, bfloat16, uint32 and NUL bytes, through
     several tf.data functions; the subprocess below builds it the same way."""
+
     def element(i: tf.Tensor) -> Any:
         return Point(
-            x={"ragged": tf.RaggedTensor.from_row_lengths(tf.range(i * 2), [i, i]),
-               "half": tf.fill((2,), tf.cast(i, tf.bfloat16) / 3),
-               "vec": tf.cast(tf.range(i), tf.uint32)},
-            label=Pair(left=tf.strings.join([tf.strings.as_string(i), "\x00\xff"]),
-                       right=tf.sparse.from_dense(
-                           tf.reshape(tf.range(4) * tf.cast(i % 2, tf.int32), (2, 2)))),
+            x={
+                "ragged": tf.RaggedTensor.from_row_lengths(tf.range(i * 2), [i, i]),
+                "half": tf.fill((2,), tf.cast(i, tf.bfloat16) / 3),
+                "vec": tf.cast(tf.range(i), tf.uint32),
+            },
+            label=Pair(
+                left=tf.strings.join([tf.strings.as_string(i), "\x00\xff"]),
+                right=tf.sparse.from_dense(
+                    tf.reshape(tf.range(4) * tf.cast(i % 2, tf.int32), (2, 2))
+                ),
+            ),
         )
 
     def double_vec(p: Point) -> Point:

@@ -44,8 +44,12 @@ class _Fleet:
 class LoopbackFleet(_Fleet):
     """Members on 127.0.0.2, 127.0.0.3, ..., each with --store and --store-pull on-read."""
 
-    def __init__(self, store: tuple[str, str, dict[str, str]], port: int | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        store: tuple[str, str, dict[str, str]],
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         super().__init__(port, free_port())
         self.store = store
         self.extra_args = tuple(extra_args)
@@ -53,10 +57,22 @@ class LoopbackFleet(_Fleet):
     def add(self) -> Daemon:
         url, endpoint, env = self.store
         host = f"127.0.0.{len(self.members) + 2}"
-        d = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint,
-                               "--store-pull", "on-read", "--metrics-listen",
-                               f"{host}:{self.metrics_port}", *self.extra_args),
-                   env={**os.environ, **env}, host=host, port=self.port)
+        d = Daemon(
+            extra_args=(
+                "--store",
+                url,
+                "--store-endpoint",
+                endpoint,
+                "--store-pull",
+                "on-read",
+                "--metrics-listen",
+                f"{host}:{self.metrics_port}",
+                *self.extra_args,
+            ),
+            env={**os.environ, **env},
+            host=host,
+            port=self.port,
+        )
         return self._start(d, host)
 
     def close(self) -> None:
@@ -69,8 +85,11 @@ def shards_on(d: Daemon, name: str) -> set[int]:
     directory = d.data_dir / "caches" / name
     if not directory.is_dir():
         return set()
-    return {int(p.name.removeprefix("shard-")) for p in directory.glob("shard-*")
-            if (p / "data.mdb").exists()}
+    return {
+        int(p.name.removeprefix("shard-"))
+        for p in directory.glob("shard-*")
+        if (p / "data.mdb").exists()
+    }
 
 
 def metric(d: Daemon, sample: str) -> float:
@@ -79,9 +98,11 @@ def metric(d: Daemon, sample: str) -> float:
     absent."""
     prefixes = (sample + " ",) if "{" in sample else (sample + " ", sample + "{")
     with urllib.request.urlopen(d.metrics_url, timeout=10) as response:  # type: ignore[attr-defined]
-        return sum(float(line.rsplit(" ", 1)[1])
-                   for line in response.read().decode().splitlines()
-                   if line.startswith(prefixes))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in response.read().decode().splitlines()
+            if line.startswith(prefixes)
+        )
 
 
 @contextlib.contextmanager
@@ -149,16 +170,31 @@ class NetnsLink:
     def rate(self, mbit: float | None) -> None:
         """Cap the link at mbit both ways; None lifts the cap."""
         for dev, prefix in ((self._outside, ()), (self._inside, self.prefix)):
-            command = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                       f"{mbit}mbit", "burst", "64kb", "latency", "10ms"]
+            command = [
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{mbit}mbit",
+                "burst",
+                "64kb",
+                "latency",
+                "10ms",
+            ]
             if mbit is None:
                 command = ["tc", "qdisc", "del", "dev", dev, "root"]
-            subprocess.run([*prefix, *command], check=mbit is not None, capture_output=True,
-                           timeout=30)
+            subprocess.run(
+                [*prefix, *command], check=mbit is not None, capture_output=True, timeout=30
+            )
 
     def close(self) -> None:
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True,
-                       timeout=30)  # its veth pair goes with it
+        subprocess.run(
+            ["ip", "netns", "del", self.ns], capture_output=True, timeout=30
+        )  # its veth pair goes with it
 
 
 class _NetnsDaemon(Daemon):
@@ -179,8 +215,14 @@ class NetnsFleet(_Fleet):
     member's link down as a pulled cable would; rate(i, mbit) caps it both ways.
     """
 
-    def __init__(self, store_port: int, env: dict[str, str], url: str,
-                 port: int | None = None, metrics: bool = False) -> None:
+    def __init__(
+        self,
+        store_port: int,
+        env: dict[str, str],
+        url: str,
+        port: int | None = None,
+        metrics: bool = False,
+    ) -> None:
         # each member has its addresses to itself: fixed ports, so placement is too
         super().__init__(port or 50051, 9464 if metrics else 0)
         self.store_port = store_port
@@ -191,11 +233,24 @@ class NetnsFleet(_Fleet):
     def add(self) -> Daemon:
         link = NetnsLink(len(self.members) + 1)
         self.links.append(link)
-        d = _NetnsDaemon(extra_args=(
-            "--store", self.url, "--store-endpoint", f"http://{link.gateway}:{self.store_port}",
-            "--store-pull", "on-read", *(("--metrics-listen", f"{link.host}:{self.metrics_port}")
-                                         if self.metrics_port else ())),
-            env={**os.environ, **self.env}, host=link.host, port=self.port)
+        d = _NetnsDaemon(
+            extra_args=(
+                "--store",
+                self.url,
+                "--store-endpoint",
+                f"http://{link.gateway}:{self.store_port}",
+                "--store-pull",
+                "on-read",
+                *(
+                    ("--metrics-listen", f"{link.host}:{self.metrics_port}")
+                    if self.metrics_port
+                    else ()
+                ),
+            ),
+            env={**os.environ, **self.env},
+            host=link.host,
+            port=self.port,
+        )
         d.prefix = link.prefix
         return self._start(d, link.host)
 

@@ -19,13 +19,18 @@ import mat_pipelines  # noqa: E402
 
 #: show an import error), and shipped graphs (tests/integration/test_materialize_security.py
 #: covers the refusals).
-ALLOW = ("--pythonpath", str(PIPELINES), "--materialize-allow", "mat_pipelines,no_such_module",
-         "--allow-shipped-pipelines")
+ALLOW = (
+    "--pythonpath",
+    str(PIPELINES),
+    "--materialize-allow",
+    "mat_pipelines,no_such_module",
+    "--allow-shipped-pipelines",
+)
 
 
-
-def materializing_daemon(gate: Path, data_dir: Path | None = None,
-                         extra_args: tuple[str, ...] = ()) -> Daemon:
+def materializing_daemon(
+    gate: Path, data_dir: Path | None = None, extra_args: tuple[str, ...] = ()
+) -> Daemon:
     """A daemon whose workers find tests/pipelines and whose gated() waits for gate."""
     os.environ[mat_pipelines.GATE_ENV] = str(gate)  # the daemon inherits it
     try:
@@ -55,8 +60,7 @@ def expected_records(num_shards: int) -> list[dict]:
 
 def workers_of(pid: int) -> list[psutil.Process]:
     """The daemon's materialization workers (not multiprocessing's resource tracker)."""
-    return [p for p in psutil.Process(pid).children()
-            if "spawn_main" in " ".join(p.cmdline())]
+    return [p for p in psutil.Process(pid).children() if "spawn_main" in " ".join(p.cmdline())]
 
 
 def assert_records(ds: tf.data.Dataset, num_shards: int) -> None:

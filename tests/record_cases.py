@@ -22,8 +22,11 @@ from client.format.layout import Layout, Leaf
 from client.format.values import Decompressor, split_chunk
 
 NUMERIC = [d for d in layout_mod._DTYPES if d != "string"]
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @st.composite
@@ -41,10 +44,12 @@ def leaves(draw: st.DrawFn, dtypes: list[str] | None = None, fixed: bool = False
     return Leaf(dtype, tuple(dims))
 
 
-def layouts(fixed: bool = False, dtypes: list[str] | None = None, min_size: int = 0
-            ) -> st.SearchStrategy[Layout]:
+def layouts(
+    fixed: bool = False, dtypes: list[str] | None = None, min_size: int = 0
+) -> st.SearchStrategy[Layout]:
     return st.lists(leaves(dtypes, fixed), min_size=min_size, max_size=4).map(
-        lambda ls: Layout(tuple(ls)))
+        lambda ls: Layout(tuple(ls))
+    )
 
 
 @st.composite
@@ -56,8 +61,13 @@ def arrays(draw: st.DrawFn, leaf: Leaf) -> np.ndarray:
         shape = tuple(draw(st.integers(0, 3)) if d is None else d for d in leaf.shape)
     count = int(np.prod(shape, dtype=np.int64))
     if leaf.dtype == "string":
-        items = draw(st.lists(st.binary(max_size=6) | st.sampled_from([b"", b"\x00", b"\x00\xff"]),
-                              min_size=count, max_size=count))
+        items = draw(
+            st.lists(
+                st.binary(max_size=6) | st.sampled_from([b"", b"\x00", b"\x00\xff"]),
+                min_size=count,
+                max_size=count,
+            )
+        )
         arr = np.empty(count, object)
         arr[:] = items
         return arr.reshape(shape)
@@ -66,18 +76,23 @@ def arrays(draw: st.DrawFn, leaf: Leaf) -> np.ndarray:
         raw = bytes(draw(st.lists(st.integers(0, 1), min_size=count, max_size=count)))
     else:
         n = count * dt.itemsize
-        raw = draw(st.binary(min_size=n, max_size=n)
-                   | st.sampled_from([b"\x00", b"\xff", b"\x7f"]).map(lambda b: b * n))
+        raw = draw(
+            st.binary(min_size=n, max_size=n)
+            | st.sampled_from([b"\x00", b"\xff", b"\x7f"]).map(lambda b: b * n)
+        )
     return np.frombuffer(raw, dt).reshape(shape)
 
 
 @st.composite
-def batches(draw: st.DrawFn, layout_strategy: st.SearchStrategy[Layout], min_elements: int = 0,
-            max_elements: int = 4) -> tuple[Layout, list[list[np.ndarray]]]:
+def batches(
+    draw: st.DrawFn,
+    layout_strategy: st.SearchStrategy[Layout],
+    min_elements: int = 0,
+    max_elements: int = 4,
+) -> tuple[Layout, list[list[np.ndarray]]]:
     layout = draw(layout_strategy)
     n = draw(st.integers(min_elements, max_elements))
     return layout, [[draw(arrays(leaf)) for leaf in layout.leaves] for _ in range(n)]
-
 
 
 def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:
@@ -111,15 +126,16 @@ def split_decoded(layout: Layout, batch: list[Any], n: int) -> list[list[np.ndar
         dim_ends = np.cumsum(col.ranks)
         assert value_ends[-1:].sum() == len(col.values) and dim_ends[-1:].sum() == len(col.dims)
         for i in range(n):
-            dims = tuple(col.dims[dim_ends[i] - col.ranks[i]:dim_ends[i]].tolist())
-            values = col.values[value_ends[i] - col.sizes[i]:value_ends[i]]
+            dims = tuple(col.dims[dim_ends[i] - col.ranks[i] : dim_ends[i]].tolist())
+            values = col.values[value_ends[i] - col.sizes[i] : value_ends[i]]
             elements[i].append(values.reshape(dims))
     return elements
 
 
 def zstd_value(body: bytes) -> bytes:
-    frame = zstandard.ZstdCompressor(level=1, write_checksum=True,
-                                     write_content_size=True).compress(body)
+    frame = zstandard.ZstdCompressor(
+        level=1, write_checksum=True, write_content_size=True
+    ).compress(body)
     return b"\x01" + frame
 
 
@@ -143,4 +159,3 @@ def assert_elements(layout: Layout, batch: list[Any], elements: list[list[np.nda
         assert len(got_leaves) == len(want_leaves)
         for leaf, g, w in zip(layout.leaves, got_leaves, want_leaves):
             assert_same_array(g, w.astype(leaf.np_dtype) if w.dtype != leaf.np_dtype else w)
-

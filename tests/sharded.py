@@ -19,9 +19,16 @@ from client.format.values import Compressor
 from client.write.stream import CacheWriter
 
 
-def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
-                  chunk_bytes: int = 4096, version: str | None = None,
-                  block_bytes: int | None = None, batch_elements: int = 64) -> pb.Cache:
+def write_sharded(
+    cc: CacheClient,
+    ds: Any,
+    name: str,
+    shard_bytes: int,
+    chunk_bytes: int = 4096,
+    version: str | None = None,
+    block_bytes: int | None = None,
+    batch_elements: int = 64,
+) -> pb.Cache:
     from client.tf import convert
 
     spec = ds.element_spec
@@ -29,9 +36,13 @@ def write_sharded(cc: CacheClient, ds: Any, name: str, shard_bytes: int,
     if block_bytes is not None:
         layout = blocked(layout, block_bytes)
     fmt = convert.BatchFormat(spec, layout)
-    begin = pb.WriteBegin(name=name, fingerprint=f"version:{version or name}",
-                          layout_json=layout.to_json(), element_spec=convert.encode_spec(spec),
-                          shard_bytes=shard_bytes)
+    begin = pb.WriteBegin(
+        name=name,
+        fingerprint=f"version:{version or name}",
+        layout_json=layout.to_json(),
+        element_spec=convert.encode_spec(spec),
+        shard_bytes=shard_bytes,
+    )
     writer = CacheWriter(cc._transport, begin, chunk_bytes=chunk_bytes)
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     packer = BlockPacker(layout, None if block_bytes else Compressor())

@@ -36,8 +36,9 @@ def elements(ds: Any) -> list[tuple[bytes, int]]:
 
 def store_daemon(store: Any, *args: str, data_dir: Path | None = None) -> Daemon:
     url, endpoint, env = store
-    d = Daemon(data_dir, ("--store", url, "--store-endpoint", endpoint, *args),
-               env={**os.environ, **env})
+    d = Daemon(
+        data_dir, ("--store", url, "--store-endpoint", endpoint, *args), env={**os.environ, **env}
+    )
     return d.start()
 
 
@@ -47,14 +48,19 @@ def s3(store: Any) -> tuple[Any, str, str]:
 
     url, endpoint, env = store
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    client = boto3.client("s3", endpoint_url=endpoint, region_name=env["AWS_DEFAULT_REGION"],
-                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=env["AWS_DEFAULT_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
     return client, bucket, f"{prefix}/" if prefix else ""
 
 
 def wait_for(cc: CacheClient, name: str, state: str, timeout: float = 60.0) -> Any:
     """cc.info(name) once the store holds name in state."""
+
     def now() -> str:
         info = cc.info(name)
         return f"{name} {state} (it is {info.store_state}: {info.store_detail})"
@@ -72,8 +78,9 @@ def daemons() -> Iterator[list[Daemon]]:
         d.close()
 
 
-def publish(store: Any, daemons: list[Daemon], name: str, shard_bytes: int = 768 << 10,
-            n: int = N) -> Daemon:
+def publish(
+    store: Any, daemons: list[Daemon], name: str, shard_bytes: int = 768 << 10, n: int = N
+) -> Daemon:
     """Write cache name on a new daemon over store and wait until the store holds it."""
     a = store_daemon(store)
     daemons.append(a)

@@ -9,8 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wait_until(predicate: Callable[[], object], deadline_s: float = 30.0,
-               what: str | Callable[[], str] = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], object],
+    deadline_s: float = 30.0,
+    what: str | Callable[[], str] = "condition",
+) -> None:
     """Poll predicate every 50 ms; TimeoutError past deadline_s, saying what (or what()
     returns then: the state that was waited on) was not met."""
     deadline = time.monotonic() + deadline_s

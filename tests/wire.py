@@ -25,23 +25,34 @@ def records(n: int, size: int, seed: int = 0) -> list[bytes]:
     return [struct.pack("<II", seed, i) + os.urandom(size - 8) for i in range(n)]
 
 
-def write_requests(name: str, values: list[bytes], per_chunk: int = 4
-                   ) -> Iterator[pb.WriteCacheRequest]:
-    yield pb.WriteCacheRequest(begin=pb.WriteBegin(name=name, fingerprint=f"fp-{name}",
-                                                   layout_json=LAYOUT))
+def write_requests(
+    name: str, values: list[bytes], per_chunk: int = 4
+) -> Iterator[pb.WriteCacheRequest]:
+    yield pb.WriteCacheRequest(
+        begin=pb.WriteBegin(name=name, fingerprint=f"fp-{name}", layout_json=LAYOUT)
+    )
     for i in range(0, len(values), per_chunk):
-        part = values[i:i + per_chunk]
-        yield pb.WriteCacheRequest(chunk=pb.WriteChunk(
-            lengths=struct.pack(f"<{len(part)}I", *map(len, part)), data=b"".join(part),
-            raw_bytes=sum(map(len, part))))
+        part = values[i : i + per_chunk]
+        yield pb.WriteCacheRequest(
+            chunk=pb.WriteChunk(
+                lengths=struct.pack(f"<{len(part)}I", *map(len, part)),
+                data=b"".join(part),
+                raw_bytes=sum(map(len, part)),
+            )
+        )
     yield pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=len(values)))
 
 
-def write_cache(channel: grpc.Channel, name: str, values: list[bytes],
-                metadata: tuple[tuple[str, str], ...] = ()) -> pb.Cache:
+def write_cache(
+    channel: grpc.Channel,
+    name: str,
+    values: list[bytes],
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> pb.Cache:
     """Write a whole cache; returns the committed Cache, raises grpc.RpcError."""
-    responses = list(stub(channel).WriteCache(write_requests(name, values), metadata=metadata,
-                                              timeout=60))
+    responses = list(
+        stub(channel).WriteCache(write_requests(name, values), metadata=metadata, timeout=60)
+    )
     assert responses[0].begun.decision == pb.WRITE_DECISION_ACCEPTED, responses[0]
     return responses[-1].committed
 
@@ -51,8 +62,9 @@ def read_all(channel: grpc.Channel, name: str) -> list[bytes]:
     cache = stub(channel).GetCache(pb.GetCacheRequest(name=name), timeout=10).cache
     out: list[bytes] = []
     for shard in cache.shards:
-        for chunk in stub(channel).ReadShard(pb.ReadShardRequest(name=name, shard=shard.index),
-                                             timeout=60):
+        for chunk in stub(channel).ReadShard(
+            pb.ReadShardRequest(name=name, shard=shard.index), timeout=60
+        ):
             out.extend(split(chunk))
     return out
 
@@ -61,7 +73,7 @@ def split(chunk: pb.ReadShardResponse) -> list[bytes]:
     lengths = struct.unpack(f"<{len(chunk.lengths) // 4}I", chunk.lengths)
     out, offset = [], 0
     for n in lengths:
-        out.append(chunk.data[offset:offset + n])
+        out.append(chunk.data[offset : offset + n])
         offset += n
     return out
 
@@ -71,5 +83,6 @@ def reason(err: grpc.RpcError) -> str:
 
 
 def names(channel: grpc.Channel) -> list[str]:
-    return sorted(c.name for c in stub(channel).ListCaches(pb.ListCachesRequest(),
-                                                           timeout=10).caches)
+    return sorted(
+        c.name for c in stub(channel).ListCaches(pb.ListCachesRequest(), timeout=10).caches
+    )

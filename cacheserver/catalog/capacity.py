@@ -98,7 +98,8 @@ class Capacity:
                     raise CapacityExceeded(
                         f"no room for cache {name!r}: {problem}; nothing is left to evict "
                         f"({self._catalog.retained_summary()}): delete caches (cacheserver "
-                        "ls / rm), unpin some, or raise the limit")
+                        "ls / rm), unpin some, or raise the limit"
+                    )
                 self._catalog.evict(victim, "capacity")
 
     def _shortfall(self, nbytes: int, written: bool = False) -> str | None:
@@ -106,13 +107,17 @@ class Capacity:
         if self.max_bytes:
             in_use = self._catalog.committed_bytes() + sum(self._pending.values())
             if in_use + nbytes > self.max_bytes:
-                return (f"the write needs {_size(nbytes)} more, caches use {_size(in_use)} "
-                        f"and --max-bytes is {_size(self.max_bytes)}")
+                return (
+                    f"the write needs {_size(nbytes)} more, caches use {_size(in_use)} "
+                    f"and --max-bytes is {_size(self.max_bytes)}"
+                )
         if self.min_free_bytes:
             free = shutil.disk_usage(self.data_dir).free
             if free - (0 if written else nbytes) < self.min_free_bytes:
-                return (f"the write needs {_size(nbytes)} more, the data dir's filesystem has "
-                        f"{_size(free)} free and --min-free-bytes is {_size(self.min_free_bytes)}")
+                return (
+                    f"the write needs {_size(nbytes)} more, the data dir's filesystem has "
+                    f"{_size(free)} free and --min-free-bytes is {_size(self.min_free_bytes)}"
+                )
         return None
 
 
@@ -159,8 +164,9 @@ class DiskWatch:
     the server turns into the health status of WRITES_HEALTH_SERVICE) until space returns.
     """
 
-    def __init__(self, data_dir: Path, on_change: Callable[[bool], None],
-                 interval: float = 5.0) -> None:
+    def __init__(
+        self, data_dir: Path, on_change: Callable[[bool], None], interval: float = 5.0
+    ) -> None:
         self._data_dir = data_dir
         self._on_change = on_change
         self._interval = interval
@@ -177,12 +183,19 @@ class DiskWatch:
         full = free < FULL_BELOW_BYTES
         if full != self._full:
             if full:
-                log.warning("disk full under %s (%s free): serving reads of READY caches; "
-                            "writes fail with DISK_FULL until space returns (free space or "
-                            "delete caches: cacheserver rm NAME)", self._data_dir, _size(free))
+                log.warning(
+                    "disk full under %s (%s free): serving reads of READY caches; "
+                    "writes fail with DISK_FULL until space returns (free space or "
+                    "delete caches: cacheserver rm NAME)",
+                    self._data_dir,
+                    _size(free),
+                )
             elif self._full:
-                log.info("disk space returned under %s (%s free): writes accepted again",
-                         self._data_dir, _size(free))
+                log.info(
+                    "disk space returned under %s (%s free): writes accepted again",
+                    self._data_dir,
+                    _size(free),
+                )
             self._full = full
             self._on_change(full)
         return full
@@ -208,8 +221,7 @@ def _idle_since(record: CacheRecord, value: Retention) -> float:
     return max(record.commit_time, value.last_read_time)
 
 
-def pick_victim(records: Iterable[CacheRecord], book: RetentionBook,
-                exclude: str) -> str | None:
+def pick_victim(records: Iterable[CacheRecord], book: RetentionBook, exclude: str) -> str | None:
     """The least recently read READY cache that is neither pinned nor being read."""
     best: tuple[float, str] | None = None
     for r in records:
@@ -229,8 +241,12 @@ def expired_names(records: Iterable[CacheRecord], book: RetentionBook, now: floa
     names = []
     for r in records:
         value = book.get(r.name)
-        if (r.state == "READY" and not value.pinned and not book.readers(r.name)
-                and value.expired(r.commit_time, now)):
+        if (
+            r.state == "READY"
+            and not value.pinned
+            and not book.readers(r.name)
+            and value.expired(r.commit_time, now)
+        ):
             names.append(r.name)
     return names
 

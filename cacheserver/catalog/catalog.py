@@ -62,8 +62,14 @@ DEFAULT_SHARD_BYTES = 1 << 30
 class Catalog:
     """Thread-safe registry of caches under one data directory."""
 
-    def __init__(self, data_dir: Path, capacity: Capacity | None = None,
-                 bucket: Bucket | None = None, *, pull_all: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        capacity: Capacity | None = None,
+        bucket: Bucket | None = None,
+        *,
+        pull_all: bool = True,
+    ) -> None:
         self.data_dir = data_dir
         self.capacity = capacity or Capacity(data_dir)
         self.capacity.attach(self)
@@ -83,8 +89,9 @@ class Catalog:
         #: The object store under this daemon's caches (serve --store), if any: remote.py.
         self.tier: StoreTier | None = None
         if bucket is not None:
-            self.tier = StoreTier(bucket, self._caches_dir, self.capacity, self._ready_record,
-                                  pull_all=pull_all)
+            self.tier = StoreTier(
+                bucket, self._caches_dir, self.capacity, self._ready_record, pull_all=pull_all
+            )
             self.tier.start([r for r in self._caches.values() if r.state == "READY"])
 
     def close(self) -> None:
@@ -114,8 +121,10 @@ class Catalog:
             return record
 
     def _broken_error(self, name: str) -> DataLoss:
-        return DataLoss(f"cache {name!r} is broken: {self._broken[name]}; delete it with "
-                        f"'cacheserver rm {name}' (CacheClient.delete) and build it again")
+        return DataLoss(
+            f"cache {name!r} is broken: {self._broken[name]}; delete it with "
+            f"'cacheserver rm {name}' (CacheClient.delete) and build it again"
+        )
 
     def _recover(self) -> Recovered:
         """Empty the trash, scan the caches (Recovered.scan), load the retention of what
@@ -173,11 +182,15 @@ class Catalog:
                 raise
             record = pulled
         if record.state != "READY":
-            raise CacheWriting(f"cache {name!r} is WRITING ({record.num_elements} elements so "
-                               "far); wait until its writer finishes")
+            raise CacheWriting(
+                f"cache {name!r} is WRITING ({record.num_elements} elements so "
+                "far); wait until its writer finishes"
+            )
         if fingerprint and fingerprint != record.fingerprint:
-            raise FingerprintMismatch(f"cache {name!r} was replaced (fingerprint "
-                                      f"{record.fingerprint}, expected {fingerprint})")
+            raise FingerprintMismatch(
+                f"cache {name!r} was replaced (fingerprint "
+                f"{record.fingerprint}, expected {fingerprint})"
+            )
         return record
 
     def delete(self, name: str, store: bool = False) -> tuple[bool, bool]:
@@ -185,8 +198,9 @@ class Catalog:
         the object store. Returns what was removed: (the local copy, the stored one)."""
         validate_name(name)
         if store and self.tier is None:
-            raise InvalidArgument("this daemon has no object store (serve --store); delete "
-                                  "without --store")
+            raise InvalidArgument(
+                "this daemon has no object store (serve --store); delete without --store"
+            )
         try:
             trashed = self._unregister(name)
         except CacheNotFound:
@@ -205,8 +219,10 @@ class Catalog:
             if self._broken.pop(name, None) is None:
                 record = self.get(name)
                 if record.state != "READY":
-                    raise CacheWriting(f"cache {name!r} is being written; wait until its "
-                                       "writer finishes or stops, then delete it")
+                    raise CacheWriting(
+                        f"cache {name!r} is being written; wait until its "
+                        "writer finishes or stops, then delete it"
+                    )
                 del self._caches[name]
             self._forget(name)
             return self._to_trash(self._caches_dir / name)
@@ -221,8 +237,9 @@ class Catalog:
     def retention_of(self, name: str) -> Retention:
         return self.retention.get(name)
 
-    def set_retention(self, name: str, pinned: bool | None, ttl_seconds: float | None
-                      ) -> CacheRecord:
+    def set_retention(
+        self, name: str, pinned: bool | None, ttl_seconds: float | None
+    ) -> CacheRecord:
         if ttl_seconds is not None and not ttl_seconds >= 0:
             raise InvalidArgument(f"ttl_seconds must be >= 0 (0 clears it), got {ttl_seconds}")
         with self._lock:
@@ -258,25 +275,40 @@ class Catalog:
         with self._lock:
             record = self._caches.get(name)
             value = self.retention.get(name)
-            if (record is None or record.state != "READY" or value.pinned
-                    or self.retention.readers(name)
-                    or (self.tier is not None and not self.tier.evictable(name))):
+            if (
+                record is None
+                or record.state != "READY"
+                or value.pinned
+                or self.retention.readers(name)
+                or (self.tier is not None and not self.tier.evictable(name))
+            ):
                 return False
             del self._caches[name]
             self._forget(name)
             trashed = self._to_trash(self._caches_dir / name)
         self._remove_later(trashed)  # before returning: the caller counts on the space
         metrics.EVICTIONS.labels(reason).inc()
-        log.info("evicted cache %r (%s): %d bytes, last read %s", name, reason,
-                 record.disk_bytes, time.strftime("%Y-%m-%dT%H:%M:%S",
-                                                  time.localtime(value.last_read_time))
-                 if value.last_read_time else "never")
+        log.info(
+            "evicted cache %r (%s): %d bytes, last read %s",
+            name,
+            reason,
+            record.disk_bytes,
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(value.last_read_time))
+            if value.last_read_time
+            else "never",
+        )
         return True
 
     # ------------------------------------------------------------------ writing
 
-    def begin_write(self, name: str, fingerprint: str, layout_json: str, element_spec: bytes,
-                    shard_bytes: int = 0) -> tuple[str, CacheRecord, WriteSession | None]:
+    def begin_write(
+        self,
+        name: str,
+        fingerprint: str,
+        layout_json: str,
+        element_spec: bytes,
+        shard_bytes: int = 0,
+    ) -> tuple[str, CacheRecord, WriteSession | None]:
         """Take the write lease on name, or say why not.
 
         Returns ("ACCEPTED", record, session), ("ALREADY_READY", record, None) or
@@ -297,20 +329,23 @@ class Catalog:
                         f"cache {name!r} holds elements of a different pipeline (fingerprint "
                         f"{existing.fingerprint}, yours {fingerprint}); delete it "
                         f"(cacheserver rm {name}, or CacheClient.delete) to rebuild it, or "
-                        "use another name or version=")
+                        "use another name or version="
+                    )
                 decision = "ALREADY_READY" if existing.state == "READY" else "BUSY"
                 return decision, existing, None
             directory = self._caches_dir / name
             if directory.exists():  # left by an aborted delete or write; not a cache
                 self._remove_dir(directory)
             directory.mkdir()
-            record = CacheRecord(name, fingerprint, layout_json, element_spec, "WRITING",
-                                 time.time())
+            record = CacheRecord(
+                name, fingerprint, layout_json, element_spec, "WRITING", time.time()
+            )
             write_atomic(directory / "writing.json", record.to_json())
             self._caches[name] = record
             self.retention.forget(name)
-        session = WriteSession(record, directory, shard_bytes or DEFAULT_SHARD_BYTES,
-                               self.capacity, self._release)
+        session = WriteSession(
+            record, directory, shard_bytes or DEFAULT_SHARD_BYTES, self.capacity, self._release
+        )
         return "ACCEPTED", record, session
 
     def _look_in_store(self, name: str) -> None:
@@ -325,8 +360,11 @@ class Catalog:
         try:
             self._from_store(name)
         except StoreUnavailable as exc:
-            log.warning("cache %r: the object store cannot be reached (%s); building the "
-                        "cache here", name, shown(str(exc), 300))
+            log.warning(
+                "cache %r: the object store cannot be reached (%s); building the cache here",
+                name,
+                shown(str(exc), 300),
+            )
 
     def _release(self, session: WriteSession, committed: bool) -> None:
         name = session.record.name
@@ -360,8 +398,9 @@ class Catalog:
     def cache_dir(self, name: str) -> Path:
         return self._caches_dir / name
 
-    def begin_materialize(self, name: str, fingerprint: str, spec_json: str,
-                          overwrite: bool) -> CacheRecord:
+    def begin_materialize(
+        self, name: str, fingerprint: str, spec_json: str, overwrite: bool
+    ) -> CacheRecord:
         """Register name as WRITING, with spec_json saved for resuming after a crash."""
         validate_name(name)
         self._look_in_store(name)
@@ -372,12 +411,16 @@ class Catalog:
             existing = self._caches.get(name)
             if existing is not None:
                 if existing.state != "READY":
-                    raise CacheWriting(f"cache {name!r} is being written; wait until its "
-                                       "writer finishes, or attach with --resume")
+                    raise CacheWriting(
+                        f"cache {name!r} is being written; wait until its "
+                        "writer finishes, or attach with --resume"
+                    )
                 if not overwrite:
-                    raise CacheExists(f"cache {name!r} is already READY ({existing.num_elements}"
-                                      " elements); pass --overwrite (overwrite=True) to "
-                                      "rebuild it, or choose another name")
+                    raise CacheExists(
+                        f"cache {name!r} is already READY ({existing.num_elements}"
+                        " elements); pass --overwrite (overwrite=True) to "
+                        "rebuild it, or choose another name"
+                    )
                 del self._caches[name]
                 self._forget(name)
                 trashed = self._to_trash(self._caches_dir / name)

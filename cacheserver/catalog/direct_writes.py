@@ -71,23 +71,30 @@ def make(cache_dir: Path) -> Path:
 def _check_claims(name: str, claims: Sequence[StagedShard], k: int) -> None:
     for i, c in enumerate(claims):
         if c.index != i:
-            raise InvalidArgument(f"cache {name!r}: staged shard {i} says it is shard "
-                                  f"{c.index}; shards must be numbered 0, 1, ... in order")
+            raise InvalidArgument(
+                f"cache {name!r}: staged shard {i} says it is shard "
+                f"{c.index}; shards must be numbered 0, 1, ... in order"
+            )
         whole = c.num_elements == c.num_records * k
-        short_last = (i == len(claims) - 1
-                      and (c.num_records - 1) * k < c.num_elements < c.num_records * k)
+        short_last = (
+            i == len(claims) - 1 and (c.num_records - 1) * k < c.num_elements < c.num_records * k
+        )
         if c.num_records < 1 or not (whole or short_last):
-            raise InvalidArgument(f"cache {name!r}: staged shard {i} says {c.num_elements} "
-                                  f"elements in {c.num_records} values of {k}; only the "
-                                  "last value of the last shard may hold fewer")
+            raise InvalidArgument(
+                f"cache {name!r}: staged shard {i} says {c.num_elements} "
+                f"elements in {c.num_records} values of {k}; only the "
+                "last value of the last shard may hold fewer"
+            )
 
 
 def _check_listing(name: str, staging: Path, claims: Sequence[StagedShard]) -> list[Path]:
     expected = [f"shard-{c.index:05d}" for c in claims]
     found = sorted(p.name for p in staging.iterdir())
     if found != expected:
-        raise DataLoss(f"cache {name!r}: the staging directory {staging} holds {found}, the "
-                       f"writer says {expected}; {_REBUILD}")
+        raise DataLoss(
+            f"cache {name!r}: the staging directory {staging} holds {found}, the "
+            f"writer says {expected}; {_REBUILD}"
+        )
     paths = [staging / n for n in expected]
     for path in paths:
         if path.is_symlink() or not path.is_dir():
@@ -95,8 +102,10 @@ def _check_listing(name: str, staging: Path, claims: Sequence[StagedShard]) -> l
         files = {p.name for p in path.iterdir()}
         data = path / "data.mdb"
         if not files <= _FILES or data.is_symlink() or not data.is_file():
-            raise DataLoss(f"cache {name!r}: staged {path} must hold a plain data.mdb and "
-                           f"nothing else, not {sorted(files)}; {_REBUILD}")
+            raise DataLoss(
+                f"cache {name!r}: staged {path} must hold a plain data.mdb and "
+                f"nothing else, not {sorted(files)}; {_REBUILD}"
+            )
         (path / "lock.mdb").unlink(missing_ok=True)  # readers use lock=False (store.py)
     return paths
 
@@ -108,8 +117,9 @@ def _sample(num_records: int, rng: random.Random) -> list[int]:
     return sorted(picked)
 
 
-def _check_shard(name: str, path: Path, claim: StagedShard, layout_json: str,
-                 rng: random.Random) -> None:
+def _check_shard(
+    name: str, path: Path, claim: StagedShard, layout_json: str, rng: random.Random
+) -> None:
     k, size = block_geometry(layout_json)
     pool = ReaderPool()
     pool.MAX_IDLE = 0  # closed on release: the directory is renamed next
@@ -120,11 +130,15 @@ def _check_shard(name: str, path: Path, claim: StagedShard, layout_json: str,
         raise DataLoss(f"{where}: {exc}; {_REBUILD}") from exc
     try:
         if env.num_records != claim.num_records:
-            raise DataLoss(f"{where} holds {env.num_records} values, the writer says "
-                           f"{claim.num_records}; {_REBUILD}")
+            raise DataLoss(
+                f"{where} holds {env.num_records} values, the writer says "
+                f"{claim.num_records}; {_REBUILD}"
+            )
         if claim.stored_bytes > env.file_bytes:
-            raise DataLoss(f"{where}: the writer says {claim.stored_bytes} stored bytes in a "
-                           f"{env.file_bytes}-byte file; {_REBUILD}")
+            raise DataLoss(
+                f"{where}: the writer says {claim.stored_bytes} stored bytes in a "
+                f"{env.file_bytes}-byte file; {_REBUILD}"
+            )
         picked = _sample(claim.num_records, rng)
         keys = b"".join(i.to_bytes(8, "big") for i in picked)
         values = ShardGetter(env, path).get_many(keys)
@@ -136,17 +150,20 @@ def _check_shard(name: str, path: Path, claim: StagedShard, layout_json: str,
                     continue
                 body = unpack_block(dec, value, k, size)
                 if index < claim.num_records - 1 and len(body) != k * size:
-                    raise RecordError(f"block holds {len(body) // size} "
-                                      f"elements, not {k}")
+                    raise RecordError(f"block holds {len(body) // size} elements, not {k}")
             except RecordError as exc:
-                raise DataLoss(f"{where}: record {index} is corrupt ({exc}); "
-                               f"{_REBUILD}") from exc
+                raise DataLoss(f"{where}: record {index} is corrupt ({exc}); {_REBUILD}") from exc
     finally:
         pool.release(path, env)
 
 
-def adopt(record: CacheRecord, cache_dir: Path, staging: Path,
-          claims: Sequence[StagedShard], reserve: Callable[[int], None]) -> None:
+def adopt(
+    record: CacheRecord,
+    cache_dir: Path,
+    staging: Path,
+    claims: Sequence[StagedShard],
+    reserve: Callable[[int], None],
+) -> None:
     """Check the staged shards, reserve their bytes on disk (reserve may evict or raise
     CapacityExceeded), then move them into cache_dir as committed shards of record."""
     _check_claims(record.name, claims, block_elements(record.layout_json))
@@ -158,7 +175,8 @@ def adopt(record: CacheRecord, cache_dir: Path, staging: Path,
     first = record.num_elements
     for path, c in zip(paths, claims):
         path.rename(cache_dir / path.name)
-        record.add_shard(cache_dir, ShardInfo(c.index, first, c.num_elements, c.stored_bytes,
-                                              c.raw_bytes))
+        record.add_shard(
+            cache_dir, ShardInfo(c.index, first, c.num_elements, c.stored_bytes, c.raw_bytes)
+        )
         first += c.num_elements
     shutil.rmtree(staging, ignore_errors=True)

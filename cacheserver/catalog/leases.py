@@ -85,8 +85,7 @@ class LeaseTable:
         self._granted: Counter[str] = Counter()
         self._tickets: dict[bytes, Lease] = {}  # by the ticket's digest
         self._stopped = False
-        self._thread = threading.Thread(target=self._expire_loop, name="lease-expiry",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._expire_loop, name="lease-expiry", daemon=True)
 
     def _new_token(self) -> str:
         """Write this instance's token; on a full disk keep the previous run's (the same
@@ -99,11 +98,16 @@ class LeaseTable:
             with contextlib.suppress(OSError):
                 previous = self.token_path.read_text().strip()
                 if previous:
-                    log.warning("disk full: kept the previous %s for direct reads and writes",
-                                self.token_path)
+                    log.warning(
+                        "disk full: kept the previous %s for direct reads and writes",
+                        self.token_path,
+                    )
                     return previous
-            log.warning("disk full: cannot write %s; direct reads and writes fall back to "
-                        "gRPC until the daemon restarts with free space", self.token_path)
+            log.warning(
+                "disk full: cannot write %s; direct reads and writes fall back to "
+                "gRPC until the daemon restarts with free space",
+                self.token_path,
+            )
             return token
 
     def start(self) -> None:
@@ -121,9 +125,15 @@ class LeaseTable:
         for lease in leases:
             self._end(lease)
 
-    def acquire(self, name: str, fingerprint: str, epoch_start: bool,
-                shards: Sequence[int] = (), peer: str = "", holder: object = None
-                ) -> tuple[Lease, CacheRecord, list[Path]]:
+    def acquire(
+        self,
+        name: str,
+        fingerprint: str,
+        epoch_start: bool,
+        shards: Sequence[int] = (),
+        peer: str = "",
+        holder: object = None,
+    ) -> tuple[Lease, CacheRecord, list[Path]]:
         """Lease the READY cache name: (lease, its record, absolute shard directories).
 
         shards: the ones the reader reads (empty: all), on disk when this returns.
@@ -154,8 +164,10 @@ class LeaseTable:
                 metrics.DIRECT_READS.inc()
         try:  # a cache being pulled from the object store: the shards read here first
             if any(s >= len(record.shards) for s in shards):
-                raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
-                                      f"shard {max(shards)} does not exist")
+                raise InvalidArgument(
+                    f"cache {name!r} has {len(record.shards)} shards; "
+                    f"shard {max(shards)} does not exist"
+                )
             if self.catalog.tier is not None and not peer:  # data-plane reads ensure theirs
                 self.catalog.tier.ensure(name, list(shards) or range(len(record.shards)))
         except BaseException:
@@ -171,7 +183,8 @@ class LeaseTable:
             if lease is None:
                 raise LeaseNotFound(
                     f"read lease {lease_id or '(empty)'} expired or was released (not renewed "
-                    f"within {self.ttl:g}s); take a new lease to keep the cache from eviction")
+                    f"within {self.ttl:g}s); take a new lease to keep the cache from eviction"
+                )
             lease.expires = time.monotonic() + self.ttl
         return self.ttl
 
@@ -212,8 +225,12 @@ class LeaseTable:
         ticket for it that no data connection presented: it cannot reach the data port."""
         with self._cond:
             for lease in self._tickets.values():
-                if (lease.peer == peer and lease.name == name and not lease.presented
-                        and not lease.fell_back):
+                if (
+                    lease.peer == peer
+                    and lease.name == name
+                    and not lease.presented
+                    and not lease.fell_back
+                ):
                     lease.fell_back = True
                     return True
             return False
@@ -243,8 +260,11 @@ class LeaseTable:
                     self._cond.release()
                     try:
                         for lease in expired:
-                            log.info("read lease on cache %r expired: its reader stopped "
-                                     "renewing (killed, hung or gone)", lease.name)
+                            log.info(
+                                "read lease on cache %r expired: its reader stopped "
+                                "renewing (killed, hung or gone)",
+                                lease.name,
+                            )
                             self._end(lease)
                     finally:
                         self._cond.acquire()

@@ -30,8 +30,9 @@ Fetch = Callable[[str], StoredCache | None]
 class Lookups:
     """The store's answer for a name (its manifest, or None): fetched once per burst."""
 
-    def __init__(self, fetch: Fetch, ttl_s: float = LOOKUP_TTL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, fetch: Fetch, ttl_s: float = LOOKUP_TTL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._fetch = fetch  # the GET of a name's manifest
         self._ttl_s, self._clock = ttl_s, clock
         self._lock = threading.Lock()

@@ -37,7 +37,8 @@ def validate_name(name: str) -> str:
     if not NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"invalid cache name {name!r}: use letters, digits, '.', '_' and '-', "
-            "starting with a letter or digit (no '/', no control characters)")
+            "starting with a letter or digit (no '/', no control characters)"
+        )
     return name
 
 
@@ -78,11 +79,17 @@ class CacheRecord:
 
     def check(self) -> CacheRecord:
         """Raise ValueError unless every field can be encoded (on the wire, in JSON)."""
-        if not isinstance(self.name, str) or not NAME_RE.fullmatch(self.name) \
-                or len(self.name) > MAX_NAME_LEN:
+        if (
+            not isinstance(self.name, str)
+            or not NAME_RE.fullmatch(self.name)
+            or len(self.name) > MAX_NAME_LEN
+        ):
             raise ValueError(f"invalid cache name {str(self.name)[:MAX_NAME_LEN]!r}")
-        if not (isinstance(self.fingerprint, str) and isinstance(self.layout_json, str)
-                and isinstance(self.element_spec, bytes)):
+        if not (
+            isinstance(self.fingerprint, str)
+            and isinstance(self.layout_json, str)
+            and isinstance(self.element_spec, bytes)
+        ):
             raise ValueError("fingerprint and layout_json must be strings")
         if self.state not in ("WRITING", "READY"):
             raise ValueError(f"unknown state {str(self.state)[:20]!r}")
@@ -98,8 +105,10 @@ class CacheRecord:
             for key, value in asdict(shard).items():
                 _count(f"shard {i} {key}", value)
             if shard.index != i or shard.first_element != first:
-                raise ValueError(f"shard {i} says index {shard.index}, first element "
-                                 f"{shard.first_element}; expected {i}, {first}")
+                raise ValueError(
+                    f"shard {i} says index {shard.index}, first element "
+                    f"{shard.first_element}; expected {i}, {first}"
+                )
             first += shard.num_elements
         for key in ("num_elements", "stored_bytes", "raw_bytes"):
             _count(f"the cache's {key}", sum(getattr(s, key, 0) for s in self.shards))

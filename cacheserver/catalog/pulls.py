@@ -34,8 +34,14 @@ log = logging.getLogger(__name__)
 class Pull:
     """One cache being pulled: each shard 'queued', 'running' or 'done'."""
 
-    def __init__(self, stored: StoredCache, directory: Path, bucket: Bucket, capacity: Capacity,
-                 finished: Callable[[Pull], None]) -> None:
+    def __init__(
+        self,
+        stored: StoredCache,
+        directory: Path,
+        bucket: Bucket,
+        capacity: Capacity,
+        finished: Callable[[Pull], None],
+    ) -> None:
         self.stored, self.directory = stored, directory
         self._bucket = bucket
         self._capacity = capacity
@@ -60,11 +66,14 @@ class Pull:
                 if self.cancelled:
                     if not wait:
                         return
-                    raise StoreUnavailable(f"the pull of cache {self.stored.record.name!r} "
-                                           "stopped (deleted, or the daemon is stopping)")
+                    raise StoreUnavailable(
+                        f"the pull of cache {self.stored.record.name!r} "
+                        "stopped (deleted, or the daemon is stopping)"
+                    )
                 state, error = self.state[index], self.errors[index]
-                if state == "done" or (not wait and (state == "running"
-                                                     or isinstance(error, DataLoss))):
+                if state == "done" or (
+                    not wait and (state == "running" or isinstance(error, DataLoss))
+                ):
                     return
                 if isinstance(error, DataLoss):
                     raise error  # a corrupt object stays refused; nothing is fetched again
@@ -76,8 +85,13 @@ class Pull:
             self._download(index)
         except CacheServerError as exc:
             metrics.STORE_ERRORS.labels("pull").inc()
-            log.warning("cache %r: pulling shard %d from %s failed: %s", self.stored.record.name,
-                        index, self._bucket, shown(str(exc), 500))
+            log.warning(
+                "cache %r: pulling shard %d from %s failed: %s",
+                self.stored.record.name,
+                index,
+                self._bucket,
+                shown(str(exc), 500),
+            )
             with self.cond:
                 self.state[index], self.errors[index] = "queued", exc
                 self.cond.notify_all()
@@ -101,5 +115,6 @@ class Pull:
                 self.done_bytes += n
 
         self._bucket.download(obj, shard_dir / "data.mdb", progress)
-        write_atomic(self.directory / f"shard-{index:05d}.json", json.dumps(asdict(info)),
-                     durable=False)
+        write_atomic(
+            self.directory / f"shard-{index:05d}.json", json.dumps(asdict(info)), durable=False
+        )

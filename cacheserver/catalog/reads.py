@@ -39,37 +39,55 @@ def reading(catalog: Catalog, name: str, hit: bool = True) -> Iterator[None]:
         catalog.retention.end_read(name, time.time())
 
 
-def read_shard(catalog: Catalog, name: str, shard: int, start: int, chunk_bytes: int,
-               fingerprint: str = "", count: int = 0,
-               join: Callable[[int, bytes, list[Any]], Any] | None = None
-               ) -> Iterator[tuple[int, bytes, bytes, int]]:
+def read_shard(
+    catalog: Catalog,
+    name: str,
+    shard: int,
+    start: int,
+    chunk_bytes: int,
+    fingerprint: str = "",
+    count: int = 0,
+    join: Callable[[int, bytes, list[Any]], Any] | None = None,
+) -> Iterator[tuple[int, bytes, bytes, int]]:
     """Validate the request, then iterate the shard's chunks from start (count records,
     0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it).
     data is the values joined, or what join makes of them (ReaderPool.read_chunks)."""
     record = catalog.get_ready(name, fingerprint)
     if not 0 <= shard < len(record.shards):
-        raise InvalidArgument(f"cache {name!r} has {len(record.shards)} shards; "
-                              f"shard {shard} does not exist")
+        raise InvalidArgument(
+            f"cache {name!r} has {len(record.shards)} shards; shard {shard} does not exist"
+        )
     info = record.shards[shard]
     if start > info.num_elements:
-        raise InvalidArgument(f"start {start} is past the end of shard {shard} "
-                              f"({info.num_elements} elements)")
+        raise InvalidArgument(
+            f"start {start} is past the end of shard {shard} ({info.num_elements} elements)"
+        )
     if count > info.num_elements - start:
-        raise InvalidArgument(f"{count} records from {start} run past the end of shard "
-                              f"{shard} ({info.num_elements} elements)")
+        raise InvalidArgument(
+            f"{count} records from {start} run past the end of shard "
+            f"{shard} ({info.num_elements} elements)"
+        )
     if catalog.tier is not None:
         catalog.tier.ensure(name, [shard])
     chunk = chunk_size(chunk_bytes)
     stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
-    chunks = catalog.shard_readers.read_chunks(catalog.shard_path(record, shard), start, stop,
-                                               chunk, k, join=join)
-    return ((first, lengths, data,  # whole blocks: the first and last may stick out
-             min(first + len(lengths) // 4 * k, stop) - max(first, start))
-            for first, lengths, data in chunks)
+    chunks = catalog.shard_readers.read_chunks(
+        catalog.shard_path(record, shard), start, stop, chunk, k, join=join
+    )
+    return (
+        (
+            first,
+            lengths,
+            data,  # whole blocks: the first and last may stick out
+            min(first + len(lengths) // 4 * k, stop) - max(first, start),
+        )
+        for first, lengths, data in chunks
+    )
 
 
-def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
-                  chunk_bytes: int) -> Iterator[tuple[int, bytes, bytes]]:
+def read_elements(
+    catalog: Catalog, name: str, fingerprint: str, indices: bytes, chunk_bytes: int
+) -> Iterator[tuple[int, bytes, bytes]]:
     """ReadElements: validate the indices against the cache, then yield (position, u32
     lengths, data) chunks in request order. indices: little-endian uint64s, at most
     MAX_INDICES (client/wire/limits.py), as the door that took the request checked."""
@@ -78,10 +96,10 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
     total = record.num_elements
     if wanted.size and int(wanted.max()) >= total:
         bad = int(wanted[np.argmax(wanted >= total)])
-        raise InvalidArgument(f"element index {bad} is out of range: cache {name!r} has "
-                              f"{total} elements")
-    window = lookup.window_records(chunk_bytes, total,
-                                   sum(s.stored_bytes for s in record.shards))
+        raise InvalidArgument(
+            f"element index {bad} is out of range: cache {name!r} has {total} elements"
+        )
+    window = lookup.window_records(chunk_bytes, total, sum(s.stored_bytes for s in record.shards))
     firsts = np.array([s.first_element for s in record.shards], np.uint64)
 
     def opened(shard: int) -> Any:
@@ -89,5 +107,6 @@ def read_elements(catalog: Catalog, name: str, fingerprint: str, indices: bytes,
             catalog.tier.ensure(name, [shard])
         return catalog.shard_readers.opened(catalog.shard_path(record, shard))
 
-    return lookup.gather_chunks(opened, wanted, firsts, window, record.layout_json,
-                                f"cache {name!r}")
+    return lookup.gather_chunks(
+        opened, wanted, firsts, window, record.layout_json, f"cache {name!r}"
+    )

@@ -49,9 +49,12 @@ class DataDirLock:
             if exc.errno == errno.EROFS:
                 raise DataDirError(
                     f"data dir {data_dir} is on a read-only filesystem: mount it read-write or "
-                    "pass another --data-dir") from exc
-            raise DataDirError(f"cannot use data dir {data_dir}: {exc.strerror} "
-                               f"({exc.filename}); check its owner and mode") from exc
+                    "pass another --data-dir"
+                ) from exc
+            raise DataDirError(
+                f"cannot use data dir {data_dir}: {exc.strerror} "
+                f"({exc.filename}); check its owner and mode"
+            ) from exc
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -60,7 +63,8 @@ class DataDirLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
                 raise DataDirError(
                     f"data dir {data_dir} is in use by another cacheserver (pid {holder}, lock "
-                    f"{self.path}); stop it first or pass another --data-dir") from None
+                    f"{self.path}); stop it first or pass another --data-dir"
+                ) from None
             raise DataDirError(f"cannot lock {self.path}: {exc.strerror}") from exc
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
@@ -87,16 +91,21 @@ class RecoveryReport:
 
     @classmethod
     def survey(cls, caches_dir: Path, trash: Path) -> RecoveryReport:
-        return cls({d.name: _du(d) for d in sorted(caches_dir.iterdir()) if d.is_dir()},
-                   _du(trash))
+        return cls({d.name: _du(d) for d in sorted(caches_dir.iterdir()) if d.is_dir()}, _du(trash))
 
     def log(self, data_dir: Path, kept: dict[str, int]) -> None:
         """Log what was kept (name -> bytes) and what the scan discarded."""
         discarded = {n: b for n, b in self.dirs.items() if n not in kept}
-        log.info("recovered %s: kept %d caches (%d bytes), discarded %d interrupted writes "
-                 "(%d bytes), emptied trash (%d bytes)", data_dir, len(kept),
-                 sum(kept.values()), len(discarded), sum(discarded.values()),
-                 self.trash_bytes)
+        log.info(
+            "recovered %s: kept %d caches (%d bytes), discarded %d interrupted writes "
+            "(%d bytes), emptied trash (%d bytes)",
+            data_dir,
+            len(kept),
+            sum(kept.values()),
+            len(discarded),
+            sum(discarded.values()),
+            self.trash_bytes,
+        )
 
 
 def _is_cache_name(name: str) -> bool:
@@ -125,8 +134,9 @@ class Recovered:
         for d in sorted(caches_dir.iterdir()):
             manifest = d / "manifest.json"
             if not d.is_dir() or not _is_cache_name(d.name):
-                log.warning("ignoring %s: not a cache directory (no valid cache name)",
-                            shown(str(d)))
+                log.warning(
+                    "ignoring %s: not a cache directory (no valid cache name)", shown(str(d))
+                )
             elif manifest.exists():
                 found._load(d.name, manifest)
             elif found._keep_materialization(d):
@@ -144,9 +154,13 @@ class Recovered:
                 raise ValueError(f"it describes {record.state} cache {record.name!r}")
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             self.broken[name] = f"{manifest} cannot be read ({shown(str(exc))})"
-            log.warning("cache %r is broken: %s; it is not listed and every call naming it "
-                        "fails; delete it with 'cacheserver rm %s'", name, self.broken[name],
-                        name)
+            log.warning(
+                "cache %r is broken: %s; it is not listed and every call naming it "
+                "fails; delete it with 'cacheserver rm %s'",
+                name,
+                self.broken[name],
+                name,
+            )
             return
         self.caches[name] = record
 

@@ -62,7 +62,13 @@ _FIRST_BACKOFF, _MAX_BACKOFF = 1.0, 60.0
 
 # the states of StoreStatus (client/wire/v1: STORE_STATE_*)
 LOCAL, PUBLISHING, STORED, PULLING, CONFLICT, REMOTE = (
-    "LOCAL", "PUBLISHING", "STORED", "PULLING", "CONFLICT", "REMOTE")
+    "LOCAL",
+    "PUBLISHING",
+    "STORED",
+    "PULLING",
+    "CONFLICT",
+    "REMOTE",
+)
 
 
 @dataclass
@@ -90,23 +96,39 @@ class _Published:
     def load(cls, path: Path) -> _Published:
         try:
             doc = json.loads(path.read_text())
-            return cls(str(doc["upload"]), {int(i): StoredObject(**o)
-                                            for i, o in doc["objects"].items()},
-                       bool(doc["stored"]))
+            return cls(
+                str(doc["upload"]),
+                {int(i): StoredObject(**o) for i, o in doc["objects"].items()},
+                bool(doc["stored"]),
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls()
 
     def save(self, path: Path) -> None:
-        write_atomic(path, json.dumps({"upload": self.upload, "stored": self.stored,
-                                       "objects": {i: asdict(o)
-                                                   for i, o in self.objects.items()}}))
+        write_atomic(
+            path,
+            json.dumps(
+                {
+                    "upload": self.upload,
+                    "stored": self.stored,
+                    "objects": {i: asdict(o) for i, o in self.objects.items()},
+                }
+            ),
+        )
 
 
 class StoreTier:
     """Publishes a catalog's committed caches to one bucket and pulls what it lacks."""
 
-    def __init__(self, bucket: Bucket, caches_dir: Path, capacity: Capacity,
-                 ready: Callable[[str], CacheRecord | None], *, pull_all: bool = True) -> None:
+    def __init__(
+        self,
+        bucket: Bucket,
+        caches_dir: Path,
+        capacity: Capacity,
+        ready: Callable[[str], CacheRecord | None],
+        *,
+        pull_all: bool = True,
+    ) -> None:
         self.bucket = bucket
         self._pull_all = pull_all  # else on-read: only the shards asked for
         self._caches_dir = caches_dir
@@ -114,29 +136,35 @@ class StoreTier:
         self._ready = ready  # the catalog's READY record of a name, or None
         self._lock = threading.Condition()
         self._status: dict[str, StoreStatus] = {}
-        self._due: dict[str, float] = {}       # publish queue: name -> when to try
+        self._due: dict[str, float] = {}  # publish queue: name -> when to try
         self._attempts: dict[str, int] = {}
         self._pulls: dict[str, Pull] = {}
         self._lookups = Lookups(self._fetch)
         self._stopped = False
         self._pullers = ThreadPoolExecutor(PULL_SHARDS, thread_name_prefix="shardcache-pull")
         self._uploads = ThreadPoolExecutor(UPLOAD_SHARDS, thread_name_prefix="shardcache-put")
-        self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
-                                           name="shardcache-publish")
+        self._publisher = threading.Thread(
+            target=self._publish_loop, daemon=True, name="shardcache-publish"
+        )
         metrics.STORE_UNPUBLISHED.set_function(lambda: len(self._due))
 
     def start(self, records: list[CacheRecord]) -> None:
         """Queue the READY caches found at startup that the store does not hold yet."""
         for record in records:
             if _Published.load(self._dir(record.name) / STATE_FILE).stored:
-                self._status[record.name] = StoreStatus(STORED, record.disk_bytes,
-                                                        record.disk_bytes, len(record.shards))
+                self._status[record.name] = StoreStatus(
+                    STORED, record.disk_bytes, record.disk_bytes, len(record.shards)
+                )
             else:
                 self.publish(record)
         self._publisher.start()
-        log.info("object store %s%s: %d caches stored, %d to publish", self.bucket,
-                 f" at {self.bucket.endpoint}" if self.bucket.endpoint else "",
-                 len(records) - len(self._due), len(self._due))
+        log.info(
+            "object store %s%s: %d caches stored, %d to publish",
+            self.bucket,
+            f" at {self.bucket.endpoint}" if self.bucket.endpoint else "",
+            len(records) - len(self._due),
+            len(self._due),
+        )
 
     def stop(self) -> None:
         with self._lock:
@@ -156,15 +184,17 @@ class StoreTier:
         with self._lock:
             pull = self._pulls.get(name)
             if pull is not None:
-                return StoreStatus(PULLING, pull.done_bytes, pull.stored.size,
-                                   pull.state.count("done"), cost=cost)
+                return StoreStatus(
+                    PULLING, pull.done_bytes, pull.stored.size, pull.state.count("done"), cost=cost
+                )
             return replace(self._status.get(name) or StoreStatus(LOCAL), cost=cost)
 
     def evictable(self, name: str) -> bool:
         """Whether the local copy of name may be dropped: the store holds it, whole."""
         with self._lock:
-            return name not in self._pulls and \
-                getattr(self._status.get(name), "state", "") == STORED
+            return (
+                name not in self._pulls and getattr(self._status.get(name), "state", "") == STORED
+            )
 
     def forget(self, name: str) -> None:
         """The local copy is gone (deleted, evicted): stop publishing or pulling it."""
@@ -185,8 +215,9 @@ class StoreTier:
     def publish(self, record: CacheRecord) -> None:
         """Queue a READY cache for publishing."""
         try:
-            total = sum(self._shard_file(record.name, s.index).stat().st_size
-                        for s in record.shards)
+            total = sum(
+                self._shard_file(record.name, s.index).stat().st_size for s in record.shards
+            )
         except OSError:  # deleted meanwhile: _publish finds it gone
             total = 0
         with self._lock:
@@ -227,12 +258,20 @@ class StoreTier:
             delay = min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** (n - 1))
             self._due[name] = time.monotonic() + delay
             status = self._status[name]
-            status.state, status.detail = LOCAL, f"attempt {n} failed: {shown(str(exc), 300)}; " \
-                f"retrying in {delay:.0f} s"
+            status.state, status.detail = (
+                LOCAL,
+                f"attempt {n} failed: {shown(str(exc), 300)}; retrying in {delay:.0f} s",
+            )
             self._lock.notify_all()
-        log.warning("publishing cache %r to %s failed (attempt %d): %s; retrying in %.0f s; the "
-                    "local copy serves meanwhile", name, self.bucket, n, shown(str(exc), 500),
-                    delay)
+        log.warning(
+            "publishing cache %r to %s failed (attempt %d): %s; retrying in %.0f s; the "
+            "local copy serves meanwhile",
+            name,
+            self.bucket,
+            n,
+            shown(str(exc), 500),
+            delay,
+        )
 
     def _set(self, name: str, **fields: object) -> None:
         with self._lock:
@@ -252,12 +291,18 @@ class StoreTier:
             return
         if self._settled_by_other(name, record, state):
             return
-        self._set(name, state=PUBLISHING, detail="", done_shards=len(state.objects),
-                  done_bytes=sum(o.size for o in state.objects.values()))
+        self._set(
+            name,
+            state=PUBLISHING,
+            detail="",
+            done_shards=len(state.objects),
+            done_bytes=sum(o.size for o in state.objects.values()),
+        )
         started = time.monotonic()
         todo = [s.index for s in record.shards if s.index not in state.objects]
-        for index, obj in zip(todo, self._uploads.map(
-                lambda i: self._upload_shard(name, state.upload, i), todo)):
+        for index, obj in zip(
+            todo, self._uploads.map(lambda i: self._upload_shard(name, state.upload, i), todo)
+        ):
             state.objects[index] = obj
             state.save(directory / STATE_FILE)
             self._set(name, done_shards=len(state.objects))
@@ -268,8 +313,14 @@ class StoreTier:
             self._lookups.forget(name)
             self._set(name, state=STORED, detail="")
             size = sum(o.size for o in objects)
-            log.info("published cache %r to %s: %d shards, %d bytes in %.1f s", name,
-                     self.bucket, len(objects), size, time.monotonic() - started)
+            log.info(
+                "published cache %r to %s: %d shards, %d bytes in %.1f s",
+                name,
+                self.bucket,
+                len(objects),
+                size,
+                time.monotonic() - started,
+            )
         elif not self._settled_by_other(name, record, state):
             raise StoreUnavailable(f"the manifest of {name!r} exists but cannot be read back")
         with self._lock:
@@ -287,8 +338,9 @@ class StoreTier:
                 if status is not None:
                     status.done_bytes += n
 
-        return self.bucket.upload(self._shard_file(name, index),
-                                  layout.object_key(name, upload, index), progress)
+        return self.bucket.upload(
+            self._shard_file(name, index), layout.object_key(name, upload, index), progress
+        )
 
     def _settled_by_other(self, name: str, record: CacheRecord, state: _Published) -> bool:
         """Is a manifest of name in the store already? Settle this publish against it."""
@@ -297,18 +349,21 @@ class StoreTier:
             return False
         ours = [o.key for o in state.objects.values()]
         if stored.record.fingerprint != record.fingerprint:
-            detail = (f"the store holds another cache named {name!r} (fingerprint "
-                      f"{stored.record.fingerprint}, this one {record.fingerprint}): not "
-                      f"published; remove it there (cacheserver rm --store {name}) to publish "
-                      "this one")
+            detail = (
+                f"the store holds another cache named {name!r} (fingerprint "
+                f"{stored.record.fingerprint}, this one {record.fingerprint}): not "
+                f"published; remove it there (cacheserver rm --store {name}) to publish "
+                "this one"
+            )
             self._set(name, state=CONFLICT, detail=detail)
             log.error("cache %r: %s", name, detail)
         else:  # the same pipeline's cache, published by another daemon first
             state.stored, state.objects = True, {}
             state.save(self._dir(name) / STATE_FILE)
             self._set(name, state=STORED, detail="")
-            log.info("cache %r is in %s already (published elsewhere); not uploaded", name,
-                     self.bucket)
+            log.info(
+                "cache %r is in %s already (published elsewhere); not uploaded", name, self.bucket
+            )
         if ours:
             self.bucket.delete(ours)
         return True
@@ -328,9 +383,11 @@ class StoreTier:
         try:
             return StoredCache.from_doc(name, doc)
         except ValueError as exc:
-            raise DataLoss(f"the manifest of cache {name!r} in {self.bucket} is damaged ({exc});"
-                           f" remove it there (cacheserver rm --store {name}) and build the "
-                           "cache again") from None
+            raise DataLoss(
+                f"the manifest of cache {name!r} in {self.bucket} is damaged ({exc});"
+                f" remove it there (cacheserver rm --store {name}) and build the "
+                "cache again"
+            ) from None
 
     def list_stored(self) -> list[StoredCache]:
         """The caches the store holds (those with a manifest), by name."""
@@ -372,11 +429,21 @@ class StoreTier:
         with self._lock:
             self._pulls[name] = pull
         if not self._pull_all:
-            log.info("cache %r: found in %s (%d shards, %d bytes); pulling its shards as they "
-                     "are read", name, self.bucket, len(stored.objects), stored.size)
+            log.info(
+                "cache %r: found in %s (%d shards, %d bytes); pulling its shards as they are read",
+                name,
+                self.bucket,
+                len(stored.objects),
+                stored.size,
+            )
             return replace(stored.record, disk_bytes=0)
-        log.info("cache %r: found in %s (%d shards, %d bytes); pulling it", name, self.bucket,
-                 len(stored.objects), stored.size)
+        log.info(
+            "cache %r: found in %s (%d shards, %d bytes); pulling it",
+            name,
+            self.bucket,
+            len(stored.objects),
+            stored.size,
+        )
         for index in range(len(stored.objects)):
             self._pullers.submit(pull.in_background, index)
         return replace(stored.record, disk_bytes=0)
@@ -401,12 +468,20 @@ class StoreTier:
                 return
             record.disk_bytes = du(pull.directory)
             _Published(objects=dict(enumerate(pull.stored.objects)), stored=True).save(
-                pull.directory / STATE_FILE)
+                pull.directory / STATE_FILE
+            )
             write_atomic(pull.directory / "manifest.json", record.to_json())
             (pull.directory / PULLING_FILE).unlink(missing_ok=True)
             del self._pulls[name]
-            self._status[name] = StoreStatus(STORED, record.disk_bytes, record.disk_bytes,
-                                             len(record.shards))
+            self._status[name] = StoreStatus(
+                STORED, record.disk_bytes, record.disk_bytes, len(record.shards)
+            )
         self._capacity.release(name)
-        log.info("pulled cache %r from %s: %d shards, %d bytes in %.1f s", name, self.bucket,
-                 len(pull.stored.objects), pull.stored.size, time.monotonic() - pull.started)
+        log.info(
+            "pulled cache %r from %s: %d shards, %d bytes in %.1f s",
+            name,
+            self.bucket,
+            len(pull.stored.objects),
+            pull.stored.size,
+            time.monotonic() - pull.started,
+        )

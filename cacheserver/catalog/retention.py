@@ -41,8 +41,7 @@ class Retention:
 class RetentionBook:
     """Retention of every cache plus who is reading what (thread-safe)."""
 
-    def __init__(self, caches_dir: Path,
-                 write: Callable[[Path, str, bool], None]) -> None:
+    def __init__(self, caches_dir: Path, write: Callable[[Path, str, bool], None]) -> None:
         self._dir = caches_dir
         self._write = write
         self._lock = threading.Lock()

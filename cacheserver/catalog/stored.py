@@ -67,19 +67,25 @@ class StoredCache:
         return sum(o.size for o in self.objects)
 
     def to_doc(self) -> dict:
-        return {"format": FORMAT, "cache": json.loads(self.record.to_json()),
-                "objects": [asdict(o) for o in self.objects]}
+        return {
+            "format": FORMAT,
+            "cache": json.loads(self.record.to_json()),
+            "objects": [asdict(o) for o in self.objects],
+        }
 
     @classmethod
     def from_doc(cls, name: str, doc: object) -> StoredCache:
         """Parse and check a stored manifest; ValueError saying what is wrong."""
         try:
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-                raise ValueError("not a manifest of format 1: upgrade shardcache or rebuild "
-                                 "the cache")
+                raise ValueError(
+                    "not a manifest of format 1: upgrade shardcache or rebuild the cache"
+                )
             record = CacheRecord.from_json(json.dumps(doc["cache"]))
-            objects = [StoredObject(str(o["key"]), int(o["size"]), str(o["sha256"]))
-                       for o in doc["objects"]]
+            objects = [
+                StoredObject(str(o["key"]), int(o["size"]), str(o["sha256"]))
+                for o in doc["objects"]
+            ]
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{type(exc).__name__}: {exc}") from None
         if record.name != name or record.state != "READY":
@@ -87,8 +93,12 @@ class StoredCache:
         if len(objects) != len(record.shards):
             raise ValueError(f"{len(record.shards)} shards but {len(objects)} objects")
         for o in objects:
-            if not o.key.startswith(f"{name}/objects/") or ".." in o.key \
-                    or not _HEX.fullmatch(o.sha256) or o.size < 0:
+            if (
+                not o.key.startswith(f"{name}/objects/")
+                or ".." in o.key
+                or not _HEX.fullmatch(o.sha256)
+                or o.size < 0
+            ):
                 raise ValueError(f"object {o.key[:200]!r} is not one of the cache's objects")
         return cls(record, objects)
 
@@ -103,20 +113,29 @@ class ShardMarker:
     element_spec: bytes
 
     def to_doc(self) -> dict:
-        return {"shard": asdict(self.shard), "object": asdict(self.object),
-                "layout_json": self.layout_json, "element_spec": self.element_spec.hex()}
+        return {
+            "shard": asdict(self.shard),
+            "object": asdict(self.object),
+            "layout_json": self.layout_json,
+            "element_spec": self.element_spec.hex(),
+        }
 
     @classmethod
     def from_doc(cls, doc: dict) -> ShardMarker:
         try:
-            return cls(ShardInfo(**doc["shard"]), StoredObject(**doc["object"]),
-                       str(doc["layout_json"]), bytes.fromhex(doc["element_spec"]))
+            return cls(
+                ShardInfo(**doc["shard"]),
+                StoredObject(**doc["object"]),
+                str(doc["layout_json"]),
+                bytes.fromhex(doc["element_spec"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"unreadable shard marker: {type(exc).__name__}: {exc}") from None
 
 
-def assemble(name: str, fingerprint: str, markers: list[ShardMarker],
-             create_time: float, commit_time: float) -> StoredCache:
+def assemble(
+    name: str, fingerprint: str, markers: list[ShardMarker], create_time: float, commit_time: float
+) -> StoredCache:
     """The manifest of an Indexed Job's cache from its shards' markers, in shard order."""
     if not markers:
         raise ValueError("no shards")
@@ -130,7 +149,15 @@ def assemble(name: str, fingerprint: str, markers: list[ShardMarker],
     layouts = {m.layout_json for m in nonempty}
     if len(layouts) != 1:
         raise ValueError(f"shards disagree on the element layout: {sorted(layouts)[:2]}")
-    record = CacheRecord(name, fingerprint, nonempty[0].layout_json, nonempty[0].element_spec,
-                         "READY", create_time, commit_time, shards,
-                         sum(m.object.size for m in markers)).check()
+    record = CacheRecord(
+        name,
+        fingerprint,
+        nonempty[0].layout_json,
+        nonempty[0].element_spec,
+        "READY",
+        create_time,
+        commit_time,
+        shards,
+        sum(m.object.size for m in markers),
+    ).check()
     return StoredCache(record, [m.object for m in markers])

@@ -24,8 +24,14 @@ from client.wire.status import InvalidArgument
 class WriteSession:
     """One writer's lease on a WRITING cache: append, then finish or abort."""
 
-    def __init__(self, record: CacheRecord, directory: Path, shard_bytes: int,
-                 capacity: Capacity, release: Callable[[WriteSession, bool], None]) -> None:
+    def __init__(
+        self,
+        record: CacheRecord,
+        directory: Path,
+        shard_bytes: int,
+        capacity: Capacity,
+        release: Callable[[WriteSession, bool], None],
+    ) -> None:
         self.record = record
         self._capacity = capacity
         self._release = release  # the catalog's: frees the reservation, forgets an abort
@@ -49,8 +55,13 @@ class WriteSession:
         writer, self._writer = self._writer, None
         assert writer is not None
         writer.commit()
-        shard = ShardInfo(len(self.record.shards), self.record.num_elements,
-                          writer.num_elements, writer.stored_bytes, writer.raw_bytes)
+        shard = ShardInfo(
+            len(self.record.shards),
+            self.record.num_elements,
+            writer.num_elements,
+            writer.stored_bytes,
+            writer.raw_bytes,
+        )
         self.record.add_shard(self._dir, shard)
 
     def stage(self) -> Path:
@@ -61,10 +72,17 @@ class WriteSession:
     def adopt(self, shards: Sequence[direct_writes.StagedShard]) -> None:
         """Check the client's staged shards and take them as this cache's shards."""
         if self._staging is None or self._writer is not None or self.record.shards:
-            raise InvalidArgument("staged shards can only commit a write begun with "
-                                  "WriteBegin.local that sent no chunks")
-        direct_writes.adopt(self.record, self._dir, self._staging, shards, lambda n: (
-            self._capacity.reserve(self.record.name, n, written=True)))
+            raise InvalidArgument(
+                "staged shards can only commit a write begun with "
+                "WriteBegin.local that sent no chunks"
+            )
+        direct_writes.adopt(
+            self.record,
+            self._dir,
+            self._staging,
+            shards,
+            lambda n: self._capacity.reserve(self.record.name, n, written=True),
+        )
 
     @property
     def num_elements(self) -> int:
@@ -79,9 +97,10 @@ class WriteSession:
         """
         short = self.num_elements - num_elements
         if not 0 <= short < self._k or (short and self._writer is None):
-            raise InvalidArgument(f"writer says {num_elements} elements, sent "
-                                  f"{self.num_elements}" + (
-                                      f" in blocks of {self._k}" if self._k > 1 else ""))
+            raise InvalidArgument(
+                f"writer says {num_elements} elements, sent "
+                f"{self.num_elements}" + (f" in blocks of {self._k}" if self._k > 1 else "")
+            )
         if self._writer is not None:
             self._writer.num_elements -= short
             self._commit_shard()

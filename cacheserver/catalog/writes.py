@@ -52,19 +52,27 @@ class CacheWrite:
     def give_up(self, why: str) -> None:
         """The writer failed on its side: the write is discarded when the block ends."""
         self._drain()
-        log.warning("the writer of cache %r gave up: %s", self.session.record.name,
-                    shown(why, 1000))
+        log.warning(
+            "the writer of cache %r gave up: %s", self.session.record.name, shown(why, 1000)
+        )
 
     def commit(self, num_elements: int, staged: Sequence[StagedShard] = ()) -> CacheRecord:
         """Store what is in flight, adopt the shards a direct writer wrote, commit."""
         self._drain()
         if staged:
             self.session.adopt(list(staged))
-            log.info("cache %r: checked and adopted %d shards its direct writer wrote",
-                     self.session.record.name, len(self.session.record.shards))
+            log.info(
+                "cache %r: checked and adopted %d shards its direct writer wrote",
+                self.session.record.name,
+                len(self.session.record.shards),
+            )
         record = self.session.finish(num_elements)
-        log.info("committed cache %r: %d elements in %d shards", record.name,
-                 record.num_elements, len(record.shards))
+        log.info(
+            "committed cache %r: %d elements in %d shards",
+            record.name,
+            record.num_elements,
+            len(record.shards),
+        )
         return record
 
     def _store(self, values: list[memoryview], raw_bytes: int, nbytes: int) -> None:
@@ -84,6 +92,9 @@ class CacheWrite:
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True)
         if self.session.record.state != "READY":
-            log.warning("write of cache %r ended before it was committed; discarded "
-                        "%d elements", self.session.record.name, self.session.num_elements)
+            log.warning(
+                "write of cache %r ended before it was committed; discarded %d elements",
+                self.session.record.name,
+                self.session.num_elements,
+            )
         self.session.abort()

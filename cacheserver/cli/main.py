@@ -14,14 +14,20 @@ import click
 from cacheserver import __version__, config
 from client import CacheClient, ShardcacheError
 
-TARGET_HELP = ("daemon address: HOST:PORT or unix:///path.sock "
-               "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]")
+TARGET_HELP = (
+    "daemon address: HOST:PORT or unix:///path.sock "
+    "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]"
+)
 
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        doc = {"time": round(record.created, 3), "level": record.levelname,
-               "logger": record.name, "message": record.getMessage()}
+        doc = {
+            "time": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         doc.update(getattr(record, "fields", {}))
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
@@ -30,8 +36,11 @@ class _JsonFormatter(logging.Formatter):
 
 def _setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
@@ -46,10 +55,15 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, envvar="CACHESERVER_CONFIG",
-              help="TOML file of settings (keys as in docs/operations.md); flags and "
-                   "CACHESERVER_* variables override it. [env: CACHESERVER_CONFIG]")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="CACHESERVER_CONFIG",
+    help="TOML file of settings (keys as in docs/operations.md); flags and "
+    "CACHESERVER_* variables override it. [env: CACHESERVER_CONFIG]",
+)
 @config.click_options
 def serve(config_file: Path | None, **flags: object) -> None:
     """Run the daemon until SIGTERM/SIGINT, then drain streams and exit 0; SIGHUP rereads
@@ -85,8 +99,15 @@ def serve(config_file: Path | None, **flags: object) -> None:
     values["materialize_allow"] = list(values["materialize_allow"])
     try:
         server = CacheServer(ServerConfig(**values))
-    except (ListenError, LimitsError, DataDirError, SecurityConfigError, MetricsListenError,
-            StoreError, OSError) as exc:
+    except (
+        ListenError,
+        LimitsError,
+        DataDirError,
+        SecurityConfigError,
+        MetricsListenError,
+        StoreError,
+        OSError,
+    ) as exc:
         raise click.ClickException(str(exc)) from exc
     server.run_until_signal()
 
@@ -111,37 +132,50 @@ def _size(n: float) -> str:
 
 
 @main.command("ls")
-@click.option("--store", is_flag=True,
-              help="List what the daemon's object store holds instead (serve --store).")
+@click.option(
+    "--store",
+    is_flag=True,
+    help="List what the daemon's object store holds instead (serve --store).",
+)
 @click.option("--target", default=None, help=TARGET_HELP)
 def ls_(store: bool, target: str | None) -> None:
     """List the daemon's caches (STORE: where each stands in its object store)."""
     with _client(target) as cc:
         caches = _run(lambda: cc.list(store=store))
     if store:
-        click.echo(f"{'NAME':<32} {'ELEMENTS':>12} {'SHARDS':>6} {'STORED':>11} "
-                   f"{'COMMITTED':<19} ON THIS DAEMON")
+        click.echo(
+            f"{'NAME':<32} {'ELEMENTS':>12} {'SHARDS':>6} {'STORED':>11} "
+            f"{'COMMITTED':<19} ON THIS DAEMON"
+        )
         for c in caches:
             here = "no" if c.store_state == "REMOTE" else _store(c)
-            click.echo(f"{c.name:<32} {c.num_elements:>12,} {c.num_shards:>6} "
-                       f"{_size(c.store_total_bytes or c.disk_bytes):>11} "
-                       f"{_when(c.commit_time):<19} {here}")
+            click.echo(
+                f"{c.name:<32} {c.num_elements:>12,} {c.num_shards:>6} "
+                f"{_size(c.store_total_bytes or c.disk_bytes):>11} "
+                f"{_when(c.commit_time):<19} {here}"
+            )
         return
-    click.echo(f"{'NAME':<32} {'STATE':<8} {'ELEMENTS':>12} {'SHARDS':>6} {'ON DISK':>11} "
-               f"RATIO  {'LAST READ':<19} {'HITS':>6} RETENTION"
-               + ("  STORE" if any(c.store_state for c in caches) else ""))
+    click.echo(
+        f"{'NAME':<32} {'STATE':<8} {'ELEMENTS':>12} {'SHARDS':>6} {'ON DISK':>11} "
+        f"RATIO  {'LAST READ':<19} {'HITS':>6} RETENTION"
+        + ("  STORE" if any(c.store_state for c in caches) else "")
+    )
     for c in caches:
-        click.echo(f"{c.name:<32} {c.state:<8} {c.num_elements:>12,} {c.num_shards:>6} "
-                   f"{_size(c.disk_bytes):>11} {c.compression_ratio:.2f}x "
-                   f"{_when(c.last_read_time):<19} {c.hits:>6} {_retention(c)}"
-                   + (f"  {_store(c)}" if c.store_state else ""))
+        click.echo(
+            f"{c.name:<32} {c.state:<8} {c.num_elements:>12,} {c.num_shards:>6} "
+            f"{_size(c.disk_bytes):>11} {c.compression_ratio:.2f}x "
+            f"{_when(c.last_read_time):<19} {c.hits:>6} {_retention(c)}"
+            + (f"  {_store(c)}" if c.store_state else "")
+        )
 
 
 def _store(c) -> str:
     """A cache's place in the object store: STORED, PUBLISHING 40% (12.0 MiB of 30.0 MiB)..."""
     if c.store_state in ("PUBLISHING", "PULLING") and c.store_total_bytes:
-        return (f"{c.store_state} {100 * c.store_done_bytes // c.store_total_bytes}% "
-                f"({_size(c.store_done_bytes)} of {_size(c.store_total_bytes)})")
+        return (
+            f"{c.store_state} {100 * c.store_done_bytes // c.store_total_bytes}% "
+            f"({_size(c.store_done_bytes)} of {_size(c.store_total_bytes)})"
+        )
     return c.store_state
 
 
@@ -153,12 +187,18 @@ def info(name: str, target: str | None) -> None:
     with _client(target) as cc:
         c = _run(lambda: cc.info(name))
     rows = [
-        ("name", c.name), ("state", c.state), ("elements", f"{c.num_elements:,}"),
-        ("shards", c.num_shards), ("on disk", _size(c.disk_bytes)),
+        ("name", c.name),
+        ("state", c.state),
+        ("elements", f"{c.num_elements:,}"),
+        ("shards", c.num_shards),
+        ("on disk", _size(c.disk_bytes)),
         ("records", f"{_size(c.raw_bytes)} raw, {_size(c.stored_bytes)} stored"),
-        ("compression", f"{c.compression_ratio:.2f}x"), ("fingerprint", c.fingerprint),
+        ("compression", f"{c.compression_ratio:.2f}x"),
+        ("fingerprint", c.fingerprint),
         ("created", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.create_time))),
-        ("last read", _when(c.last_read_time)), ("hits", c.hits), ("retention", _retention(c)),
+        ("last read", _when(c.last_read_time)),
+        ("hits", c.hits),
+        ("retention", _retention(c)),
         ("direct", f"{c.direct_leases} leases now, {c.direct_reads} passes since start"),
     ]
     if c.store_state:
@@ -170,17 +210,24 @@ def info(name: str, target: str | None) -> None:
 
 def _cost(c) -> str:
     """What a cache's store calls cost since the daemon started: GET 8, PUT 9; 6.0 MiB in."""
-    asked = ", ".join(f"{op} {c.store_requests[op]:,}" for op in
-                      ("GET", "PUT", "HEAD", "LIST", "DELETE") if c.store_requests.get(op))
-    return (f"{asked or 'no requests'}; {_size(c.store_bytes_in)} in, "
-            f"{_size(c.store_bytes_out)} out (this daemon, since it started)")
+    asked = ", ".join(
+        f"{op} {c.store_requests[op]:,}"
+        for op in ("GET", "PUT", "HEAD", "LIST", "DELETE")
+        if c.store_requests.get(op)
+    )
+    return (
+        f"{asked or 'no requests'}; {_size(c.store_bytes_in)} in, "
+        f"{_size(c.store_bytes_out)} out (this daemon, since it started)"
+    )
 
 
 @main.command()
 @click.argument("names", nargs=-1, required=True)
-@click.option("--store", is_flag=True,
-              help="Also remove them from the daemon's object store: no daemon finds them "
-                   "there any more.")
+@click.option(
+    "--store",
+    is_flag=True,
+    help="Also remove them from the daemon's object store: no daemon finds them there any more.",
+)
 @click.option("--target", default=None, help=TARGET_HELP)
 def rm(names: tuple[str, ...], store: bool, target: str | None) -> None:
     """Delete caches and their files on the daemon (with --store, in the object store too).
@@ -190,8 +237,11 @@ def rm(names: tuple[str, ...], store: bool, target: str | None) -> None:
     with _client(target) as cc:
         for name in names:
             local, stored = _run(lambda: cc.delete(name, store=store))  # noqa: B023
-            where = " and ".join(w for w, done in (("this daemon's copy", local),
-                                                   ("the stored copy", stored)) if done)
+            where = " and ".join(
+                w
+                for w, done in (("this daemon's copy", local), ("the stored copy", stored))
+                if done
+            )
             kept = "" if store else _kept_in_store(cc, name)
             click.echo(f"deleted {name}: {where}{kept}")
 
@@ -201,19 +251,36 @@ def _kept_in_store(cc, name: str) -> str:
         info = cc.info(name)
     except ShardcacheError:
         return ""
-    return "; the object store still holds it (rm --store removes it there)" \
-        if info.store_state == "REMOTE" else ""
+    return (
+        "; the object store still holds it (rm --store removes it there)"
+        if info.store_state == "REMOTE"
+        else ""
+    )
 
 
 @main.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the demo keeps its source images and its daemon's caches "
-                   "[default: $XDG_CACHE_HOME/shardcache/demo, else ~/.cache/shardcache/demo].")
-@click.option("--elements", type=click.IntRange(min=64), default=3000, show_default=True,
-              help="Images the demo pipeline generates and preprocesses.")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the demo keeps its source images and its daemon's caches "
+    "[default: $XDG_CACHE_HOME/shardcache/demo, else ~/.cache/shardcache/demo].",
+)
+@click.option(
+    "--elements",
+    type=click.IntRange(min=64),
+    default=3000,
+    show_default=True,
+    help="Images the demo pipeline generates and preprocesses.",
+)
 @click.option("--epochs", type=click.IntRange(min=2), default=3, show_default=True)
-@click.option("--image-size", type=click.IntRange(min=16), default=96, show_default=True,
-              help="Side of the square images after resize.")
+@click.option(
+    "--image-size",
+    type=click.IntRange(min=16),
+    default=96,
+    show_default=True,
+    help="Side of the square images after resize.",
+)
 def demo(data_dir: Path | None, elements: int, epochs: int, image_size: int) -> None:
     """Train a small Keras model through cc.cache(), then through ds.cache().
 

@@ -11,42 +11,82 @@ import click
 
 from client import CacheClient, MaterializeOperation, ShardcacheError
 
-TARGET_HELP = ("daemon address: HOST:PORT or unix:///path.sock "
-               "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]")
+TARGET_HELP = (
+    "daemon address: HOST:PORT or unix:///path.sock "
+    "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]"
+)
 
 
 @click.command()
 @click.argument("entry")
 @click.option("--name", required=True, help="Name of the cache to produce.")
-@click.option("--shards", type=int, required=True,
-              help="Number of shards; ENTRY is called once per shard.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Worker processes on the daemon [default: the daemon's core count].")
+@click.option(
+    "--shards", type=int, required=True, help="Number of shards; ENTRY is called once per shard."
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes on the daemon [default: the daemon's core count].",
+)
 @click.option("--target", default=None, help=TARGET_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace a READY cache of that name.")
-@click.option("--resume", is_flag=True,
-              help="Attach to this cache's running or interrupted materialization, keeping "
-                   "its committed shards (starts one when there is none).")
-@click.option("--block-bytes", type=click.IntRange(min=0), default=None,
-              help="Raw bytes per stored block of small fixed-shape elements; 0 stores one "
-                   "element per value, for caches read mostly with shuffle=True "
-                   "(docs/format.md) [default: $SHARDCACHE_BLOCK_BYTES, else 256 KiB].")
-@click.option("--no-wait", is_flag=True,
-              help="Print the operation's name and return at once.")
-@click.option("--store", default=None, metavar="s3://BUCKET/PREFIX",
-              help="Indexed Job mode: build this index's shards here and publish them to "
-                   "this object store, without a daemon.")
-@click.option("--store-endpoint", default=None, metavar="URL",
-              help="With --store: an S3-compatible server (http://minio:9000) instead of AWS.")
-@click.option("--index", type=click.IntRange(min=0), default=None,
-              help="With --store: this index ($JOB_COMPLETION_INDEX); it builds the shards s "
-                   "with s % INDEXES == INDEX.")
-@click.option("--indexes", type=click.IntRange(min=1), default=None,
-              help="With --store: the Job's completions (1 to --shards) [default: 1].")
-def materialize(entry: str, name: str, shards: int, workers: int | None, target: str | None,
-                overwrite: bool, resume: bool, block_bytes: int | None, no_wait: bool,
-                store: str | None, store_endpoint: str | None, index: int | None,
-                indexes: int | None) -> None:
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Attach to this cache's running or interrupted materialization, keeping "
+    "its committed shards (starts one when there is none).",
+)
+@click.option(
+    "--block-bytes",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Raw bytes per stored block of small fixed-shape elements; 0 stores one "
+    "element per value, for caches read mostly with shuffle=True "
+    "(docs/format.md) [default: $SHARDCACHE_BLOCK_BYTES, else 256 KiB].",
+)
+@click.option("--no-wait", is_flag=True, help="Print the operation's name and return at once.")
+@click.option(
+    "--store",
+    default=None,
+    metavar="s3://BUCKET/PREFIX",
+    help="Indexed Job mode: build this index's shards here and publish them to "
+    "this object store, without a daemon.",
+)
+@click.option(
+    "--store-endpoint",
+    default=None,
+    metavar="URL",
+    help="With --store: an S3-compatible server (http://minio:9000) instead of AWS.",
+)
+@click.option(
+    "--index",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --store: this index ($JOB_COMPLETION_INDEX); it builds the shards s "
+    "with s % INDEXES == INDEX.",
+)
+@click.option(
+    "--indexes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --store: the Job's completions (1 to --shards) [default: 1].",
+)
+def materialize(
+    entry: str,
+    name: str,
+    shards: int,
+    workers: int | None,
+    target: str | None,
+    overwrite: bool,
+    resume: bool,
+    block_bytes: int | None,
+    no_wait: bool,
+    store: str | None,
+    store_endpoint: str | None,
+    index: int | None,
+    indexes: int | None,
+) -> None:
     """Run ENTRY on the daemon, one shard per worker process, into cache NAME.
 
     ENTRY is "package.module:function", called as function(shard_index,
@@ -78,26 +118,43 @@ def materialize(entry: str, name: str, shards: int, workers: int | None, target:
         job_only = {"--index": index, "--indexes": indexes, "--store-endpoint": store_endpoint}
         given = [flag for flag, value in job_only.items() if value is not None]
         if given:
-            raise click.UsageError(f"{', '.join(given)} only work with --store "
-                                   "s3://BUCKET/PREFIX (Indexed Job mode)")
+            raise click.UsageError(
+                f"{', '.join(given)} only work with --store s3://BUCKET/PREFIX (Indexed Job mode)"
+            )
     else:
-        daemon_only = {"--workers": workers is not None, "--target": target is not None,
-                       "--overwrite": overwrite, "--resume": resume, "--no-wait": no_wait}
+        daemon_only = {
+            "--workers": workers is not None,
+            "--target": target is not None,
+            "--overwrite": overwrite,
+            "--resume": resume,
+            "--no-wait": no_wait,
+        }
         given = [flag for flag, on in daemon_only.items() if on]
         if given:
-            raise click.UsageError(f"{', '.join(given)} talk to a daemon; with --store this "
-                                   "command runs without one (drop them)")
+            raise click.UsageError(
+                f"{', '.join(given)} talk to a daemon; with --store this "
+                "command runs without one (drop them)"
+            )
         if index is None:
-            raise click.UsageError("--store needs --index (the Job's $JOB_COMPLETION_INDEX; "
-                                   "0 when it runs alone)")
-        _indexed(entry, name, shards, index, indexes or 1, store, store_endpoint or None,
-                 block_bytes)
+            raise click.UsageError(
+                "--store needs --index (the Job's $JOB_COMPLETION_INDEX; 0 when it runs alone)"
+            )
+        _indexed(
+            entry, name, shards, index, indexes or 1, store, store_endpoint or None, block_bytes
+        )
         return
     with CacheClient(target) as cc:
         try:
-            op = cc.materialize(entry, name, num_shards=shards, workers=workers,
-                                overwrite=overwrite, resume=resume, block_bytes=block_bytes,
-                                wait=False)
+            op = cc.materialize(
+                entry,
+                name,
+                num_shards=shards,
+                workers=workers,
+                overwrite=overwrite,
+                resume=resume,
+                block_bytes=block_bytes,
+                wait=False,
+            )
             assert isinstance(op, MaterializeOperation)
             if no_wait:
                 click.echo(op.name)
@@ -106,18 +163,33 @@ def materialize(entry: str, name: str, shards: int, workers: int | None, target:
         except ShardcacheError as exc:
             raise click.ClickException(str(exc)) from exc
         except KeyboardInterrupt:
-            click.echo(f"\nstopped watching; materialize/{name} goes on in the daemon (watch it "
-                       "again with --resume)", err=True)
+            click.echo(
+                f"\nstopped watching; materialize/{name} goes on in the daemon (watch it "
+                "again with --resume)",
+                err=True,
+            )
             raise SystemExit(130) from None
-    resumed = f", {progress.shards_resumed} kept from an interrupted run" \
-        if progress.shards_resumed else ""
-    click.echo(f"cache {name!r} READY: {progress.elements:,} elements in "
-               f"{progress.shards_total} shards{resumed}")
+    resumed = (
+        f", {progress.shards_resumed} kept from an interrupted run"
+        if progress.shards_resumed
+        else ""
+    )
+    click.echo(
+        f"cache {name!r} READY: {progress.elements:,} elements in "
+        f"{progress.shards_total} shards{resumed}"
+    )
 
 
-
-def _indexed(entry: str, name: str, shards: int, index: int, indexes: int, store: str,
-             endpoint: str | None, block_bytes: int | None) -> None:
+def _indexed(
+    entry: str,
+    name: str,
+    shards: int,
+    index: int,
+    indexes: int,
+    store: str,
+    endpoint: str | None,
+    block_bytes: int | None,
+) -> None:
     """One index of an Indexed Job: exit 0, 1 (a retry may cure it) or 3 (it will not)."""
     from cacheserver.materialize.indexed import IndexedJob, JobFailed, run
     from cacheserver.tier.bucket import StoreRefused
@@ -135,8 +207,11 @@ def _indexed(entry: str, name: str, shards: int, index: int, indexes: int, store
     except JobFailed as exc:
         _fail(f"index {index}: {exc}", 3 if exc.permanent else 1)
     except StoreUnavailable as exc:
-        _fail(f"index {index}: the object store cannot be reached: {exc}; the Job retries the "
-              "index (backoffLimitPerIndex), or check --store-endpoint and the network", 1)
+        _fail(
+            f"index {index}: the object store cannot be reached: {exc}; the Job retries the "
+            "index (backoffLimitPerIndex), or check --store-endpoint and the network",
+            1,
+        )
     except StoreRefused as exc:
         _fail(f"index {index}: {exc}", 3)
     except CacheServerError as exc:  # DataLoss of a stored document, DiskFull locally

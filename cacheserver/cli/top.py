@@ -36,15 +36,20 @@ def scrape(url: str, token: str = "") -> Samples:
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=10) as response:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=10
+        ) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError) as exc:
         raise click.ClickException(
             f"cannot read the daemon's metrics at {url}: {exc}; start it with "
-            "--metrics-listen HOST:PORT and pass --metrics http://HOST:PORT/metrics") from exc
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+            "--metrics-listen HOST:PORT and pass --metrics http://HOST:PORT/metrics"
+        ) from exc
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 @dataclass
@@ -96,17 +101,24 @@ def frame(before: Samples, after: Samples, seconds: float, caches: list[Any]) ->
     chunk_s = rate("shardcache_reader_chunk_seconds_total", _READER_KEYS)
     chunks = rate("shardcache_reader_chunks_total", _READER_KEYS)
     for key in sorted(_by_labels(after, "shardcache_reader_elements_total", _READER_KEYS)):
-        out.readers.append(Reader(
-            dict(zip(_READER_KEYS, key)), elements.get(key, 0.0), nbytes.get(key, 0.0),
-            min(1.0, stall.get(key, 0.0)),
-            1000 * chunk_s.get(key, 0.0) / chunks[key] if chunks.get(key) else 0.0))
+        out.readers.append(
+            Reader(
+                dict(zip(_READER_KEYS, key)),
+                elements.get(key, 0.0),
+                nbytes.get(key, 0.0),
+                min(1.0, stall.get(key, 0.0)),
+                1000 * chunk_s.get(key, 0.0) / chunks[key] if chunks.get(key) else 0.0,
+            )
+        )
     out.served_per_s = sum(rate("shardcache_read_bytes_total", ("plane",)).values())
     totals = {name: value for (name, labels), value in after.items() if not labels}
     out.disk_bytes = totals.get("shardcache_disk_bytes", 0.0)
     out.capacity_bytes = totals.get("shardcache_capacity_bytes", 0.0)
     out.free_bytes = totals.get("shardcache_disk_free_bytes", 0.0)
-    for name, label in (("shardcache_store_requests_total", "op"),
-                        ("shardcache_store_bytes_total", "direction")):
+    for name, label in (
+        ("shardcache_store_requests_total", "op"),
+        ("shardcache_store_bytes_total", "direction"),
+    ):
         into = out.store_requests if label == "op" else out.store_bytes
         per_s = rate(name, (label,))
         for labels, value in sorted(_by_labels(after, name, (label,)).items()):
@@ -129,10 +141,12 @@ def render(f: Frame, where: str) -> Any:
     from rich.text import Text
 
     head = Text.assemble(
-        ("shardcache top", "bold"), f"  {where}  {time.strftime('%H:%M:%S')}\n",
+        ("shardcache top", "bold"),
+        f"  {where}  {time.strftime('%H:%M:%S')}\n",
         f"served {_size(f.served_per_s)}/s   disk {_size(f.disk_bytes)}"
         + (f" of {_size(f.capacity_bytes)}" if f.capacity_bytes else "")
-        + f"   free {_size(f.free_bytes)}")
+        + f"   free {_size(f.free_bytes)}",
+    )
     readers = Table(title="readers", title_justify="left", expand=True)
     for column in ("TRAINING JOB", "RANK", "CACHE", "PATH"):
         readers.add_column(column)
@@ -140,50 +154,88 @@ def render(f: Frame, where: str) -> Any:
         readers.add_column(column, justify="right")
     for r in f.readers:
         style = "red" if r.stall >= 0.5 else "yellow" if r.stall >= 0.05 else ""
-        readers.add_row(*(r.labels[k] for k in _READER_KEYS), f"{r.elements_per_s:,.0f}",
-                        f"{_size(r.bytes_per_s)}/s", Text(f"{100 * r.stall:.0f}%", style),
-                        f"{r.chunk_ms:.1f} ms")
+        readers.add_row(
+            *(r.labels[k] for k in _READER_KEYS),
+            f"{r.elements_per_s:,.0f}",
+            f"{_size(r.bytes_per_s)}/s",
+            Text(f"{100 * r.stall:.0f}%", style),
+            f"{r.chunk_ms:.1f} ms",
+        )
     if not f.readers:
         readers.add_row("(no reader reported in the last 30 s)", "", "", "", "", "", "", "")
     caches = Table(title="caches", title_justify="left", expand=True)
     for column in ("NAME", "STATE", "ELEMENTS", "ON DISK", "HITS", "STORE"):
-        caches.add_column(column, justify="right" if column in ("ELEMENTS", "ON DISK", "HITS")
-                          else "left")
+        caches.add_column(
+            column, justify="right" if column in ("ELEMENTS", "ON DISK", "HITS") else "left"
+        )
     for c in f.caches:
-        caches.add_row(c.name, c.state, f"{c.num_elements:,}", _size(c.disk_bytes),
-                       str(c.hits), c.store_state or "-")
+        caches.add_row(
+            c.name,
+            c.state,
+            f"{c.num_elements:,}",
+            _size(c.disk_bytes),
+            str(c.hits),
+            c.store_state or "-",
+        )
     if not any(t for t, _ in f.store_requests.values()):
         return Group(head, readers, caches)
-    store = Table(title="object store (this daemon, since it started)", title_justify="left",
-                  expand=True)
+    store = Table(
+        title="object store (this daemon, since it started)", title_justify="left", expand=True
+    )
     for column in ("", *f.store_requests, *(f"BYTES {d.upper()}" for d in f.store_bytes)):
         store.add_column(column, justify="right")
     if f.store_requests:
-        store.add_row("total", *(f"{t:,.0f}" for t, _ in f.store_requests.values()),
-                      *(_size(t) for t, _ in f.store_bytes.values()))
-        store.add_row("per second", *(f"{r:,.1f}" for _, r in f.store_requests.values()),
-                      *(f"{_size(r)}/s" for _, r in f.store_bytes.values()))
+        store.add_row(
+            "total",
+            *(f"{t:,.0f}" for t, _ in f.store_requests.values()),
+            *(_size(t) for t, _ in f.store_bytes.values()),
+        )
+        store.add_row(
+            "per second",
+            *(f"{r:,.1f}" for _, r in f.store_requests.values()),
+            *(f"{_size(r)}/s" for _, r in f.store_bytes.values()),
+        )
     return Group(head, readers, caches, store)
 
 
 @click.command()
-@click.option("--metrics", "metrics_url", envvar=METRICS_ENV, default=DEFAULT_METRICS,
-              show_default=True,
-              help="The daemon's /metrics URL (serve --metrics-listen) [env: "
-                   f"{METRICS_ENV}].")
-@click.option("--target", default=None,
-              help="The daemon's address, for its caches: HOST:PORT or unix:///path.sock "
-                   "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051].")
-@click.option("--metrics-token-file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None,
-              help="File holding the token the daemon's /metrics asks for (serve "
-                   "--metrics-token-file). An https:// --metrics URL is checked against the "
-                   "system's CAs, or the bundle in $SSL_CERT_FILE.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between frames (and between the two scrapes of --once).")
+@click.option(
+    "--metrics",
+    "metrics_url",
+    envvar=METRICS_ENV,
+    default=DEFAULT_METRICS,
+    show_default=True,
+    help=f"The daemon's /metrics URL (serve --metrics-listen) [env: {METRICS_ENV}].",
+)
+@click.option(
+    "--target",
+    default=None,
+    help="The daemon's address, for its caches: HOST:PORT or unix:///path.sock "
+    "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051].",
+)
+@click.option(
+    "--metrics-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the token the daemon's /metrics asks for (serve "
+    "--metrics-token-file). An https:// --metrics URL is checked against the "
+    "system's CAs, or the bundle in $SSL_CERT_FILE.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between frames (and between the two scrapes of --once).",
+)
 @click.option("--once", is_flag=True, help="Print one frame and exit (no terminal needed).")
-def top(metrics_url: str, target: str | None, metrics_token_file: Path | None,
-        interval: float, once: bool) -> None:
+def top(
+    metrics_url: str,
+    target: str | None,
+    metrics_token_file: Path | None,
+    interval: float,
+    once: bool,
+) -> None:
     """A live view of a daemon: its readers (rates, input stall), caches, store transfers.
 
     A reader's STALL is the share of the time its training loop asked for data the
@@ -206,8 +258,9 @@ def top(metrics_url: str, target: str | None, metrics_token_file: Path | None,
     try:
         token = metrics_token_file.read_text().strip() if metrics_token_file else ""
     except OSError as exc:
-        raise click.ClickException(f"cannot read --metrics-token-file {metrics_token_file}: "
-                                   f"{exc.strerror}") from exc
+        raise click.ClickException(
+            f"cannot read --metrics-token-file {metrics_token_file}: {exc.strerror}"
+        ) from exc
     console = Console()
     with CacheClient(target, report=False) as cc:
         before, when = scrape(metrics_url, token), time.monotonic()
@@ -227,7 +280,9 @@ def top(metrics_url: str, target: str | None, metrics_token_file: Path | None,
                     while len(seen) > 2 and now - seen[1][0] >= WINDOW_S:
                         seen.popleft()
                     (when, before), (_, after) = seen[0], seen[-1]
-                    live.update(render(frame(before, after, now - when, caches(cc)),
-                                       metrics_url), refresh=True)
+                    live.update(
+                        render(frame(before, after, now - when, caches(cc)), metrics_url),
+                        refresh=True,
+                    )
             except KeyboardInterrupt:
                 pass

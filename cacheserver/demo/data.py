@@ -26,8 +26,10 @@ IMAGES_VERSION = 1
 _MEAN = (0.485, 0.456, 0.406)
 _STD = (0.229, 0.224, 0.225)
 
-INSTALL_HINT = ("pip install 'shardcache[tf-cpu]'  (or 'shardcache[tf]' for a GPU build), "
-                "or run `make demo` in a shardcache checkout, which sets up a virtualenv with it")
+INSTALL_HINT = (
+    "pip install 'shardcache[tf-cpu]'  (or 'shardcache[tf]' for a GPU build), "
+    "or run `make demo` in a shardcache checkout, which sets up a virtualenv with it"
+)
 
 
 class DemoError(click.ClickException):
@@ -49,8 +51,10 @@ def import_tf() -> tuple[Any, Any]:
         tf = importlib.import_module("tensorflow")  # first: keras 3 would import it anyway
         keras = importlib.import_module("keras")
     except ImportError as exc:
-        raise DemoError(f"the demo needs TensorFlow and Keras, which are not installed "
-                        f"({exc}).\nInstall them with: {INSTALL_HINT}") from None
+        raise DemoError(
+            f"the demo needs TensorFlow and Keras, which are not installed "
+            f"({exc}).\nInstall them with: {INSTALL_HINT}"
+        ) from None
     return tf, keras
 
 
@@ -83,69 +87,85 @@ def ensure_images(tf: Any, directory: Path, elements: int, source_size: int) -> 
 
     path = directory / f"synthetic-v{IMAGES_VERSION}-{elements}x{source_size}px.tfrecord"
     if path.exists():
-        click.echo(f"source: reusing {elements:,} PNG images ({human_size(path.stat().st_size)}) "
-                   f"in {path}")
+        click.echo(
+            f"source: reusing {elements:,} PNG images ({human_size(path.stat().st_size)}) in {path}"
+        )
         return path
     directory.mkdir(parents=True, exist_ok=True)
     for pattern in ("synthetic-*.tfrecord", ".synthetic-*.tmp"):  # other sizes, killed runs
         for stale in directory.glob(pattern):
             stale.unlink()
-    click.echo(f"source: generating {elements:,} PNG images of {source_size}x{source_size} "
-               f"into {path}")
+    click.echo(
+        f"source: generating {elements:,} PNG images of {source_size}x{source_size} into {path}"
+    )
     start = time.monotonic()
-    images = (tf.data.Dataset.range(elements)
-              .map(_synthetic_image(tf, source_size), num_parallel_calls=tf.data.AUTOTUNE,
-                   deterministic=True))
+    images = tf.data.Dataset.range(elements).map(
+        _synthetic_image(tf, source_size), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with tf.io.TFRecordWriter(str(tmp)) as writer, \
-                tqdm(total=elements, desc="generating images", unit="img", disable=None) as bar:
+        with (
+            tf.io.TFRecordWriter(str(tmp)) as writer,
+            tqdm(total=elements, desc="generating images", unit="img", disable=None) as bar,
+        ):
             for png, label in images.as_numpy_iterator():
-                example = tf.train.Example(features=tf.train.Features(feature={
-                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                }))
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
+                            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                        }
+                    )
+                )
                 writer.write(example.SerializeToString())
                 bar.update(1)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    click.echo(f"source: {human_size(path.stat().st_size)} written in "
-               f"{time.monotonic() - start:.1f}s")
+    click.echo(
+        f"source: {human_size(path.stat().st_size)} written in {time.monotonic() - start:.1f}s"
+    )
     return path
 
 
 def source_pipeline(tf: Any, path: Path, elements: int, image_size: int) -> Any:
     """The expensive part a cache saves: read, parse, decode_png, resize, normalize."""
-    features = {"image": tf.io.FixedLenFeature([], tf.string),
-                "label": tf.io.FixedLenFeature([], tf.int64)}
+    features = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
     mean, std = tf.constant(_MEAN), tf.constant(_STD)
 
     def preprocess(record: Any) -> tuple[Any, Any]:
         example = tf.io.parse_single_example(record, features)
         image = tf.io.decode_png(example["image"], channels=3)
         image = tf.image.convert_image_dtype(image, tf.float32)
-        image = tf.image.resize(image, (image_size, image_size), method="bicubic",
-                                antialias=True)
+        image = tf.image.resize(image, (image_size, image_size), method="bicubic", antialias=True)
         image = (tf.clip_by_value(image, 0.0, 1.0) - mean) / std
         return image, example["label"]
 
-    return (tf.data.TFRecordDataset(str(path))
-            .map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            .apply(tf.data.experimental.assert_cardinality(elements)))
+    return (
+        tf.data.TFRecordDataset(str(path))
+        .map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .apply(tf.data.experimental.assert_cardinality(elements))
+    )
 
 
 def build_model(keras: Any, image_size: int) -> Any:
     keras.utils.set_random_seed(0)  # both runs start from the same weights
-    model = keras.Sequential([
-        keras.Input((image_size, image_size, 3)),
-        keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
-        keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
-        keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
-        keras.layers.GlobalAveragePooling2D(),
-        keras.layers.Dense(NUM_CLASSES),
-    ])
-    model.compile(optimizer=keras.optimizers.Adam(2e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model = keras.Sequential(
+        [
+            keras.Input((image_size, image_size, 3)),
+            keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(NUM_CLASSES),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(2e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     return model

@@ -184,12 +184,22 @@ def _warm_up(tf: Any, keras: Any, image_size: int) -> None:
     """One tiny fit, so that TensorFlow's one-time start-up costs land in no epoch."""
     x = tf.zeros([BATCH_SIZE, image_size, image_size, 3])
     y = tf.zeros([BATCH_SIZE], tf.int64)
-    build_model(keras, image_size).fit(tf.data.Dataset.from_tensors((x, y)), epochs=1,
-                                       shuffle=False, verbose=0)
+    build_model(keras, image_size).fit(
+        tf.data.Dataset.from_tensors((x, y)), epochs=1, shuffle=False, verbose=0
+    )
 
 
-def _train(keras: Any, run: Run, dataset: Any, image_size: int, num_epochs: int,
-           sampler: RssSampler, notes: Notes, *, track_daemon: bool) -> None:
+def _train(
+    keras: Any,
+    run: Run,
+    dataset: Any,
+    image_size: int,
+    num_epochs: int,
+    sampler: RssSampler,
+    notes: Notes,
+    *,
+    track_daemon: bool,
+) -> None:
     """Fit a fresh model on dataset, printing one line per epoch."""
 
     class EpochReport(keras.callbacks.Callback):
@@ -202,19 +212,25 @@ def _train(keras: Any, run: Run, dataset: Any, image_size: int, num_epochs: int,
             seconds = time.perf_counter() - self._start
             peaks = sampler.peak("epoch")
             logs = logs or {}
-            e = Epoch(seconds, peaks[0], peaks[1] if track_daemon else 0,
-                      float(logs.get("loss", math.nan)), float(logs.get("accuracy", math.nan)))
+            e = Epoch(
+                seconds,
+                peaks[0],
+                peaks[1] if track_daemon else 0,
+                float(logs.get("loss", math.nan)),
+                float(logs.get("accuracy", math.nan)),
+            )
             run.epochs.append(e)
-            click.echo(f"  {run.label:<8}  epoch {epoch + 1}/{num_epochs}  {e.seconds:6.1f} s  "
-                       f"{run.elements / e.seconds:8,.0f} elements/s  "
-                       f"peak RssAnon {human_size(e.peak_kib * 1024):>10}  "
-                       f"loss {e.loss:.3f}  acc {e.accuracy:.3f}  {notes.end(epoch)}")
+            click.echo(
+                f"  {run.label:<8}  epoch {epoch + 1}/{num_epochs}  {e.seconds:6.1f} s  "
+                f"{run.elements / e.seconds:8,.0f} elements/s  "
+                f"peak RssAnon {human_size(e.peak_kib * 1024):>10}  "
+                f"loss {e.loss:.3f}  acc {e.accuracy:.3f}  {notes.end(epoch)}"
+            )
 
     run.start_kib = _rss_anon_kib()
     model = build_model(keras, image_size)
     try:
-        model.fit(dataset, epochs=num_epochs, shuffle=False, verbose=0,
-                  callbacks=[EpochReport()])
+        model.fit(dataset, epochs=num_epochs, shuffle=False, verbose=0, callbacks=[EpochReport()])
     except BaseException as exc:
         # Ctrl-C, SIGTERM or an error mid-epoch leaves this traceback holding a tf.data
         # iterator whose from_generator() call (cc.cache) may be in flight. Destroyed at
@@ -257,8 +273,16 @@ def _train_in_this_process(job: TrainJob) -> Run:
             ds, notes = cc.cache(source, name=job.name), DaemonNotes(cc, job.name)
         else:
             ds, notes = source.cache(), MemoryNotes()
-        _train(keras, run, ds.batch(BATCH_SIZE).prefetch(tf.data.AUTOTUNE), job.image_size,
-               job.epochs, sampler, notes, track_daemon=job.mode == "cc")
+        _train(
+            keras,
+            run,
+            ds.batch(BATCH_SIZE).prefetch(tf.data.AUTOTUNE),
+            job.image_size,
+            job.epochs,
+            sampler,
+            notes,
+            track_daemon=job.mode == "cc",
+        )
     return run
 
 
@@ -281,8 +305,10 @@ def _child_main(argv: list[str]) -> int:
 
 def run_child(job: TrainJob) -> Run:
     """Run one TrainJob in a child process (stdout shared) and return its Run."""
-    proc = subprocess.Popen([sys.executable, "-m", "cacheserver.demo.job",
-                             json.dumps(asdict(job))], stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cacheserver.demo.job", json.dumps(asdict(job))],
+        stdin=subprocess.DEVNULL,
+    )
     try:
         code = proc.wait()
     finally:

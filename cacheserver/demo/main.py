@@ -78,9 +78,13 @@ class DemoDaemon(DaemonProcess):
 
     def __init__(self, data_dir: Path) -> None:
         self.tmp_dir = _short_tempdir()
-        super().__init__(data_dir, [f"unix://{self.tmp_dir / 'cacheserver.sock'}"],
-                         data_dir / "daemon.log", ("--grace", str(DAEMON_GRACE_S)),
-                         new_session=True)
+        super().__init__(
+            data_dir,
+            [f"unix://{self.tmp_dir / 'cacheserver.sock'}"],
+            data_dir / "daemon.log",
+            ("--grace", str(DAEMON_GRACE_S)),
+            new_session=True,
+        )
         self.exit_code: int | None = None
 
     def __enter__(self) -> DemoDaemon:
@@ -127,34 +131,51 @@ def _print_table(runs: list[Run], dataset_bytes: int) -> None:
     for run in runs:
         first, rest = run.epochs[0], run.epochs[1:]
         mean = sum(e.seconds for e in rest) / len(rest)
-        rows.append((run.label,
-                     f"{first.seconds:.1f} s {run.elements / first.seconds:>8,.0f}/s",
-                     f"{mean:.1f} s {run.elements / mean:>8,.0f}/s",
-                     human_size(run.start_kib * 1024),
-                     human_size(run.peak_kib * 1024),
-                     human_size(run.daemon_peak_kib * 1024) if run.daemon_peak_kib else "-"))
+        rows.append(
+            (
+                run.label,
+                f"{first.seconds:.1f} s {run.elements / first.seconds:>8,.0f}/s",
+                f"{mean:.1f} s {run.elements / mean:>8,.0f}/s",
+                human_size(run.start_kib * 1024),
+                human_size(run.peak_kib * 1024),
+                human_size(run.daemon_peak_kib * 1024) if run.daemon_peak_kib else "-",
+            )
+        )
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     click.echo("")
     for row in (header, *rows):
         cells = [row[0].ljust(widths[0])]
         cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
         click.echo("  " + "   ".join(cells))
-    click.echo(f"  (each run in a fresh process; the preprocessed dataset is "
-               f"{human_size(dataset_bytes)}; RssAnon leaves out file-backed pages such as "
-               "LMDB's memory map)")
-    click.echo("  cc.cache's memory is bounded by prefetch_bytes (256 MiB by default) and the "
-               "batches in flight, whatever the dataset size;\n  ds.cache() holds the whole "
-               "dataset, so its peak grows with it (docs/benchmarks.md: 1x vs 4x the data)")
+    click.echo(
+        f"  (each run in a fresh process; the preprocessed dataset is "
+        f"{human_size(dataset_bytes)}; RssAnon leaves out file-backed pages such as "
+        "LMDB's memory map)"
+    )
+    click.echo(
+        "  cc.cache's memory is bounded by prefetch_bytes (256 MiB by default) and the "
+        "batches in flight, whatever the dataset size;\n  ds.cache() holds the whole "
+        "dataset, so its peak grows with it (docs/benchmarks.md: 1x vs 4x the data)"
+    )
 
 
 def _print_cache(info: Any, data_dir: Path) -> None:
     rows = [
-        ("name", info.name), ("state", info.state), ("elements", f"{info.num_elements:,}"),
-        ("shards", info.num_shards), ("on disk", human_size(info.disk_bytes)),
+        ("name", info.name),
+        ("state", info.state),
+        ("elements", f"{info.num_elements:,}"),
+        ("shards", info.num_shards),
+        ("on disk", human_size(info.disk_bytes)),
         ("records", f"{human_size(info.raw_bytes)} raw, {human_size(info.stored_bytes)} stored"),
-        ("compression", f"{info.compression_ratio:.2f}x (zstd)" + (
-            "; float32 pixels barely compress, so records are stored raw"
-            if info.compression_ratio < 1.05 else "")),
+        (
+            "compression",
+            f"{info.compression_ratio:.2f}x (zstd)"
+            + (
+                "; float32 pixels barely compress, so records are stored raw"
+                if info.compression_ratio < 1.05
+                else ""
+            ),
+        ),
         ("fingerprint", info.fingerprint),
         ("directory", data_dir / "caches" / info.name),
     ]
@@ -167,8 +188,9 @@ def _print_cache(info: Any, data_dir: Path) -> None:
 # ---------------------------------------------------------------------------- main
 
 
-def run_demo(*, data_dir: Path | None = None, elements: int = 3000, epochs: int = 3,
-             image_size: int = 96) -> None:
+def run_demo(
+    *, data_dir: Path | None = None, elements: int = 3000, epochs: int = 3, image_size: int = 96
+) -> None:
     """Run the whole demo; see the module docstring. Raises DemoError on failure."""
     if elements < 1 or epochs < 2 or image_size < 1:
         raise DemoError("the demo needs elements >= 1, epochs >= 2 and image_size >= 1")
@@ -180,16 +202,19 @@ def run_demo(*, data_dir: Path | None = None, elements: int = 3000, epochs: int 
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DemoError(f"cannot create the data directory {data_dir}: {exc}") from exc
-    click.echo(f"shardcache demo: {elements:,} images -> {image_size}x{image_size} float32, "
-               f"{epochs} epochs, batch {BATCH_SIZE}, TensorFlow {tf.__version__}")
+    click.echo(
+        f"shardcache demo: {elements:,} images -> {image_size}x{image_size} float32, "
+        f"{epochs} epochs, batch {BATCH_SIZE}, TensorFlow {tf.__version__}"
+    )
     click.echo(f"data directory: {data_dir}")
     images = ensure_images(tf, data_dir / "images", elements, image_size * SOURCE_SCALE)
     name = f"demo-{elements}x{image_size}px"
 
     with _signals_unwind(), DemoDaemon(data_dir) as daemon, CacheClient(daemon.target) as cc:
         assert daemon.proc is not None
-        click.echo(f"daemon: pid {daemon.proc.pid} serving {daemon.target} "
-                   f"(log: {daemon.log_path})")
+        click.echo(
+            f"daemon: pid {daemon.proc.pid} serving {daemon.target} (log: {daemon.log_path})"
+        )
         try:
             for earlier in cc.list():  # so that epoch 1 writes, and old sizes free their disk
                 if _DEMO_CACHE.fullmatch(earlier.name) and earlier.state == "READY":
@@ -198,19 +223,32 @@ def run_demo(*, data_dir: Path | None = None, elements: int = 3000, epochs: int 
             runs = []
             for mode, how in (("cc", f"cc.cache(ds, name={name!r})"), ("ds", "ds.cache()")):
                 click.echo("")
-                click.echo(f"training through {how} -> .batch({BATCH_SIZE})"
-                           ".prefetch(AUTOTUNE), in a fresh process:")
-                job = TrainJob(mode, daemon.target, name, str(images), elements, epochs,
-                               image_size, daemon.proc.pid,
-                               str(daemon.tmp_dir / f"result-{mode}.json"))
+                click.echo(
+                    f"training through {how} -> .batch({BATCH_SIZE})"
+                    ".prefetch(AUTOTUNE), in a fresh process:"
+                )
+                job = TrainJob(
+                    mode,
+                    daemon.target,
+                    name,
+                    str(images),
+                    elements,
+                    epochs,
+                    image_size,
+                    daemon.proc.pid,
+                    str(daemon.tmp_dir / f"result-{mode}.json"),
+                )
                 runs.append(run_child(job))
             info = cc.info(name)
             _print_table(runs, info.raw_bytes)
             _print_cache(info, data_dir)
         except ShardcacheError as exc:
-            raise DemoError(f"{type(exc).__name__}: {exc}\ndaemon log ({daemon.log_path}):\n"
-                            f"{daemon.log_tail()}") from exc
+            raise DemoError(
+                f"{type(exc).__name__}: {exc}\ndaemon log ({daemon.log_path}):\n{daemon.log_tail()}"
+            ) from exc
     click.echo("")
-    click.echo(f"daemon stopped (exit status {daemon.exit_code}); total "
-               f"{time.monotonic() - began:.0f}s. The cache stays in {data_dir}: "
-               f"`cacheserver serve --data-dir {data_dir}` serves it again.")
+    click.echo(
+        f"daemon stopped (exit status {daemon.exit_code}); total "
+        f"{time.monotonic() - began:.0f}s. The cache stays in {data_dir}: "
+        f"`cacheserver serve --data-dir {data_dir}` serves it again."
+    )

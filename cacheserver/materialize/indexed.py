@@ -88,17 +88,22 @@ class IndexedJob:
         StoreURL.parse(self.store)
         Policy.from_settings([self.entry_point])  # a name, not code
         if ":" not in self.entry_point:
-            raise InvalidArgument(f"entry point {self.entry_point!r} is not of the form "
-                                  "'package.module:function'")
+            raise InvalidArgument(
+                f"entry point {self.entry_point!r} is not of the form 'package.module:function'"
+            )
         if not 1 <= self.num_shards <= 10_000:
             raise InvalidArgument(f"--shards is {self.num_shards}; it must be 1 to 10,000")
         if not 1 <= self.indexes <= self.num_shards:
-            raise InvalidArgument(f"--indexes is {self.indexes}; it must be 1 to --shards "
-                                  f"({self.num_shards}): an index past the shard count would "
-                                  "have nothing to build")
+            raise InvalidArgument(
+                f"--indexes is {self.indexes}; it must be 1 to --shards "
+                f"({self.num_shards}): an index past the shard count would "
+                "have nothing to build"
+            )
         if not 0 <= self.index < self.indexes:
-            raise InvalidArgument(f"--index is {self.index}; it must be 0 to {self.indexes - 1} "
-                                  "(the Job's completion index, $JOB_COMPLETION_INDEX)")
+            raise InvalidArgument(
+                f"--index is {self.index}; it must be 0 to {self.indexes - 1} "
+                "(the Job's completion index, $JOB_COMPLETION_INDEX)"
+            )
 
 
 class _Report:
@@ -128,12 +133,16 @@ def run(job: IndexedJob, emit: Emit) -> bool:
     start = time.time()
     there = _stored(bucket, job)
     if there is not None:
-        emit(f"cache {job.name!r} is already in {bucket}: {len(there.objects)} shards, "
-             f"{there.record.num_elements:,} elements; nothing to do")
+        emit(
+            f"cache {job.name!r} is already in {bucket}: {len(there.objects)} shards, "
+            f"{there.record.num_elements:,} elements; nothing to do"
+        )
         return False
     mine = job.shards
-    emit(f"index {job.index}/{job.indexes}: shards {_ranges(mine)} of {job.num_shards} "
-         f"({job.fingerprint})")
+    emit(
+        f"index {job.index}/{job.indexes}: shards {_ranges(mine)} of {job.num_shards} "
+        f"({job.fingerprint})"
+    )
     published = _published(job, bucket)
     todo = [s for s in mine if s not in published]
     for s in sorted(set(mine) & published):
@@ -142,25 +151,33 @@ def run(job: IndexedJob, emit: Emit) -> bool:
         _build(job, bucket, todo, emit)
     published = _published(job, bucket)
     if len(published) < job.num_shards:
-        emit(f"index {job.index}/{job.indexes} done: {len(published)} of {job.num_shards} "
-             "shards published; the index that publishes the last one writes the manifest")
+        emit(
+            f"index {job.index}/{job.indexes} done: {len(published)} of {job.num_shards} "
+            "shards published; the index that publishes the last one writes the manifest"
+        )
         return False
     markers = _markers(job, bucket)
     try:
         cache = stored.assemble(job.name, job.fingerprint, markers, start, time.time())
         _same_spec(markers)
     except ValueError as exc:
-        raise JobFailed(f"cannot assemble cache {job.name!r} from its shards: {exc}; every "
-                        "shard must yield the same element_spec: fix the pipeline, remove the "
-                        f"job's markers (cacheserver rm --store {job.name}) and run the Job "
-                        "again", permanent=True) from None
+        raise JobFailed(
+            f"cannot assemble cache {job.name!r} from its shards: {exc}; every "
+            "shard must yield the same element_spec: fix the pipeline, remove the "
+            f"job's markers (cacheserver rm --store {job.name}) and run the Job "
+            "again",
+            permanent=True,
+        ) from None
     made = bucket.create(stored.manifest_key(job.name), cache.to_doc())
     if not made:  # another index assembled it first: the same shards, unless it is another cache
         cache = _stored(bucket, job) or cache
     _sweep(job, bucket, cache, markers, emit)
-    emit(f"cache {job.name!r} " + ("published" if made else "was published by another index")
-         + f": {cache.record.num_elements:,} elements in {job.num_shards} shards, "
-         f"{_size(cache.size)}: {bucket}/{stored.manifest_key(job.name)}")
+    emit(
+        f"cache {job.name!r} "
+        + ("published" if made else "was published by another index")
+        + f": {cache.record.num_elements:,} elements in {job.num_shards} shards, "
+        f"{_size(cache.size)}: {bucket}/{stored.manifest_key(job.name)}"
+    )
     return made
 
 
@@ -172,14 +189,19 @@ def _stored(bucket: Bucket, job: IndexedJob) -> StoredCache | None:
     try:
         cache = StoredCache.from_doc(job.name, doc)
     except ValueError as exc:
-        raise JobFailed(f"{bucket}/{stored.manifest_key(job.name)} is not a manifest shardcache "
-                        f"can read ({exc}); remove it (cacheserver rm --store {job.name}) and "
-                        "run the Job again", permanent=True) from None
+        raise JobFailed(
+            f"{bucket}/{stored.manifest_key(job.name)} is not a manifest shardcache "
+            f"can read ({exc}); remove it (cacheserver rm --store {job.name}) and "
+            "run the Job again",
+            permanent=True,
+        ) from None
     if cache.record.fingerprint != job.fingerprint:
-        raise JobFailed(f"the store already holds cache {job.name!r} built from "
-                        f"{cache.record.fingerprint!r}, not {job.fingerprint!r}: pick another "
-                        f"--name, or remove it first (cacheserver rm --store {job.name})",
-                        permanent=True)
+        raise JobFailed(
+            f"the store already holds cache {job.name!r} built from "
+            f"{cache.record.fingerprint!r}, not {job.fingerprint!r}: pick another "
+            f"--name, or remove it first (cacheserver rm --store {job.name})",
+            permanent=True,
+        )
     return cache
 
 
@@ -189,11 +211,17 @@ def _marker(job: IndexedJob, shard: int) -> str:
 
 def _build(job: IndexedJob, bucket: Bucket, shards: list[int], emit: Emit) -> None:
     """Build each shard locally with the worker's code, upload it, create its marker."""
-    spec = worker.Job(cache_dir=tempfile.mkdtemp(prefix=f"shardcache-{job.name}-"),
-                      num_shards=job.num_shards, entry_point=job.entry_point, graph_def=b"",
-                      element_spec=b"", pythonpath=(), parent_pid=0,
-                      block_bytes=job.block_bytes,
-                      policy=Policy.from_settings([job.entry_point]))
+    spec = worker.Job(
+        cache_dir=tempfile.mkdtemp(prefix=f"shardcache-{job.name}-"),
+        num_shards=job.num_shards,
+        entry_point=job.entry_point,
+        graph_def=b"",
+        element_spec=b"",
+        pythonpath=(),
+        parent_pid=0,
+        block_bytes=job.block_bytes,
+        policy=Policy.from_settings([job.entry_point]),
+    )
     upload = stored.new_upload()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
@@ -202,16 +230,25 @@ def _build(job: IndexedJob, bucket: Bucket, shards: list[int], emit: Emit) -> No
         except (worker.BadPipeline, CacheServerError) as exc:  # CacheServerError: import rules
             raise JobFailed(str(exc), permanent=True) from None
         except Exception as exc:  # the entry point's module raised while imported
-            raise JobFailed(f"importing entry point {job.entry_point!r} raised "
-                            f"{type(exc).__name__}: {exc}", permanent=False) from exc
+            raise JobFailed(
+                f"importing entry point {job.entry_point!r} raised {type(exc).__name__}: {exc}",
+                permanent=False,
+            ) from exc
         for s in shards:
             _one_shard(job, spec, source, bucket, upload, s, emit)
     finally:
         shutil.rmtree(spec.cache_dir, ignore_errors=True)
 
 
-def _one_shard(job: IndexedJob, spec: worker.Job, source: Any, bucket: Bucket, upload: str,
-               shard: int, emit: Emit) -> None:
+def _one_shard(
+    job: IndexedJob,
+    spec: worker.Job,
+    source: Any,
+    bucket: Bucket,
+    upload: str,
+    shard: int,
+    emit: Emit,
+) -> None:
     if bucket.get_json(_marker(job, shard)) is not None:  # another pod of this index ran
         emit(f"shard {shard}: skipped, already published")
         return
@@ -222,19 +259,27 @@ def _one_shard(job: IndexedJob, spec: worker.Job, source: Any, bucket: Bucket, u
         reason, message = worker._classify(exc, shard)
         raise JobFailed(message, permanent=reason == "INVALID_ARGUMENT") from exc
     elements, raw, stored_bytes = report.counts
-    emit(f"shard {shard}: built, {elements:,} elements, {_size(stored_bytes)} "
-         f"in {time.monotonic() - began:.1f}s")
+    emit(
+        f"shard {shard}: built, {elements:,} elements, {_size(stored_bytes)} "
+        f"in {time.monotonic() - began:.1f}s"
+    )
     directory = worker.shard_path(Path(spec.cache_dir), shard)
     obj = bucket.upload(directory / "data.mdb", stored.object_key(job.name, upload, shard))
     emit(f"shard {shard}: uploaded {obj.key} ({_size(obj.size)})")
-    marker = ShardMarker(ShardInfo(shard, 0, elements, stored_bytes, raw), obj,
-                         report.layout_json, report.element_spec)
+    marker = ShardMarker(
+        ShardInfo(shard, 0, elements, stored_bytes, raw),
+        obj,
+        report.layout_json,
+        report.element_spec,
+    )
     if bucket.create(_marker(job, shard), marker.to_doc()):
         emit(f"shard {shard}: published")
     else:
         bucket.delete([obj.key])
-        emit(f"shard {shard}: skipped, another attempt published it first (this attempt's "
-             "object deleted)")
+        emit(
+            f"shard {shard}: skipped, another attempt published it first (this attempt's "
+            "object deleted)"
+        )
     shutil.rmtree(directory, ignore_errors=True)
     worker.marker_path(Path(spec.cache_dir), shard).unlink(missing_ok=True)
 
@@ -256,8 +301,11 @@ def _markers(job: IndexedJob, bucket: Bucket) -> list[ShardMarker]:
                 raise ValueError("it is gone (removed while this index ran?)")
             out.append(ShardMarker.from_doc(doc))
         except ValueError as exc:
-            raise JobFailed(f"{bucket}/{_marker(job, s)}: {exc}; remove it and run index "
-                            f"{s % job.indexes} again", permanent=True) from None
+            raise JobFailed(
+                f"{bucket}/{_marker(job, s)}: {exc}; remove it and run index "
+                f"{s % job.indexes} again",
+                permanent=True,
+            ) from None
     return out
 
 
@@ -268,8 +316,9 @@ def _same_spec(markers: list[ShardMarker]) -> None:
         raise ValueError("shards disagree on the element_spec")
 
 
-def _sweep(job: IndexedJob, bucket: Bucket, cache: StoredCache, markers: list[ShardMarker],
-           emit: Emit) -> None:
+def _sweep(
+    job: IndexedJob, bucket: Bucket, cache: StoredCache, markers: list[ShardMarker], emit: Emit
+) -> None:
     """With the manifest in place: delete the objects that neither it nor a marker names.
 
     Those are uploads of attempts killed before their marker create. Any attempt still

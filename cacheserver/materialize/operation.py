@@ -20,8 +20,11 @@ from cacheserver.catalog.manifest import CacheRecord
 from cacheserver.materialize import worker
 from client.wire import status
 
-_CODES = {cls.reason: cls.code for cls in vars(status).values()
-          if isinstance(cls, type) and issubclass(cls, status.CacheServerError)}
+_CODES = {
+    cls.reason: cls.code
+    for cls in vars(status).values()
+    if isinstance(cls, type) and issubclass(cls, status.CacheServerError)
+}
 
 
 def operation_name(cache: str) -> str:
@@ -55,9 +58,19 @@ class Spec:
         return cls(**doc)
 
     def same_source(self, other: Spec) -> bool:
-        return (self.entry_point, self.graph_def, self.num_shards, self.fingerprint,
-                self.block_bytes) == (other.entry_point, other.graph_def, other.num_shards,
-                                      other.fingerprint, other.block_bytes)
+        return (
+            self.entry_point,
+            self.graph_def,
+            self.num_shards,
+            self.fingerprint,
+            self.block_bytes,
+        ) == (
+            other.entry_point,
+            other.graph_def,
+            other.num_shards,
+            other.fingerprint,
+            other.block_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -159,12 +172,25 @@ class Operation:
             if self.done:
                 eta = 0.0
             return Snapshot(
-                self.name, self.record.name, self.state, self.done, self.spec.num_shards,
-                len(self.committed), self.resumed, sum(s.elements for s in shards),
-                sum(s.raw_bytes for s in shards), sum(s.stored_bytes for s in shards),
+                self.name,
+                self.record.name,
+                self.state,
+                self.done,
+                self.spec.num_shards,
+                len(self.committed),
+                self.resumed,
+                sum(s.elements for s in shards),
+                sum(s.raw_bytes for s in shards),
+                sum(s.stored_bytes for s in shards),
                 sum(s.stored_bytes for s in fresh) / elapsed,
-                sum(s.elements for s in fresh) / elapsed, eta, self.start_time,
-                self.end_time, self.workers, tuple(self.shard_errors), self.error)
+                sum(s.elements for s in fresh) / elapsed,
+                eta,
+                self.start_time,
+                self.end_time,
+                self.workers,
+                tuple(self.shard_errors),
+                self.error,
+            )
 
 
 def committed_shard(directory: Path, index: int) -> ShardProgress | None:
@@ -173,8 +199,13 @@ def committed_shard(directory: Path, index: int) -> ShardProgress | None:
         return None
     try:
         doc = json.loads(marker.read_text())
-        return ShardProgress(doc["num_elements"], doc["raw_bytes"], doc["stored_bytes"],
-                             doc["layout_json"], base64.b64decode(doc["element_spec"]))
+        return ShardProgress(
+            doc["num_elements"],
+            doc["raw_bytes"],
+            doc["stored_bytes"],
+            doc["layout_json"],
+            base64.b64decode(doc["element_spec"]),
+        )
     except (OSError, ValueError, KeyError):
         return None
 
@@ -183,8 +214,7 @@ def graph_fingerprint(graph_def: bytes) -> str:
     return f"graph:{hashlib.sha256(graph_def).hexdigest()[:16]}"
 
 
-def source_fingerprint(entry_point: str, graph_def: bytes, num_shards: int,
-                       given: str = "") -> str:
+def source_fingerprint(entry_point: str, graph_def: bytes, num_shards: int, given: str = "") -> str:
     """A materialized cache's fingerprint: its source's (given, else the entry point's or
     the graph's) and its shard count, which orders the elements."""
     source = given or (f"entry:{entry_point}" if entry_point else graph_fingerprint(graph_def))

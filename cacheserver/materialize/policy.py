@@ -25,8 +25,7 @@ from client.wire.status import MaterializeNotAllowed
 _IDENT = r"[A-Za-z_]\w*"
 #: A module or package (``a.b``) or one entry point (``a.b:fn``).
 PATTERN_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*(:{_IDENT}(\.{_IDENT})*)?")
-_RISK = ("allow only code you trust: it runs as the daemon's user, with the daemon's file "
-         "access")
+_RISK = "allow only code you trust: it runs as the daemon's user, with the daemon's file access"
 
 
 def split_patterns(values: Iterable[str]) -> tuple[str, ...]:
@@ -38,8 +37,10 @@ def split_patterns(values: Iterable[str]) -> tuple[str, ...]:
             if not item:
                 continue
             if not PATTERN_RE.fullmatch(item):
-                raise ValueError(f"{item!r} is not a module or package name ('mypkg.pipelines')"
-                                 " nor an entry point ('mypkg.pipelines:train')")
+                raise ValueError(
+                    f"{item!r} is not a module or package name ('mypkg.pipelines')"
+                    " nor an entry point ('mypkg.pipelines:train')"
+                )
             out.append(item)
     return tuple(dict.fromkeys(out))
 
@@ -56,8 +57,7 @@ class Policy:
     shipped_pipelines: bool = False
 
     @classmethod
-    def from_settings(cls, allow: Iterable[str] = (), shipped_pipelines: bool = False
-                      ) -> Policy:
+    def from_settings(cls, allow: Iterable[str] = (), shipped_pipelines: bool = False) -> Policy:
         return cls(split_patterns(allow), bool(shipped_pipelines))
 
     def allows_entry_point(self, entry_point: str) -> bool:
@@ -84,13 +84,15 @@ class Policy:
                     "--allow-shipped-pipelines` (or CACHESERVER_ALLOW_SHIPPED_PIPELINES=true, "
                     "or allow_shipped_pipelines = true in its TOML file) only if every client "
                     "that can reach it is trusted, since a shipped pipeline reads any file the "
-                    "daemon can; or materialize an allowed entry point ('module:function')")
+                    "daemon can; or materialize an allowed entry point ('module:function')"
+                )
             return
         attrs = entry_point.partition(":")[2].split(".")
         if any(a.startswith("__") and a.endswith("__") for a in attrs):
             raise MaterializeNotAllowed(
                 f"entry point {entry_point!r} names a dunder attribute; name a function "
-                "defined in an allowed module ('module:function')")
+                "defined in an allowed module ('module:function')"
+            )
         if self.allows_entry_point(entry_point):
             return
         module = entry_point.partition(":")[0]
@@ -99,7 +101,8 @@ class Policy:
             f"entry point {entry_point!r} is not allowed on this daemon ({allowed}): the "
             f"operator can allow its module with `cacheserver serve --materialize-allow "
             f"{module}` (or CACHESERVER_MATERIALIZE_ALLOW={module}, or materialize_allow = "
-            f"[\"{module}\"] in its TOML file); {_RISK}")
+            f'["{module}"] in its TOML file); {_RISK}'
+        )
 
     def check_resolved(self, entry_point: str, fn: Any) -> None:
         """In the worker: the resolved function must be defined in an allowed module."""
@@ -110,4 +113,5 @@ class Policy:
         raise MaterializeNotAllowed(
             f"entry point {entry_point!r} resolves to {module or '?'}.{qualname}, which is "
             f"not defined in an allowed module ({', '.join(self.allow) or 'none'}); name a "
-            "function defined in the allowed module itself")
+            "function defined in the allowed module itself"
+        )

@@ -49,16 +49,18 @@ def supervise(op: Operation, catalog: Catalog, job: worker.Job) -> None:
             op.fail(OperationError(exc.reason, str(exc)))
     with op.cond:
         if op.state == "RUNNING":
-            op.fail(OperationError("INTERNAL", "the workers stopped with shards left; see "
-                                   "the daemon's log"))
+            op.fail(
+                OperationError(
+                    "INTERNAL", "the workers stopped with shards left; see the daemon's log"
+                )
+            )
         if op.state != "SUCCEEDED" and not op.shutting_down:
             catalog.discard_materialized(op.record)
         op.done, op.end_time = True, time.time()
         op.changed()
     metrics.MATERIALIZATIONS.labels(op.state).inc()
     level = logging.INFO if op.state == "SUCCEEDED" else logging.WARNING
-    log.log(level, "%s %s%s", op.name, op.state,
-            f": {op.error.message}" if op.error else "")
+    log.log(level, "%s %s%s", op.name, op.state, f": {op.error.message}" if op.error else "")
 
 
 def _commit(op: Operation, catalog: Catalog) -> None:
@@ -67,8 +69,7 @@ def _commit(op: Operation, catalog: Catalog) -> None:
     record.shards = []
     for index in range(op.spec.num_shards):
         s = op.committed[index]
-        record.shards.append(ShardInfo(index, first, s.elements, s.stored_bytes,
-                                       s.raw_bytes))
+        record.shards.append(ShardInfo(index, first, s.elements, s.stored_bytes, s.raw_bytes))
         first += s.elements
     assert op.reference is not None
     record.layout_json, record.element_spec = op.reference[1], op.reference[2]
@@ -94,9 +95,15 @@ def _run_workers(op: Operation, catalog: Catalog, job: worker.Job) -> None:
     count = min(op.workers, len(pending))
     for _ in range(count):
         tasks.put(None)
-    procs = [ctx.Process(target=worker.run, args=(job, w, tasks, results, op.stop),
-                         name=f"materialize-{op.record.name}-{w}", daemon=True)
-             for w in range(count)]
+    procs = [
+        ctx.Process(
+            target=worker.run,
+            args=(job, w, tasks, results, op.stop),
+            name=f"materialize-{op.record.name}-{w}",
+            daemon=True,
+        )
+        for w in range(count)
+    ]
     for p in procs:
         p.start()
     live, current = set(range(count)), dict[int, int]()
@@ -148,8 +155,7 @@ def _reserve(op: Operation, catalog: Catalog, stored: int) -> None:
             op.fail(OperationError(exc.reason, str(exc)))
 
 
-def _handle(op: Operation, msg: tuple[Any, ...], live: set[int],
-            current: dict[int, int]) -> None:
+def _handle(op: Operation, msg: tuple[Any, ...], live: set[int], current: dict[int, int]) -> None:
     kind, worker = msg[0], msg[1]
     with op.cond:
         if kind == "begin":
@@ -160,11 +166,15 @@ def _handle(op: Operation, msg: tuple[Any, ...], live: set[int],
                 op.reference = (shard, layout_json, spec)
             elif (layout_json, spec) != op.reference[1:]:
                 ref = op.reference
-                op.fail(OperationError(
-                    "INVALID_ARGUMENT",
-                    f"shard {shard} yields elements of another spec than shard {ref[0]}: "
-                    f"{leaves(layout_json)} vs {leaves(ref[1])}; every shard must yield "
-                    "the same element_spec", shard))
+                op.fail(
+                    OperationError(
+                        "INVALID_ARGUMENT",
+                        f"shard {shard} yields elements of another spec than shard {ref[0]}: "
+                        f"{leaves(layout_json)} vs {leaves(ref[1])}; every shard must yield "
+                        "the same element_spec",
+                        shard,
+                    )
+                )
             op.changed()
         elif kind == "progress":
             _, _, shard, n, raw, stored = msg
@@ -200,8 +210,10 @@ def _worker_died(w: int, code: int, shard: int) -> OperationError:
             how = f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             how = f"was killed by signal {-code}"
-        hint = ("; the pipeline may have killed it (os.kill, os.killpg reach only its own "
-                "worker) or the kernel did (out of memory? see dmesg)")
+        hint = (
+            "; the pipeline may have killed it (os.kill, os.killpg reach only its own "
+            "worker) or the kernel did (out of memory? see dmesg)"
+        )
     else:
         how, hint = f"exited with status {code}", "; the pipeline may have called sys.exit"
     return OperationError("PIPELINE_FAILED", f"worker process {w} {how} {where}{hint}", shard)

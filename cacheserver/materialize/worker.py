@@ -49,8 +49,10 @@ from client.format.blocks import BlockPacker, blocked, check_block_bytes, write_
 from client.format.store import ShardWriter
 from client.wire.status import CacheServerError
 
-ENTRY_HINT = ("put its directory on the daemon's path with `cacheserver serve --pythonpath DIR` "
-              "or the daemon's PYTHONPATH")
+ENTRY_HINT = (
+    "put its directory on the daemon's path with `cacheserver serve --pythonpath DIR` "
+    "or the daemon's PYTHONPATH"
+)
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ class _Source:
                 f"this daemon cannot materialize: its Python ({sys.executable}) has no "
                 f"TensorFlow ({type(exc).__name__}: {exc}); install shardcache[tf-cpu] "
                 "(or [tf]) beside the daemon, or run the image built with "
-                "EXTRAS=s3,tf-cpu (make image-tf, docs/deploy.md)") from exc
+                "EXTRAS=s3,tf-cpu (make image-tf, docs/deploy.md)"
+            ) from exc
 
         self._tf = tf
         self._job = job
@@ -133,9 +136,11 @@ class _Source:
             return self._graph_ds.shard(self._job.num_shards, shard)
         ds = self._fn(shard, self._job.num_shards)  # the pipeline's own errors propagate
         if not isinstance(ds, self._tf.data.Dataset):
-            raise BadPipeline(f"entry point {self._job.entry_point!r} returned "
-                              f"{type(ds).__module__}.{type(ds).__qualname__} for shard {shard}; "
-                              "it must return a tf.data.Dataset")
+            raise BadPipeline(
+                f"entry point {self._job.entry_point!r} returned "
+                f"{type(ds).__module__}.{type(ds).__qualname__} for shard {shard}; "
+                "it must return a tf.data.Dataset"
+            )
         return ds
 
 
@@ -144,24 +149,31 @@ def _resolve(entry_point: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise BadPipeline(f"cannot import entry point {entry_point!r} on the daemon's host "
-                          f"({type(exc).__name__}: {exc}); {ENTRY_HINT}") from exc
+        raise BadPipeline(
+            f"cannot import entry point {entry_point!r} on the daemon's host "
+            f"({type(exc).__name__}: {exc}); {ENTRY_HINT}"
+        ) from exc
     fn: Any = module
     for part in attr.split("."):
         try:
             fn = getattr(fn, part)
         except AttributeError:
-            raise BadPipeline(f"entry point {entry_point!r}: module {module_name!r} "
-                              f"({getattr(module, '__file__', '?')}) has no attribute "
-                              f"{attr!r}") from None
+            raise BadPipeline(
+                f"entry point {entry_point!r}: module {module_name!r} "
+                f"({getattr(module, '__file__', '?')}) has no attribute "
+                f"{attr!r}"
+            ) from None
     if not callable(fn):
-        raise BadPipeline(f"entry point {entry_point!r} is a {type(fn).__name__}, not a "
-                          "function; it must be fn(shard_index, num_shards) -> tf.data.Dataset")
+        raise BadPipeline(
+            f"entry point {entry_point!r} is a {type(fn).__name__}, not a "
+            "function; it must be fn(shard_index, num_shards) -> tf.data.Dataset"
+        )
     return fn
 
 
-def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: Any,
-                 should_stop: Any) -> None:
+def _write_shard(
+    job: Job, source: _Source, worker: int, shard: int, results: Any, should_stop: Any
+) -> None:
     from client.tf import convert
 
     cache_dir = Path(job.cache_dir)
@@ -170,8 +182,10 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
     shutil.rmtree(path, ignore_errors=True)  # an uncommitted leftover is redone from scratch
     ds = source.dataset(shard)
     if convert.cardinality_of(ds) == convert.INFINITE:
-        raise BadPipeline(f"shard {shard}'s dataset is infinite; drop the .repeat() from the "
-                          "pipeline (a cache holds one epoch)")
+        raise BadPipeline(
+            f"shard {shard}'s dataset is infinite; drop the .repeat() from the "
+            "pipeline (a cache holds one epoch)"
+        )
     spec = ds.element_spec
     layout = blocked(convert.layout_of(spec), check_block_bytes(job.block_bytes))
     fmt = convert.BatchFormat(spec, layout)
@@ -192,17 +206,24 @@ def _write_shard(job: Job, source: _Source, worker: int, shard: int, results: An
             store(*packer.add(batch, n))
         store(*packer.flush())
         writer.commit()
-        write_atomic(marker, json.dumps({
-            "index": shard, "num_elements": writer.num_elements,
-            "stored_bytes": writer.stored_bytes, "raw_bytes": writer.raw_bytes,
-            "layout_json": layout.to_json(),
-            "element_spec": base64.b64encode(spec_bytes).decode()}))
+        write_atomic(
+            marker,
+            json.dumps(
+                {
+                    "index": shard,
+                    "num_elements": writer.num_elements,
+                    "stored_bytes": writer.stored_bytes,
+                    "raw_bytes": writer.raw_bytes,
+                    "layout_json": layout.to_json(),
+                    "element_spec": base64.b64encode(spec_bytes).decode(),
+                }
+            ),
+        )
     except BaseException:
         writer.abort()  # releases the shard's space now
         marker.unlink(missing_ok=True)
         raise
-    results.put(("done", worker, shard, writer.num_elements, writer.raw_bytes,
-                 writer.stored_bytes))
+    results.put(("done", worker, shard, writer.num_elements, writer.raw_bytes, writer.stored_bytes))
 
 
 def _classify(exc: BaseException, shard: int) -> tuple[str, str]:

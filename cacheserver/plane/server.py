@@ -52,18 +52,26 @@ HELLO_TIMEOUT = 10.0
 class DataPlane:
     """The data port of one daemon: start(), then stop(grace) with the gRPC drain."""
 
-    def __init__(self, catalog: Catalog, leases: LeaseTable, address: str,
-                 tls: TlsMaterial | None, max_connections: int, per_client: int,
-                 idle_timeout: float) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        leases: LeaseTable,
+        address: str,
+        tls: TlsMaterial | None,
+        max_connections: int,
+        per_client: int,
+        idle_timeout: float,
+    ) -> None:
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self._listener = socket.create_server((host, int(port)), family=family,
-                                                  backlog=512)
+            self._listener = socket.create_server((host, int(port)), family=family, backlog=512)
         except OSError as exc:
-            raise OSError(f"cannot listen on {address} for the data plane: {exc.strerror}; "
-                          "pass another --data-listen (or off)") from exc
+            raise OSError(
+                f"cannot listen on {address} for the data plane: {exc.strerror}; "
+                "pass another --data-listen (or off)"
+            ) from exc
         self.port: int = self._listener.getsockname()[1]
         self.address = f"{address.rpartition(':')[0]}:{self.port}"
         self._catalog = catalog
@@ -77,8 +85,7 @@ class DataPlane:
         self._open: dict[socket.socket, bool] = {}  # connection -> serving a request now
         self._by_peer: Counter[str] = Counter()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, name="data-accept",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._accept_loop, name="data-accept", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -124,13 +131,18 @@ class DataPlane:
                     self._open[conn] = False
                     self._by_peer[peer] += 1
             if full:
-                self._refuse_now(conn, TooManyStreams(
-                    f"the data plane holds {total} connections ({held} from {peer}); the "
-                    f"daemon allows {self._max} (--max-streams), {self._per_client} per client "
-                    "(--max-streams-per-client): use fewer connections or raise the limits"))
+                self._refuse_now(
+                    conn,
+                    TooManyStreams(
+                        f"the data plane holds {total} connections ({held} from {peer}); the "
+                        f"daemon allows {self._max} (--max-streams), {self._per_client} per client "
+                        "(--max-streams-per-client): use fewer connections or raise the limits"
+                    ),
+                )
                 continue
-            threading.Thread(target=self._serve, args=(conn, peer), name="data-conn",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn, peer), name="data-conn", daemon=True
+            ).start()
 
     def _refuse_now(self, conn: socket.socket, exc: CacheServerError) -> None:
         """Refuse a connection without a thread: one non-blocking send, then close."""
@@ -177,8 +189,9 @@ class DataPlane:
             log.debug("data connection from %s closed: %s", peer, exc)
         except Exception:
             log.exception("data connection from %s failed", peer)
-            self._send_error(conn, CacheServerError(
-                "internal error on the data plane; see the daemon's log"))
+            self._send_error(
+                conn, CacheServerError("internal error on the data plane; see the daemon's log")
+            )
         finally:
             _close(conn)
             with self._lock:
@@ -197,8 +210,12 @@ class DataPlane:
 
     def _send_error(self, conn: socket.socket, exc: CacheServerError) -> None:
         metrics.DATA_REFUSED.labels(exc.reason).inc()
-        log.log(logging.WARNING if exc.code.name == "DATA_LOSS" else logging.DEBUG,
-                "data plane: %s: %s", exc.reason, exc)
+        log.log(
+            logging.WARNING if exc.code.name == "DATA_LOSS" else logging.DEBUG,
+            "data plane: %s: %s",
+            exc.reason,
+            exc,
+        )
         try:
             conn.settimeout(1.0)
             conn.sendall(plane.error_frame(exc.code.value[0], exc.reason, str(exc)))
@@ -209,44 +226,73 @@ class DataPlane:
         """The lease whose ticket the hello presents, or a refusal."""
         magic, version, size = plane.HELLO.unpack(plane.recv_bytes(conn, plane.HELLO.size))
         if magic != plane.MAGIC:
-            raise InvalidArgument("this is shardcache's data port: it takes a data-plane hello "
-                                  "(client/wire/plane.py), not whatever was sent; gRPC goes "
-                                  "to the daemon's --listen port")
+            raise InvalidArgument(
+                "this is shardcache's data port: it takes a data-plane hello "
+                "(client/wire/plane.py), not whatever was sent; gRPC goes "
+                "to the daemon's --listen port"
+            )
         if version != plane.VERSION:
-            raise InvalidArgument(f"data-plane version {version} is not served here (version "
-                                  f"{plane.VERSION}): upgrade the client or the daemon")
+            raise InvalidArgument(
+                f"data-plane version {version} is not served here (version "
+                f"{plane.VERSION}): upgrade the client or the daemon"
+            )
         if not 0 < size <= limits.MAX_TICKET:
-            raise InvalidArgument(f"a ticket of {size} bytes; tickets are 1-"
-                                  f"{limits.MAX_TICKET} bytes")
+            raise InvalidArgument(
+                f"a ticket of {size} bytes; tickets are 1-{limits.MAX_TICKET} bytes"
+            )
         lease = self._leases.by_ticket(plane.recv_bytes(conn, size))
         if lease is None:
-            raise LeaseNotFound("unknown or expired data-plane ticket (its read lease ended, "
-                                "or the daemon restarted): take a new lease")
+            raise LeaseNotFound(
+                "unknown or expired data-plane ticket (its read lease ended, "
+                "or the daemon restarted): take a new lease"
+            )
         if lease.peer != peer:
-            raise Unauthenticated(f"this data-plane ticket was issued to {lease.peer}, not to "
-                                  f"{peer}; each reader asks for its own")
+            raise Unauthenticated(
+                f"this data-plane ticket was issued to {lease.peer}, not to "
+                f"{peer}; each reader asks for its own"
+            )
         return lease
 
-    def _request(self, conn: socket.socket, lease: Lease,
-                 request: tuple[int, int, int, int, int, int]) -> None:
+    def _request(
+        self, conn: socket.socket, lease: Lease, request: tuple[int, int, int, int, int, int]
+    ) -> None:
         kind, flags, n, start, count, chunk_bytes = request
         if not self._leases.alive(lease):
-            raise LeaseNotFound(f"the read lease on cache {lease.name!r} this ticket belongs to "
-                                "ended; take a new lease")
+            raise LeaseNotFound(
+                f"the read lease on cache {lease.name!r} this ticket belongs to "
+                "ended; take a new lease"
+            )
         if self._stopping.is_set():
             raise ShuttingDown("the daemon is shutting down; retry against its replacement")
         if kind not in (plane.SHARD, plane.ELEMENTS):
-            raise InvalidArgument(f"unknown data-plane request kind {kind}: 1 (a shard run) "
-                                  "or 2 (element indices)")
+            raise InvalidArgument(
+                f"unknown data-plane request kind {kind}: 1 (a shard run) or 2 (element indices)"
+            )
         with reads.reading(self._catalog, lease.name, hit=bool(flags & plane.EPOCH_START)):
             self._send(conn, lease, kind, n, start, count, chunk_bytes)
         conn.sendall(plane.FRAME.pack(plane.END, 0, 0, 0))
 
-    def _send(self, conn: socket.socket, lease: Lease, kind: int, n: int, start: int,
-              count: int, chunk_bytes: int) -> None:
+    def _send(
+        self,
+        conn: socket.socket,
+        lease: Lease,
+        kind: int,
+        n: int,
+        start: int,
+        count: int,
+        chunk_bytes: int,
+    ) -> None:
         if kind == plane.SHARD:
-            chunks = reads.read_shard(self._catalog, lease.name, n, start, chunk_bytes,
-                                      lease.fingerprint, count, join=_Sender(conn))
+            chunks = reads.read_shard(
+                self._catalog,
+                lease.name,
+                n,
+                start,
+                chunk_bytes,
+                lease.fingerprint,
+                count,
+                join=_Sender(conn),
+            )
             for _first, _lengths, _sent, elements in chunks:
                 metrics.READ_ELEMENTS.inc(elements)
         elif kind == plane.ELEMENTS:
@@ -254,7 +300,8 @@ class DataPlane:
             indices = plane.recv_bytes(conn, 8 * n)
             send = _Sender(conn)
             for position, lengths, data in reads.read_elements(
-                    self._catalog, lease.name, lease.fingerprint, indices, chunk_bytes):
+                self._catalog, lease.name, lease.fingerprint, indices, chunk_bytes
+            ):
                 send(position, lengths, [data])
                 metrics.READ_ELEMENTS.inc(len(lengths) // 4)
 

@@ -71,27 +71,37 @@ class Refused:
         self.error = error
 
 
-def checked(deserialize: Callable[[bytes], Any] | None, method: str,
-            limit: int = 0) -> Callable[[bytes], Any] | None:
+def checked(
+    deserialize: Callable[[bytes], Any] | None, method: str, limit: int = 0
+) -> Callable[[bytes], Any] | None:
     """deserialize, but a message over limit bytes (0: no limit) becomes, unparsed, a
     Refused MessageTooLarge, and one that does not parse a Refused InvalidArgument."""
     if deserialize is None:
         return None
     short = method.rsplit("/", 1)[-1]
-    hint = "raise the daemon's --max-message-bytes or send smaller records" \
-        if short in _DATA_METHODS else "no valid request is that large"
+    hint = (
+        "raise the daemon's --max-message-bytes or send smaller records"
+        if short in _DATA_METHODS
+        else "no valid request is that large"
+    )
 
     def parse(data: bytes) -> Any:
         if limit and len(data) > limit:
-            return Refused(MessageTooLarge(
-                f"a {short} request of {len(data):,} bytes is larger than the "
-                f"{_size(limit)} it accepts; {hint}"))
+            return Refused(
+                MessageTooLarge(
+                    f"a {short} request of {len(data):,} bytes is larger than the "
+                    f"{_size(limit)} it accepts; {hint}"
+                )
+            )
         try:
             return deserialize(data)
         except Exception as exc:  # DecodeError, bad UTF-8, a framing error: the caller's
-            return Refused(InvalidArgument(
-                "the request is not a valid message of the method's request type: "
-                + shown(f"{type(exc).__name__}: {exc}", 300)))
+            return Refused(
+                InvalidArgument(
+                    "the request is not a valid message of the method's request type: "
+                    + shown(f"{type(exc).__name__}: {exc}", 300)
+                )
+            )
 
     return parse
 
@@ -155,16 +165,26 @@ class IdleStreams:
         while not self._stop.wait(min(self.timeout / 4, 1.0)):
             now = time.monotonic()
             with self._lock:
-                idle = [(k, ctx, m) for k, (since, ctx, m) in self._waiting.items()
-                        if now - since > self.timeout]
+                idle = [
+                    (k, ctx, m)
+                    for k, (since, ctx, m) in self._waiting.items()
+                    if now - since > self.timeout
+                ]
                 for k, _, _ in idle:
                     del self._waiting[k]
             for _, context, method in idle:
                 short = method.rsplit("/", 1)[-1]
-                details = (f"{short} stream idle for {self.timeout:g}s: the client took no "
-                           "message (the daemon's --stream-idle-timeout), so the daemon ended "
-                           "the stream to free its thread; read again to resume (the client "
-                           "library resumes where it stopped)")
-                log.warning("ended a %s stream of %s: its reader took nothing for %gs "
-                            "(--stream-idle-timeout)", short, context.peer(), self.timeout)
+                details = (
+                    f"{short} stream idle for {self.timeout:g}s: the client took no "
+                    "message (the daemon's --stream-idle-timeout), so the daemon ended "
+                    "the stream to free its thread; read again to resume (the client "
+                    "library resumes where it stopped)"
+                )
+                log.warning(
+                    "ended a %s stream of %s: its reader took nothing for %gs "
+                    "(--stream-idle-timeout)",
+                    short,
+                    context.peer(),
+                    self.timeout,
+                )
                 end_stream(context, grpc.StatusCode.UNAVAILABLE, details)

@@ -62,8 +62,9 @@ class Callers:
     def credentials(self) -> Credentials:
         return self.authority.credentials
 
-    def from_headers(self, metadata: Sequence[tuple[str, Any]] | None
-                     ) -> tuple[Principal | None, bool]:
+    def from_headers(
+        self, metadata: Sequence[tuple[str, Any]] | None
+    ) -> tuple[Principal | None, bool]:
         """(principal, final) from the call's headers alone: final is False when only the
         client certificate can tell (no token, and the credentials name certificates)."""
         credentials = self.credentials
@@ -93,8 +94,9 @@ class Callers:
             raise AssertionError("a call reached the service without a principal")
         return principal
 
-    def check(self, context: grpc.ServicerContext, verb: Verb, cache: str,
-              method: str = "") -> Principal:
+    def check(
+        self, context: grpc.ServicerContext, verb: Verb, cache: str, method: str = ""
+    ) -> Principal:
         """The caller, once access allows verb on cache (PermissionDenied otherwise);
         with method, the call is a stream that a later reload may end."""
         principal = self.of(context)
@@ -113,33 +115,48 @@ class Callers:
         ("materialize/CACHE") or may administer its cache."""
         with self._lock:
             starter = self._starters.get(operation, "")
-        access.check_follow(self.of(context), starter, operation.removeprefix("materialize/"),
-                            operation)
+        access.check_follow(
+            self.of(context), starter, operation.removeprefix("materialize/"), operation
+        )
 
     def end_leases_with_grants(self, leases: LeaseTable) -> None:
         """On every reload, end the read leases (and so the data-plane tickets) whose
         holders lost read on their cache."""
+
         def reload(credentials: Credentials) -> None:
             def lost(lease: Any) -> bool:
                 return isinstance(lease.holder, Principal) and not access.still_allowed(
-                    credentials, lease.holder, Verb.READ, lease.name)
+                    credentials, lease.holder, Verb.READ, lease.name
+                )
 
             if ended := leases.release_where(lost):
-                log.warning("ended %d read leases whose holders lost read with the reloaded "
-                            "credentials", ended)
+                log.warning(
+                    "ended %d read leases whose holders lost read with the reloaded credentials",
+                    ended,
+                )
 
         self.authority.on_reload(reload)
 
     def _revoke(self, credentials: Credentials) -> None:
         with self._lock:
-            ended = [(ctx, who.name, verb, cache, method)
-                     for ctx, who, verb, cache, method in self._streams.values()
-                     if not access.still_allowed(credentials, who, verb, cache)]
+            ended = [
+                (ctx, who.name, verb, cache, method)
+                for ctx, who, verb, cache, method in self._streams.values()
+                if not access.still_allowed(credentials, who, verb, cache)
+            ]
             for ctx, *_ in ended:
                 self._streams.pop(id(ctx), None)
         for ctx, name, verb, cache, method in ended:
-            log.warning("ended %s of %s on cache %r: the reloaded credentials no longer grant "
-                        "it %s", method, name, shown(cache), verb.value)
-            end_stream(ctx, grpc.StatusCode.PERMISSION_DENIED,
-                        f"{name} may no longer {verb.value} cache {shown(cache)!r}: the "
-                        "daemon's credentials were reloaded without that grant")
+            log.warning(
+                "ended %s of %s on cache %r: the reloaded credentials no longer grant it %s",
+                method,
+                name,
+                shown(cache),
+                verb.value,
+            )
+            end_stream(
+                ctx,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{name} may no longer {verb.value} cache {shown(cache)!r}: the "
+                "daemon's credentials were reloaded without that grant",
+            )

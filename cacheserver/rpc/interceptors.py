@@ -45,9 +45,13 @@ log = logging.getLogger("cacheserver.requests")
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _STREAM_KIND = {"ReadShard": "read", "WriteCache": "write"}
 #: The calls that change state, audited with the verb they need.
-AUDITED = {"WriteCache": Verb.WRITE, "StartMaterialize": Verb.WRITE,
-           "CancelOperation": Verb.WRITE, "DeleteCache": Verb.ADMIN,
-           "SetCacheRetention": Verb.ADMIN}
+AUDITED = {
+    "WriteCache": Verb.WRITE,
+    "StartMaterialize": Verb.WRITE,
+    "CancelOperation": Verb.WRITE,
+    "DeleteCache": Verb.ADMIN,
+    "SetCacheRetention": Verb.ADMIN,
+}
 
 
 def _peer_host(peer: str) -> str:
@@ -75,8 +79,11 @@ class _Call:
         name = getattr(request, "name", None)
         if isinstance(name, str) and name:
             self.cache = shown(name)
-        which = request.WhichOneof("request") if hasattr(request, "WhichOneof") and \
-            "request" in request.DESCRIPTOR.oneofs_by_name else None
+        which = (
+            request.WhichOneof("request")
+            if hasattr(request, "WhichOneof") and "request" in request.DESCRIPTOR.oneofs_by_name
+            else None
+        )
         if which == "begin":
             self.cache = shown(request.begin.name)
         elif which == "chunk":
@@ -104,24 +111,48 @@ class _Call:
         metrics.RPC_DURATION.labels(short).observe(duration)
         if code != grpc.StatusCode.OK:
             metrics.RPC_ERRORS.labels(short, code.name).inc()
-        fields = {"method": short, "cache": self.cache, "code": code.name,
-                  "duration_seconds": round(duration, 6), "bytes": self.bytes,
-                  "peer": self.context.peer()}
+        fields = {
+            "method": short,
+            "cache": self.cache,
+            "code": code.name,
+            "duration_seconds": round(duration, 6),
+            "bytes": self.bytes,
+            "peer": self.context.peer(),
+        }
         if self.principal is not None:
             fields["principal"] = self.principal.name
         level = logging.DEBUG if self.method.startswith(HEALTH_PREFIX) else logging.INFO
-        log.log(level, "%s cache=%s code=%s %.3fs %d bytes", short, self.cache or "-",
-                code.name, duration, self.bytes, extra={"fields": fields})
+        log.log(
+            level,
+            "%s cache=%s code=%s %.3fs %d bytes",
+            short,
+            self.cache or "-",
+            code.name,
+            duration,
+            self.bytes,
+            extra={"fields": fields},
+        )
         if short in AUDITED and self.method.startswith("/cacheserver."):
-            access.audit(self.principal.name if self.principal else "-", AUDITED[short],
-                         self.cache, short, code.name)
+            access.audit(
+                self.principal.name if self.principal else "-",
+                AUDITED[short],
+                self.cache,
+                short,
+                code.name,
+            )
 
 
 class ServerInterceptor(grpc.ServerInterceptor):
-    def __init__(self, callers: Callers | None = None, max_streams_per_client: int = 0, *,
-                 max_streams: int = 0, max_message_bytes: int = 0,
-                 control_pool: Any = None,
-                 idle: admission.IdleStreams | None = None) -> None:
+    def __init__(
+        self,
+        callers: Callers | None = None,
+        max_streams_per_client: int = 0,
+        *,
+        max_streams: int = 0,
+        max_message_bytes: int = 0,
+        control_pool: Any = None,
+        idle: admission.IdleStreams | None = None,
+    ) -> None:
         self.callers = callers or Callers(Authority(None))
         self._max_streams = max_streams_per_client
         self._max_total = max_streams or max_streams_per_client
@@ -163,13 +194,21 @@ class ServerInterceptor(grpc.ServerInterceptor):
             if not (full or peer_full):
                 self._streams[peer] += 1
         if full:
-            _deny(context, TooManyStreams(
-                f"the daemon already serves {total} streams, its --max-streams; retry later "
-                "or read fewer shards at once"))
+            _deny(
+                context,
+                TooManyStreams(
+                    f"the daemon already serves {total} streams, its --max-streams; retry later "
+                    "or read fewer shards at once"
+                ),
+            )
         if peer_full:
-            _deny(context, TooManyStreams(
-                f"{peer} already holds {held} streams, the daemon's --max-streams-per-client; "
-                "read fewer shards at once or wait for streams to finish"))
+            _deny(
+                context,
+                TooManyStreams(
+                    f"{peer} already holds {held} streams, the daemon's --max-streams-per-client; "
+                    "read fewer shards at once or wait for streams to finish"
+                ),
+            )
         return peer
 
     def _leave_stream(self, peer: str) -> None:
@@ -178,8 +217,11 @@ class ServerInterceptor(grpc.ServerInterceptor):
             if not self._streams[peer]:
                 del self._streams[peer]
 
-    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
-                          details: grpc.HandlerCallDetails) -> Any:
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
         handler = continuation(details)
         if handler is None:
             return None
@@ -187,8 +229,11 @@ class ServerInterceptor(grpc.ServerInterceptor):
         principal, final = self._caller(details)
         authorized = principal is not None or not final
         callers = self.callers
-        limited = self._max_streams > 0 and not method.startswith(HEALTH_PREFIX) and (
-            handler.request_streaming or handler.response_streaming)
+        limited = (
+            self._max_streams > 0
+            and not method.startswith(HEALTH_PREFIX)
+            and (handler.request_streaming or handler.response_streaming)
+        )
         kind = _STREAM_KIND.get(method.rsplit("/", 1)[-1])
         interceptor = self
         idle = self._idle_streams
@@ -196,16 +241,24 @@ class ServerInterceptor(grpc.ServerInterceptor):
         def guard(context: grpc.ServicerContext, call: _Call) -> None:
             caller = principal if final else callers.from_certificate(context)
             if caller is None:
-                _deny(context, Unauthenticated(
-                    f"{method}: this daemon requires a bearer token or a client certificate "
-                    "it knows; pass CacheClient(token=...) or set CACHESERVER_TOKEN (the wrong "
-                    "token gets this too)"))
+                _deny(
+                    context,
+                    Unauthenticated(
+                        f"{method}: this daemon requires a bearer token or a client certificate "
+                        "it knows; pass CacheClient(token=...) or set CACHESERVER_TOKEN (the wrong "
+                        "token gets this too)"
+                    ),
+                )
                 return
             call.principal = caller
             callers.bind(context, caller)
 
-        def stream(inner: Callable[..., Iterator[Any]], request: Any,
-                   context: grpc.ServicerContext, streaming_request: bool) -> Iterator[Any]:
+        def stream(
+            inner: Callable[..., Iterator[Any]],
+            request: Any,
+            context: grpc.ServicerContext,
+            streaming_request: bool,
+        ) -> Iterator[Any]:
             interceptor._track(+1)
             call = _Call(method, context)
             failed: BaseException | None = None
@@ -242,8 +295,12 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 call.end(failed)
                 interceptor._track(-1)
 
-        def unary(inner: Callable[..., Any], request: Any, context: grpc.ServicerContext,
-                  streaming_request: bool) -> Any:
+        def unary(
+            inner: Callable[..., Any],
+            request: Any,
+            context: grpc.ServicerContext,
+            streaming_request: bool,
+        ) -> Any:
             interceptor._track(+1)
             call = _Call(method, context)
             failed: BaseException | None = None
@@ -264,12 +321,18 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 interceptor._track(-1)
 
         if not authorized:  # refused before its message is received (rpc/admission.py)
-            return _pooled(grpc.stream_unary_rpc_method_handler(
-                lambda r, c: unary(_never_called, r, c, True)), self._control_pool)
-        limit = admission.request_limit(method, self._max_message_bytes) \
-            if self._max_message_bytes else 0
-        handler = handler._replace(request_deserializer=admission.checked(
-            handler.request_deserializer, method, limit))
+            return _pooled(
+                grpc.stream_unary_rpc_method_handler(lambda r, c: unary(_never_called, r, c, True)),
+                self._control_pool,
+            )
+        limit = (
+            admission.request_limit(method, self._max_message_bytes)
+            if self._max_message_bytes
+            else 0
+        )
+        handler = handler._replace(
+            request_deserializer=admission.checked(handler.request_deserializer, method, limit)
+        )
         return _pooled(_rebuild(handler, stream, unary), self._control_pool)
 
 
@@ -290,23 +353,21 @@ def _observed(requests: Iterator[Any], call: _Call) -> Iterator[Any]:
 
 def _rebuild(handler: Any, stream: Callable[..., Any], unary: Callable[..., Any]) -> Any:
     """The same handler with its behaviour wrapped by stream/unary."""
-    kw = {"request_deserializer": handler.request_deserializer,
-          "response_serializer": handler.response_serializer}
+    kw = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
     if handler.unary_unary:
         inner = handler.unary_unary
-        return grpc.unary_unary_rpc_method_handler(
-            lambda r, c: unary(inner, r, c, False), **kw)
+        return grpc.unary_unary_rpc_method_handler(lambda r, c: unary(inner, r, c, False), **kw)
     if handler.stream_unary:
         inner = handler.stream_unary
-        return grpc.stream_unary_rpc_method_handler(
-            lambda r, c: unary(inner, r, c, True), **kw)
+        return grpc.stream_unary_rpc_method_handler(lambda r, c: unary(inner, r, c, True), **kw)
     if handler.unary_stream:
         inner = handler.unary_stream
-        return grpc.unary_stream_rpc_method_handler(
-            lambda r, c: stream(inner, r, c, False), **kw)
+        return grpc.unary_stream_rpc_method_handler(lambda r, c: stream(inner, r, c, False), **kw)
     inner = handler.stream_stream
-    return grpc.stream_stream_rpc_method_handler(
-        lambda r, c: stream(inner, r, c, True), **kw)
+    return grpc.stream_stream_rpc_method_handler(lambda r, c: stream(inner, r, c, True), **kw)
 
 
 def _never_called(request: Any, context: grpc.ServicerContext) -> Any:

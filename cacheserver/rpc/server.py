@@ -79,9 +79,11 @@ def stream_limits(max_workers: int, max_streams: int, per_client: int) -> tuple[
     """
     total = max_streams or max(max_workers * 7 // 8, 1)
     if total >= max_workers:
-        raise LimitsError(f"--max-streams {total} must be below --max-workers {max_workers} "
-                          "(a stream beyond the limit needs a free thread to be refused): "
-                          "raise --max-workers or lower --max-streams")
+        raise LimitsError(
+            f"--max-streams {total} must be below --max-workers {max_workers} "
+            "(a stream beyond the limit needs a free thread to be refused): "
+            "raise --max-workers or lower --max-streams"
+        )
     return total, min(per_client, total)
 
 
@@ -130,16 +132,23 @@ class ServerConfig:
 def normalize_listen(address: str) -> str:
     """Check a --listen address: 'host:port' or 'unix:///absolute/path'."""
     if address.startswith("unix:"):
-        path = address.removeprefix("unix://") if address.startswith("unix://") \
+        path = (
+            address.removeprefix("unix://")
+            if address.startswith("unix://")
             else address.removeprefix("unix:")
+        )
         if not path.startswith("/"):
-            raise ListenError(f"--listen {address!r}: a unix socket needs an absolute path, "
-                              "as in unix:///run/cacheserver/cacheserver.sock")
+            raise ListenError(
+                f"--listen {address!r}: a unix socket needs an absolute path, "
+                "as in unix:///run/cacheserver/cacheserver.sock"
+            )
         return f"unix://{path}"
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ListenError(f"--listen {address!r}: expected HOST:PORT (e.g. 127.0.0.1:50051) "
-                          "or unix:///path/to.sock")
+        raise ListenError(
+            f"--listen {address!r}: expected HOST:PORT (e.g. 127.0.0.1:50051) "
+            "or unix:///path/to.sock"
+        )
     return address
 
 
@@ -152,8 +161,10 @@ def data_address(config: ServerConfig) -> str:
         tcp = [a for a in config.listen if not a.startswith("unix:")]
         return f"{tcp[0].rpartition(':')[0]}:0" if tcp else ""
     if value.startswith("unix:"):
-        raise ListenError(f"--data-listen {value!r}: the data plane is TCP (HOST:PORT); unix "
-                          "socket clients are on the daemon's host and read its files directly")
+        raise ListenError(
+            f"--data-listen {value!r}: the data plane is TCP (HOST:PORT); unix "
+            "socket clients are on the daemon's host and read its files directly"
+        )
     try:
         return normalize_listen(value)
     except ListenError as exc:
@@ -174,8 +185,11 @@ def open_store(config: ServerConfig) -> Bucket | None:
     except StoreRefused as exc:
         raise StoreError(f"--store {config.store}: {exc}") from exc
     except StoreUnavailable as exc:
-        log.warning("the object store cannot be reached now (%s); local caches serve, and "
-                    "publishing and pulling retry", exc)
+        log.warning(
+            "the object store cannot be reached now (%s); local caches serve, and "
+            "publishing and pulling retry",
+            exc,
+        )
     return bucket
 
 
@@ -188,14 +202,16 @@ class CacheServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self._stream_limits = stream_limits(config.max_workers, config.max_streams,
-                                            config.max_streams_per_client)
+        self._stream_limits = stream_limits(
+            config.max_workers, config.max_streams, config.max_streams_per_client
+        )
         self._tls = load_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
         self.authority = Authority(config.auth_file, load_token(config.auth_token_file))
         self._metrics_token = load_token(config.metrics_token_file, "--metrics-token-file")
         if config.metrics_tls and self._tls is None:
-            raise SecurityConfigError("--metrics-tls serves /metrics with --tls-cert and "
-                                      "--tls-key: pass them too")
+            raise SecurityConfigError(
+                "--metrics-tls serves /metrics with --tls-cert and --tls-key: pass them too"
+            )
         self._lock = DataDirLock(config.data_dir)  # before anything reads or changes the data
         try:
             self._setup(config)
@@ -205,24 +221,31 @@ class CacheServer:
 
     def _setup(self, config: ServerConfig) -> None:
         capacity = Capacity(config.data_dir, config.max_bytes, config.min_free_bytes)
-        self.catalog = Catalog(config.data_dir, capacity, open_store(config),
-                               pull_all=config.store_pull == "all")
+        self.catalog = Catalog(
+            config.data_dir, capacity, open_store(config), pull_all=config.store_pull == "all"
+        )
         metrics.watch_disk(capacity.in_use, config.max_bytes)
         self._sweeper = TtlSweeper(self.catalog, config.ttl_sweep_interval)
         self.materializer = Materializer(
-            self.catalog, tuple(map(str, config.pythonpath)),
-            policy=Policy.from_settings(config.materialize_allow, config.allow_shipped_pipelines))
+            self.catalog,
+            tuple(map(str, config.pythonpath)),
+            policy=Policy.from_settings(config.materialize_allow, config.allow_shipped_pipelines),
+        )
         self.leases = LeaseTable(self.catalog, config.lease_ttl)
         callers = Callers(self.authority)
-        self.service = CacheService(self.catalog, self.materializer, self.leases, callers,
-                                    report_readers=config.metrics_readers)
+        self.service = CacheService(
+            self.catalog,
+            self.materializer,
+            self.leases,
+            callers,
+            report_readers=config.metrics_readers,
+        )
         self.health = health.HealthServicer()
         self._disk = DiskWatch(config.data_dir, self._writes_health)
         metrics.DISK_FREE_BYTES.set_function(self._disk.free_bytes)
         options = [
             ("grpc.max_send_message_length", admission.receive_limit(config.max_message_bytes)),
-            ("grpc.max_receive_message_length",
-             admission.receive_limit(config.max_message_bytes)),
+            ("grpc.max_receive_message_length", admission.receive_limit(config.max_message_bytes)),
             ("grpc.so_reuseport", 0),
             # fleet clients ping every few seconds to find a lost link (client/_fleet.py)
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
@@ -230,37 +253,54 @@ class CacheServer:
             ("grpc.keepalive_permit_without_calls", 1),
         ]
         max_streams, per_client = self._stream_limits
-        self._control_pool = futures.ThreadPoolExecutor(admission.CONTROL_WORKERS,
-                                                        thread_name_prefix="control")
+        self._control_pool = futures.ThreadPoolExecutor(
+            admission.CONTROL_WORKERS, thread_name_prefix="control"
+        )
         self._idle_streams = admission.IdleStreams(config.stream_idle_timeout)
         self._calls = ServerInterceptor(
-            callers, per_client, max_streams=max_streams,
-            max_message_bytes=config.max_message_bytes, control_pool=self._control_pool,
-            idle=self._idle_streams)
-        self._server = grpc.server(futures.ThreadPoolExecutor(config.max_workers),
-                                   options=options, interceptors=[self._calls])
+            callers,
+            per_client,
+            max_streams=max_streams,
+            max_message_bytes=config.max_message_bytes,
+            control_pool=self._control_pool,
+            idle=self._idle_streams,
+        )
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(config.max_workers),
+            options=options,
+            interceptors=[self._calls],
+        )
         pb_grpc.add_CacheServiceServicer_to_server(self.service, self._server)
         # after the generated handlers, to replace theirs for these two methods
         self._server.add_registered_method_handlers(SERVICE_NAME, wire_handlers(self.service))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+        )
         self.addresses: list[str] = []
         for address in config.listen:
             self.addresses.append(self._bind(normalize_listen(address)))
         self.data_plane: DataPlane | None = None
         if address := data_address(config):
             warn_if_exposed(address, self._tls is not None)
-            self.data_plane = DataPlane(self.catalog, self.leases, address, self._tls,
-                                        max_streams, per_client,
-                                        config.stream_idle_timeout or 3600.0)
+            self.data_plane = DataPlane(
+                self.catalog,
+                self.leases,
+                address,
+                self._tls,
+                max_streams,
+                per_client,
+                config.stream_idle_timeout or 3600.0,
+            )
             self.service.data_port = self.data_plane.port
         self.metrics_address = ""
         self._stop_metrics = lambda: None
         if config.metrics_listen:
             self.metrics_address, self._stop_metrics = metrics.serve_http(
-                config.metrics_listen, self._metrics_token,
-                self._tls.server_context() if config.metrics_tls and self._tls else None)
+                config.metrics_listen,
+                self._metrics_token,
+                self._tls.server_context() if config.metrics_tls and self._tls else None,
+            )
         self._stopped = threading.Event()
 
     def _bind(self, address: str) -> str:
@@ -285,8 +325,12 @@ class CacheServer:
         return f"{address.rpartition(':')[0]}:{port}"
 
     def _writes_health(self, disk_full: bool) -> None:
-        self.health.set(WRITES_HEALTH_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING
-                        if disk_full else health_pb2.HealthCheckResponse.SERVING)
+        self.health.set(
+            WRITES_HEALTH_SERVICE,
+            health_pb2.HealthCheckResponse.NOT_SERVING
+            if disk_full
+            else health_pb2.HealthCheckResponse.SERVING,
+        )
 
     def start(self) -> None:
         self._server.start()
@@ -298,12 +342,17 @@ class CacheServer:
         self.materializer.resume_interrupted()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %d caches from %s on %s%s%s", len(self.catalog.list()),
-                 self.config.data_dir, ", ".join(self.addresses),
-                 f"; data plane on {self.data_plane.address}" if self.data_plane else "",
-                 f"; metrics on http{'s' if self.config.metrics_tls else ''}://"
-                 f"{self.metrics_address}/metrics"
-                 if self.metrics_address else "")
+        log.info(
+            "serving %d caches from %s on %s%s%s",
+            len(self.catalog.list()),
+            self.config.data_dir,
+            ", ".join(self.addresses),
+            f"; data plane on {self.data_plane.address}" if self.data_plane else "",
+            f"; metrics on http{'s' if self.config.metrics_tls else ''}://"
+            f"{self.metrics_address}/metrics"
+            if self.metrics_address
+            else "",
+        )
         self._disk.start()
         self.authority.watch()
         sd_notify("READY=1")
@@ -316,8 +365,10 @@ class CacheServer:
         sd_notify("STOPPING=1")
         self.health.enter_graceful_shutdown()  # NOT_SERVING: probes steer traffic away
         if self.config.shutdown_delay:
-            log.info("health is NOT_SERVING; still serving for %.1fs before draining",
-                     self.config.shutdown_delay)
+            log.info(
+                "health is NOT_SERVING; still serving for %.1fs before draining",
+                self.config.shutdown_delay,
+            )
             time.sleep(self.config.shutdown_delay)
         log.info("draining in-flight streams (up to %.0fs)", grace)
         self.service.drain()
@@ -345,6 +396,7 @@ class CacheServer:
 
     def run_until_signal(self) -> None:
         """Serve until SIGTERM or SIGINT, then drain and return."""
+
         def handler(signum: int, frame: object) -> None:
             log.info("received %s", signal.Signals(signum).name)
             threading.Thread(target=self.stop, name="shutdown", daemon=True).start()

@@ -55,9 +55,17 @@ _DECISIONS = {
 }
 
 
-_STORE_STATES = {state: pb.StoreState.Value(f"STORE_STATE_{state}") for state in (
-    remote.LOCAL, remote.PUBLISHING, remote.STORED, remote.PULLING, remote.CONFLICT,
-    remote.REMOTE)}
+_STORE_STATES = {
+    state: pb.StoreState.Value(f"STORE_STATE_{state}")
+    for state in (
+        remote.LOCAL,
+        remote.PUBLISHING,
+        remote.STORED,
+        remote.PULLING,
+        remote.CONFLICT,
+        remote.REMOTE,
+    )
+}
 
 
 def _remote(record: CacheRecord) -> pb.Cache:
@@ -74,16 +82,31 @@ def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cach
     raw = sum(s.raw_bytes for s in record.shards)
     stored = sum(s.stored_bytes for s in record.shards)
     return pb.Cache(
-        name=record.name, state=_STATES[record.state], fingerprint=record.fingerprint,
-        layout_json=record.layout_json, element_spec=record.element_spec,
-        num_elements=record.num_elements, disk_bytes=record.disk_bytes,
-        raw_bytes=raw, stored_bytes=stored, create_time=record.create_time,
+        name=record.name,
+        state=_STATES[record.state],
+        fingerprint=record.fingerprint,
+        layout_json=record.layout_json,
+        element_spec=record.element_spec,
+        num_elements=record.num_elements,
+        disk_bytes=record.disk_bytes,
+        raw_bytes=raw,
+        stored_bytes=stored,
+        create_time=record.create_time,
         commit_time=record.commit_time,
-        shards=[pb.Shard(index=s.index, first_element=s.first_element,
-                         num_elements=s.num_elements, stored_bytes=s.stored_bytes,
-                         raw_bytes=s.raw_bytes) for s in record.shards],
-        pinned=retention.pinned, ttl_seconds=retention.ttl_seconds,
-        last_read_time=retention.last_read_time, hits=retention.hits,
+        shards=[
+            pb.Shard(
+                index=s.index,
+                first_element=s.first_element,
+                num_elements=s.num_elements,
+                stored_bytes=s.stored_bytes,
+                raw_bytes=s.raw_bytes,
+            )
+            for s in record.shards
+        ],
+        pinned=retention.pinned,
+        ttl_seconds=retention.ttl_seconds,
+        last_read_time=retention.last_read_time,
+        hits=retention.hits,
     )
 
 
@@ -92,14 +115,19 @@ _OPERATOR_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DATA_LOSS
 
 
 def _abort(context: grpc.ServicerContext, exc: CacheServerError) -> None:
-    log.log(logging.WARNING if exc.code in _OPERATOR_CODES else logging.DEBUG,
-            "%s: %s", exc.reason, shown(str(exc), 1000))
+    log.log(
+        logging.WARNING if exc.code in _OPERATOR_CODES else logging.DEBUG,
+        "%s: %s",
+        exc.reason,
+        shown(str(exc), 1000),
+    )
     context.set_trailing_metadata(((REASON_KEY, exc.reason),))
     context.abort(exc.code, str(exc))
 
 
 def _translating(method: F) -> F:
     """Turn CacheServerError into a status; log and hide anything unexpected."""
+
     @functools.wraps(method)
     def unary(self: CacheService, request: Any, context: grpc.ServicerContext) -> Any:
         try:
@@ -108,8 +136,10 @@ def _translating(method: F) -> F:
             _abort(context, exc)
         except Exception:
             log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}; "
-                          "see the daemon's log")
+            context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"internal error in {method.__name__}; see the daemon's log",
+            )
 
     @functools.wraps(method)
     def streaming(self: CacheService, request: Any, context: grpc.ServicerContext) -> Any:
@@ -121,8 +151,10 @@ def _translating(method: F) -> F:
             if not context.is_active():
                 return  # the caller went away; nothing to report
             log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}; "
-                          "see the daemon's log")
+            context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"internal error in {method.__name__}; see the daemon's log",
+            )
 
     return streaming if inspect.isgeneratorfunction(method) else unary  # type: ignore[return-value]
 
@@ -130,9 +162,14 @@ def _translating(method: F) -> F:
 class CacheService(pb_grpc.CacheServiceServicer):
     """Serves one catalog. Tracks open streams so shutdown can drain them."""
 
-    def __init__(self, catalog: Catalog, materializer: Materializer | None = None,
-                 leases: LeaseTable | None = None, callers: Callers | None = None,
-                 report_readers: bool = True) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        materializer: Materializer | None = None,
+        leases: LeaseTable | None = None,
+        callers: Callers | None = None,
+        report_readers: bool = True,
+    ) -> None:
         self.catalog = catalog
         self.materializer = materializer or Materializer(catalog)
         self.leases = leases or LeaseTable(catalog)
@@ -150,21 +187,30 @@ class CacheService(pb_grpc.CacheServiceServicer):
         self._draining.set()
 
     @_translating
-    def ListCaches(self, request: pb.ListCachesRequest,
-                   context: grpc.ServicerContext) -> pb.ListCachesResponse:
+    def ListCaches(
+        self, request: pb.ListCachesRequest, context: grpc.ServicerContext
+    ) -> pb.ListCachesResponse:
         caller = self.callers.of(context)
         if not request.store:
-            return pb.ListCachesResponse(caches=[self._proto(r) for r in self.catalog.list()
-                                                 if caller.may(Verb.READ, r.name)])
+            return pb.ListCachesResponse(
+                caches=[
+                    self._proto(r) for r in self.catalog.list() if caller.may(Verb.READ, r.name)
+                ]
+            )
         tier = self._tier()
         local = {r.name for r in self.catalog.list()}
-        return pb.ListCachesResponse(caches=[
-            self._proto(s.record) if s.record.name in local else _remote(s.record)
-            for s in tier.list_stored() if caller.may(Verb.READ, s.record.name)])
+        return pb.ListCachesResponse(
+            caches=[
+                self._proto(s.record) if s.record.name in local else _remote(s.record)
+                for s in tier.list_stored()
+                if caller.may(Verb.READ, s.record.name)
+            ]
+        )
 
     @_translating
-    def GetCache(self, request: pb.GetCacheRequest,
-                 context: grpc.ServicerContext) -> pb.GetCacheResponse:
+    def GetCache(
+        self, request: pb.GetCacheRequest, context: grpc.ServicerContext
+    ) -> pb.GetCacheResponse:
         validate.name(request.name)
         self.callers.check(context, Verb.READ, request.name)
         try:
@@ -176,33 +222,49 @@ class CacheService(pb_grpc.CacheServiceServicer):
             return pb.GetCacheResponse(cache=_remote(stored.record))
 
     @_translating
-    def DeleteCache(self, request: pb.DeleteCacheRequest,
-                    context: grpc.ServicerContext) -> pb.DeleteCacheResponse:
+    def DeleteCache(
+        self, request: pb.DeleteCacheRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteCacheResponse:
         validate.name(request.name)
         self.callers.check(context, Verb.ADMIN, request.name)
         local, stored = self.catalog.delete(request.name, store=request.store)
-        log.info("deleted cache %r (%s)", request.name, " and ".join(
-            w for w, done in (("this daemon's copy", local), ("the stored copy", stored))
-            if done))
+        log.info(
+            "deleted cache %r (%s)",
+            request.name,
+            " and ".join(
+                w
+                for w, done in (("this daemon's copy", local), ("the stored copy", stored))
+                if done
+            ),
+        )
         return pb.DeleteCacheResponse(local=local, stored=stored)
 
     def _tier(self) -> StoreTier:
         if self.catalog.tier is None:
-            raise InvalidArgument("this daemon has no object store (start it with "
-                                  "serve --store s3://BUCKET/PREFIX)")
+            raise InvalidArgument(
+                "this daemon has no object store (start it with serve --store s3://BUCKET/PREFIX)"
+            )
         return self.catalog.tier
 
     @_translating
-    def ReadShard(self, request: pb.ReadShardRequest,
-                  context: grpc.ServicerContext) -> Iterator[bytes]:
+    def ReadShard(
+        self, request: pb.ReadShardRequest, context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
         """Serialized ReadShardResponses (streams.wire_handlers passes them as they are)."""
         validate.read(request.name, request.fingerprint)
         self.callers.check(context, Verb.READ, request.name, "ReadShard")
         whole_shard = request.start == 0 and not request.count
         with reads.reading(self.catalog, request.name, hit=request.epoch_start or whole_shard):
-            chunks = reads.read_shard(self.catalog, request.name, request.shard, request.start,
-                                      request.chunk_bytes, request.fingerprint, request.count,
-                                      join=encode_read_shard_response)
+            chunks = reads.read_shard(
+                self.catalog,
+                request.name,
+                request.shard,
+                request.start,
+                request.chunk_bytes,
+                request.fingerprint,
+                request.count,
+                join=encode_read_shard_response,
+            )
             self._plane_missed(context, request.name)
             for _start, _lengths, message, elements in chunks:  # serialized responses
                 metrics.READ_BYTES.labels("grpc").inc(read_shard_data_bytes(message))
@@ -210,20 +272,22 @@ class CacheService(pb_grpc.CacheServiceServicer):
                 yield message
 
     @_translating
-    def WriteCache(self, request_iterator: Iterator[pb.WriteCacheRequest],
-                   context: grpc.ServicerContext) -> Iterator[pb.WriteCacheResponse]:
+    def WriteCache(
+        self, request_iterator: Iterator[pb.WriteCacheRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.WriteCacheResponse]:
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("request") != "begin":
             raise InvalidArgument("a WriteCache stream must start with a WriteBegin")
         if self._draining.is_set():
             raise ShuttingDown("the daemon is shutting down; retry against its replacement")
         begin = first.begin
-        validate.write_begin(begin.name, begin.fingerprint, begin.layout_json,
-                             begin.element_spec, begin.shard_bytes)
+        validate.write_begin(
+            begin.name, begin.fingerprint, begin.layout_json, begin.element_spec, begin.shard_bytes
+        )
         self.callers.check(context, Verb.WRITE, begin.name, "WriteCache")
         decision, record, session = self.catalog.begin_write(
-            begin.name, begin.fingerprint, begin.layout_json, begin.element_spec,
-            begin.shard_bytes)
+            begin.name, begin.fingerprint, begin.layout_json, begin.element_spec, begin.shard_bytes
+        )
         begun = pb.WriteBegun(decision=_DECISIONS[decision], cache=self._proto(record))
         if session is None:
             yield pb.WriteCacheResponse(begun=begun)
@@ -235,8 +299,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
             begun.shard_bytes = session.shard_bytes
         yield pb.WriteCacheResponse(begun=begun)
         if not guard.resumed():
-            log.warning("write of cache %r was cancelled before it sent anything; discarded",
-                        begin.name)
+            log.warning(
+                "write of cache %r was cancelled before it sent anything; discarded", begin.name
+            )
             return
         metrics.CACHE_MISSES.inc()
         log.info("writing cache %r (fingerprint %s)", begin.name, shown(begin.fingerprint))
@@ -244,16 +309,20 @@ class CacheService(pb_grpc.CacheServiceServicer):
             for req in request_iterator:
                 kind = req.WhichOneof("request")
                 if kind == "chunk":  # data: a view (client/wire/chunks.py) or protobuf's copy
-                    validate.write_chunk(req.chunk.lengths, len(req.chunk.data),
-                                         req.chunk.raw_bytes)
+                    validate.write_chunk(
+                        req.chunk.lengths, len(req.chunk.data), req.chunk.raw_bytes
+                    )
                     write.add_chunk(req.chunk.lengths, req.chunk.data, req.chunk.raw_bytes)
                 elif kind == "finish" and req.finish.failed:
                     write.give_up(req.finish.failed)
                     return
                 elif kind == "finish":
-                    staged = [StagedShard(s.index, s.num_elements, s.num_records,
-                                          s.stored_bytes, s.raw_bytes)
-                              for s in req.finish.staged_shards]
+                    staged = [
+                        StagedShard(
+                            s.index, s.num_elements, s.num_records, s.stored_bytes, s.raw_bytes
+                        )
+                        for s in req.finish.staged_shards
+                    ]
                     validate.write_finish(staged)
                     record = write.commit(req.finish.num_elements, staged)
                     yield pb.WriteCacheResponse(committed=to_proto(record))
@@ -266,16 +335,24 @@ class CacheService(pb_grpc.CacheServiceServicer):
         cache.direct_leases, cache.direct_reads = self.leases.counts(record.name)
         if self.catalog.tier is not None and record.state == "READY":
             status = self.catalog.tier.status(record.name)
-            cache.store.CopyFrom(pb.StoreStatus(
-                state=_STORE_STATES[status.state], done_bytes=status.done_bytes,
-                total_bytes=status.total_bytes, done_shards=status.done_shards,
-                detail=status.detail, requests=status.cost.requests,
-                bytes_in=status.cost.bytes_in, bytes_out=status.cost.bytes_out))
+            cache.store.CopyFrom(
+                pb.StoreStatus(
+                    state=_STORE_STATES[status.state],
+                    done_bytes=status.done_bytes,
+                    total_bytes=status.total_bytes,
+                    done_shards=status.done_shards,
+                    detail=status.detail,
+                    requests=status.cost.requests,
+                    bytes_in=status.cost.bytes_in,
+                    bytes_out=status.cost.bytes_out,
+                )
+            )
         return cache
 
     @_translating
-    def SetCacheRetention(self, request: pb.SetCacheRetentionRequest,
-                          context: grpc.ServicerContext) -> pb.SetCacheRetentionResponse:
+    def SetCacheRetention(
+        self, request: pb.SetCacheRetentionRequest, context: grpc.ServicerContext
+    ) -> pb.SetCacheRetentionResponse:
         pinned = request.pinned if request.HasField("pinned") else None
         ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
         validate.retention(request.name, ttl)
@@ -287,56 +364,75 @@ class CacheService(pb_grpc.CacheServiceServicer):
     # ------------------------------------------------------------ materialization
 
     @_translating
-    def StartMaterialize(self, request: pb.StartMaterializeRequest,
-                         context: grpc.ServicerContext) -> pb.StartMaterializeResponse:
+    def StartMaterialize(
+        self, request: pb.StartMaterializeRequest, context: grpc.ServicerContext
+    ) -> pb.StartMaterializeResponse:
         if self._draining.is_set():
             raise ShuttingDown("the daemon is shutting down; retry against its replacement")
-        validate.start_materialize(request.name, request.entry_point, request.element_spec,
-                                   request.fingerprint)
+        validate.start_materialize(
+            request.name, request.entry_point, request.element_spec, request.fingerprint
+        )
         starter = self.callers.check(context, Verb.WRITE, request.name)
         snap = self.materializer.start(
-            request.name, entry_point=request.entry_point, graph_def=request.graph_def,
-            element_spec=request.element_spec, num_shards=request.num_shards,
-            workers=request.workers, overwrite=request.overwrite, resume=request.resume,
+            request.name,
+            entry_point=request.entry_point,
+            graph_def=request.graph_def,
+            element_spec=request.element_spec,
+            num_shards=request.num_shards,
+            workers=request.workers,
+            overwrite=request.overwrite,
+            resume=request.resume,
             fingerprint=request.fingerprint,
-            block_bytes=request.block_bytes if request.HasField("block_bytes") else None)
+            block_bytes=request.block_bytes if request.HasField("block_bytes") else None,
+        )
         self.callers.started(snap.name, starter)
         return pb.StartMaterializeResponse(operation=operation_to_proto(snap))
 
     @_translating
-    def GetOperation(self, request: pb.GetOperationRequest,
-                     context: grpc.ServicerContext) -> pb.GetOperationResponse:
+    def GetOperation(
+        self, request: pb.GetOperationRequest, context: grpc.ServicerContext
+    ) -> pb.GetOperationResponse:
         self._follow(context, request.name)
         return pb.GetOperationResponse(
-            operation=operation_to_proto(self.materializer.get(request.name)))
+            operation=operation_to_proto(self.materializer.get(request.name))
+        )
 
     @_translating
-    def WatchOperation(self, request: pb.WatchOperationRequest,
-                       context: grpc.ServicerContext) -> Iterator[pb.WatchOperationResponse]:
+    def WatchOperation(
+        self, request: pb.WatchOperationRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.WatchOperationResponse]:
         self._follow(context, request.name)
         validate.watch_interval(request.interval)
         for snap in self.materializer.watch(request.name, request.interval, context.is_active):
             yield pb.WatchOperationResponse(operation=operation_to_proto(snap))
 
     @_translating
-    def CancelOperation(self, request: pb.CancelOperationRequest,
-                        context: grpc.ServicerContext) -> pb.CancelOperationResponse:
+    def CancelOperation(
+        self, request: pb.CancelOperationRequest, context: grpc.ServicerContext
+    ) -> pb.CancelOperationResponse:
         self._follow(context, request.name)
         return pb.CancelOperationResponse(
-            operation=operation_to_proto(self.materializer.cancel(request.name)))
+            operation=operation_to_proto(self.materializer.cancel(request.name))
+        )
 
     def _follow(self, context: grpc.ServicerContext, operation: str) -> None:
         validate.operation(operation)
         self.callers.check_follow(context, operation)
 
     @_translating
-    def ReadElements(self, request: pb.ReadElementsRequest,
-                     context: grpc.ServicerContext) -> Iterator[pb.ReadElementsResponse]:
+    def ReadElements(
+        self, request: pb.ReadElementsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ReadElementsResponse]:
         validate.read_elements(request.name, request.fingerprint, request.indices)
         self.callers.check(context, Verb.READ, request.name, "ReadElements")
         with reads.reading(self.catalog, request.name, hit=request.epoch_start):
-            chunks = reads.read_elements(self.catalog, request.name, request.fingerprint,
-                                         request.indices, request.chunk_bytes)
+            chunks = reads.read_elements(
+                self.catalog,
+                request.name,
+                request.fingerprint,
+                request.indices,
+                request.chunk_bytes,
+            )
             self._plane_missed(context, request.name)
             for position, lengths, data in chunks:
                 metrics.READ_BYTES.labels("grpc").inc(len(data))
@@ -346,19 +442,26 @@ class CacheService(pb_grpc.CacheServiceServicer):
     # ------------------------------------------------------------ direct reads
 
     @_translating
-    def AcquireReadLease(self, request: pb.AcquireReadLeaseRequest,
-                         context: grpc.ServicerContext) -> pb.AcquireReadLeaseResponse:
+    def AcquireReadLease(
+        self, request: pb.AcquireReadLeaseRequest, context: grpc.ServicerContext
+    ) -> pb.AcquireReadLeaseResponse:
         validate.read(request.name, request.fingerprint)
         holder = self.callers.check(context, Verb.READ, request.name)
         peer = peer_ip(context.peer()) if request.data_plane and self.data_port else ""
-        lease, record, paths = self.leases.acquire(request.name, request.fingerprint,
-                                                   request.epoch_start, request.shards, peer,
-                                                   holder)
+        lease, record, paths = self.leases.acquire(
+            request.name, request.fingerprint, request.epoch_start, request.shards, peer, holder
+        )
         return pb.AcquireReadLeaseResponse(
-            lease_id=lease.id, ttl_seconds=self.leases.ttl, cache=self._proto(record),
-            data_dir=str(self.leases.data_dir), shard_dirs=[str(p) for p in paths],
-            instance_token=self.leases.token, instance_token_path=str(self.leases.token_path),
-            ticket=lease.ticket, data_port=self.data_port if lease.ticket else 0)
+            lease_id=lease.id,
+            ttl_seconds=self.leases.ttl,
+            cache=self._proto(record),
+            data_dir=str(self.leases.data_dir),
+            shard_dirs=[str(p) for p in paths],
+            instance_token=self.leases.token,
+            instance_token_path=str(self.leases.token_path),
+            ticket=lease.ticket,
+            data_port=self.data_port if lease.ticket else 0,
+        )
 
     def _plane_missed(self, context: grpc.ServicerContext, name: str) -> None:
         """Count (and log once per address) a read over gRPC by a caller holding an unused
@@ -370,20 +473,26 @@ class CacheService(pb_grpc.CacheServiceServicer):
             metrics.DATA_FALLBACKS.inc()
             if peer not in self._fallback_peers:
                 self._fallback_peers.add(peer)
-                log.warning("%s reads cache %r over gRPC: it holds a data-plane ticket but its "
-                            "data connections to port %d do not get through; open that port "
-                            "to it (docs/operations.md) for reads at the link's rate", peer,
-                            name, self.data_port)
+                log.warning(
+                    "%s reads cache %r over gRPC: it holds a data-plane ticket but its "
+                    "data connections to port %d do not get through; open that port "
+                    "to it (docs/operations.md) for reads at the link's rate",
+                    peer,
+                    name,
+                    self.data_port,
+                )
 
     @_translating
-    def RenewReadLease(self, request: pb.RenewReadLeaseRequest,
-                       context: grpc.ServicerContext) -> pb.RenewReadLeaseResponse:
+    def RenewReadLease(
+        self, request: pb.RenewReadLeaseRequest, context: grpc.ServicerContext
+    ) -> pb.RenewReadLeaseResponse:
         validate.lease_id(request.lease_id)
         return pb.RenewReadLeaseResponse(ttl_seconds=self.leases.renew(request.lease_id))
 
     @_translating
-    def ReleaseReadLease(self, request: pb.ReleaseReadLeaseRequest,
-                         context: grpc.ServicerContext) -> pb.ReleaseReadLeaseResponse:
+    def ReleaseReadLease(
+        self, request: pb.ReleaseReadLeaseRequest, context: grpc.ServicerContext
+    ) -> pb.ReleaseReadLeaseResponse:
         validate.lease_id(request.lease_id)
         self.leases.release(request.lease_id)
         return pb.ReleaseReadLeaseResponse()
@@ -391,8 +500,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
     # ------------------------------------------------------------ readers' figures
 
     @_translating
-    def ReportReads(self, request: pb.ReportReadsRequest,
-                    context: grpc.ServicerContext) -> pb.ReportReadsResponse:
+    def ReportReads(
+        self, request: pb.ReportReadsRequest, context: grpc.ServicerContext
+    ) -> pb.ReportReadsResponse:
         readers = validate.report_reads(request.reporter, request.readers)
         for labels, _ in readers:
             self.callers.check(context, Verb.READ, labels.cache)

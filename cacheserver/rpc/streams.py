@@ -29,11 +29,15 @@ def wire_handlers(service: Any) -> dict[str, grpc.RpcMethodHandler]:
     """
     return {
         "WriteCache": grpc.stream_stream_rpc_method_handler(
-            service.WriteCache, request_deserializer=decode_request,
-            response_serializer=pb.WriteCacheResponse.SerializeToString),
+            service.WriteCache,
+            request_deserializer=decode_request,
+            response_serializer=pb.WriteCacheResponse.SerializeToString,
+        ),
         "ReadShard": grpc.unary_stream_rpc_method_handler(
-            service.ReadShard, request_deserializer=pb.ReadShardRequest.FromString,
-            response_serializer=serialize_request),
+            service.ReadShard,
+            request_deserializer=pb.ReadShardRequest.FromString,
+            response_serializer=serialize_request,
+        ),
     }
 
 

@@ -43,8 +43,9 @@ def _text(value: str, what: str, limit: int, required: bool) -> str:
     if len(value) > limit:
         raise InvalidArgument(f"{what} is {len(value)} characters; the limit is {limit}")
     if not value.isprintable():
-        raise InvalidArgument(f"{what} {shown(value, 64)!r} holds control characters; "
-                              "use printable characters only")
+        raise InvalidArgument(
+            f"{what} {shown(value, 64)!r} holds control characters; use printable characters only"
+        )
     return value
 
 
@@ -57,20 +58,25 @@ def layout(layout_json: str) -> Layout:
     try:
         return Layout.from_json(layout_json)
     except ValueError as exc:
-        raise InvalidArgument(f"layout_json: {shown(str(exc), 400)}; see docs/format.md, "
-                              "\"Layouts\"") from None
+        raise InvalidArgument(
+            f'layout_json: {shown(str(exc), 400)}; see docs/format.md, "Layouts"'
+        ) from None
 
 
-def write_begin(cache: str, fp: str, layout_json: str, element_spec: bytes,
-                shard_bytes: int) -> Layout:
+def write_begin(
+    cache: str, fp: str, layout_json: str, element_spec: bytes, shard_bytes: int
+) -> Layout:
     name(cache)
     fingerprint(fp, required=True)
     if len(element_spec) > MAX_ELEMENT_SPEC_BYTES:
-        raise InvalidArgument(f"element_spec is {len(element_spec)} bytes; the limit is "
-                              f"{MAX_ELEMENT_SPEC_BYTES}")
+        raise InvalidArgument(
+            f"element_spec is {len(element_spec)} bytes; the limit is {MAX_ELEMENT_SPEC_BYTES}"
+        )
     if shard_bytes > MAX_SHARD_BYTES:
-        raise InvalidArgument(f"shard_bytes {shard_bytes} is over the limit {MAX_SHARD_BYTES} "
-                              "(1 TiB); 0 picks the daemon's default (1 GiB)")
+        raise InvalidArgument(
+            f"shard_bytes {shard_bytes} is over the limit {MAX_SHARD_BYTES} "
+            "(1 TiB); 0 picks the daemon's default (1 GiB)"
+        )
     return layout(layout_json)
 
 
@@ -78,14 +84,18 @@ def _raw_bytes(raw_bytes: int, stored: int, what: str) -> None:
     """Raw (uncompressed) bytes a writer declares for stored bytes it sent: no stored value
     decompresses to more than MAX_ZSTD_EXPANSION times its size (client/format/values.py)."""
     if raw_bytes > stored * MAX_ZSTD_EXPANSION:
-        raise InvalidArgument(f"{what} declares raw_bytes {raw_bytes} for {stored} stored "
-                              f"bytes; at most {MAX_ZSTD_EXPANSION} times the stored bytes")
+        raise InvalidArgument(
+            f"{what} declares raw_bytes {raw_bytes} for {stored} stored "
+            f"bytes; at most {MAX_ZSTD_EXPANSION} times the stored bytes"
+        )
 
 
 def write_chunk(lengths: bytes, data_bytes: int, raw_bytes: int) -> None:
     if len(lengths) % 4:
-        raise InvalidArgument(f"malformed WriteChunk: {len(lengths)} bytes of lengths is not "
-                              "a whole number of little-endian u32s")
+        raise InvalidArgument(
+            f"malformed WriteChunk: {len(lengths)} bytes of lengths is not "
+            "a whole number of little-endian u32s"
+        )
     _raw_bytes(raw_bytes, data_bytes, "a WriteChunk")
 
 
@@ -103,16 +113,18 @@ def read(cache: str, fp: str) -> None:
 def read_elements(cache: str, fp: str, indices: bytes) -> None:
     read(cache, fp)
     if len(indices) % 8:
-        raise InvalidArgument(f"indices is {len(indices)} bytes, not a whole number of "
-                              "little-endian uint64s")
+        raise InvalidArgument(
+            f"indices is {len(indices)} bytes, not a whole number of little-endian uint64s"
+        )
     check_indices(len(indices) // 8)
 
 
 def retention(cache: str, ttl_seconds: float | None) -> None:
     name(cache)
     if ttl_seconds is not None and not 0 <= ttl_seconds <= MAX_TTL_SECONDS:
-        raise InvalidArgument(f"ttl_seconds must be from 0 (0 clears it) to "
-                              f"{MAX_TTL_SECONDS:.0f}, got {ttl_seconds}")
+        raise InvalidArgument(
+            f"ttl_seconds must be from 0 (0 clears it) to {MAX_TTL_SECONDS:.0f}, got {ttl_seconds}"
+        )
 
 
 def operation(op_name: str) -> str:
@@ -121,8 +133,10 @@ def operation(op_name: str) -> str:
 
 def watch_interval(interval: float) -> float:
     if not (math.isfinite(interval) and 0 <= interval <= MAX_WATCH_INTERVAL):
-        raise InvalidArgument(f"interval must be from 0 (the default, 0.5 s) to "
-                              f"{MAX_WATCH_INTERVAL:.0f} seconds, got {interval}")
+        raise InvalidArgument(
+            f"interval must be from 0 (the default, 0.5 s) to "
+            f"{MAX_WATCH_INTERVAL:.0f} seconds, got {interval}"
+        )
     return interval
 
 
@@ -135,8 +149,9 @@ def start_materialize(cache: str, entry_point: str, element_spec: bytes, fp: str
     fingerprint(fp)
     _text(entry_point, "entry_point", MAX_ENTRY_POINT_CHARS, False)
     if len(element_spec) > MAX_ELEMENT_SPEC_BYTES:
-        raise InvalidArgument(f"element_spec is {len(element_spec)} bytes; the limit is "
-                              f"{MAX_ELEMENT_SPEC_BYTES}")
+        raise InvalidArgument(
+            f"element_spec is {len(element_spec)} bytes; the limit is {MAX_ELEMENT_SPEC_BYTES}"
+        )
 
 
 def report_reads(reporter: str, readers: Sequence[Any]) -> list[tuple[Labels, Figures]]:
@@ -144,8 +159,9 @@ def report_reads(reporter: str, readers: Sequence[Any]) -> list[tuple[Labels, Fi
     short plain words and whose figures are finite and not negative."""
     _label(reporter, "reporter")
     if len(readers) > MAX_REPORTED_READERS:
-        raise InvalidArgument(f"{len(readers)} readers in one report; the limit is "
-                              f"{MAX_REPORTED_READERS}")
+        raise InvalidArgument(
+            f"{len(readers)} readers in one report; the limit is {MAX_REPORTED_READERS}"
+        )
     out = []
     for r in readers:
         _label(r.training_job, "training_job")
@@ -158,12 +174,18 @@ def report_reads(reporter: str, readers: Sequence[Any]) -> list[tuple[Labels, Fi
             value = getattr(r, what)
             if not math.isfinite(value) or value < 0:
                 raise InvalidArgument(f"{what} {value} is not a finite number >= 0")
-        out.append((Labels(r.training_job, str(r.rank), r.cache, r.path),
-                    Figures(r.elements, r.bytes, r.chunks, r.chunk_seconds, r.stall_seconds)))
+        out.append(
+            (
+                Labels(r.training_job, str(r.rank), r.cache, r.path),
+                Figures(r.elements, r.bytes, r.chunks, r.chunk_seconds, r.stall_seconds),
+            )
+        )
     return out
 
 
 def _label(value: str, what: str) -> None:
     if not _LABEL.fullmatch(value):
-        raise InvalidArgument(f"{what} {shown(value, 64)!r} must be 1-64 of A-Z a-z 0-9 _ . - "
-                              "(SHARDCACHE_JOB, or CacheClient(job=...))")
+        raise InvalidArgument(
+            f"{what} {shown(value, 64)!r} must be 1-64 of A-Z a-z 0-9 _ . - "
+            "(SHARDCACHE_JOB, or CacheClient(job=...))"
+        )

@@ -50,9 +50,19 @@ _READ_BYTES = 8 << 20
 _SYNC_BYTES = 32 << 20
 _HELD_BLOCKS = 4  # a download's blocks received but not yet written and hashed
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_RETRYABLE_CODES = {"500", "502", "503", "504", "SlowDown", "RequestTimeout", "InternalError",
-                    "ServiceUnavailable", "Throttling", "ThrottlingException",
-                    "RequestTimeTooSkewed"}
+_RETRYABLE_CODES = {
+    "500",
+    "502",
+    "503",
+    "504",
+    "SlowDown",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeTooSkewed",
+}
 
 Progress = Callable[[int], None]
 
@@ -74,10 +84,12 @@ class StoreURL:
     def parse(cls, url: str) -> StoreURL:
         if not url.startswith("s3://"):
             raise ValueError(f"store URL {url!r} must look like s3://BUCKET/PREFIX")
-        bucket, _, prefix = url[len("s3://"):].partition("/")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
         if not _BUCKET_RE.fullmatch(bucket):
-            raise ValueError(f"store URL {url!r}: {bucket!r} is not a valid bucket name "
-                             "(3-63 lowercase letters, digits, '.' and '-')")
+            raise ValueError(
+                f"store URL {url!r}: {bucket!r} is not a valid bucket name "
+                "(3-63 lowercase letters, digits, '.' and '-')"
+            )
         prefix = prefix.strip("/")
         if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
             raise ValueError(f"store URL {url!r}: the prefix has an empty, '.' or '..' part")
@@ -99,8 +111,9 @@ class StoredObject:
 class Bucket:
     """The objects under one ``s3://BUCKET/PREFIX``; keys below are relative to PREFIX."""
 
-    def __init__(self, url: str, endpoint: str | None = None, *, timeout: float = 30.0,
-                 attempts: int = 3) -> None:
+    def __init__(
+        self, url: str, endpoint: str | None = None, *, timeout: float = 30.0, attempts: int = 3
+    ) -> None:
         self.url = StoreURL.parse(url)
         self.endpoint = endpoint or None
         self._timeout, self._attempts = timeout, attempts
@@ -120,11 +133,16 @@ class Bucket:
                 from botocore.config import Config
 
                 self._client = boto3.session.Session().client(
-                    "s3", endpoint_url=self.endpoint, config=Config(
-                        connect_timeout=min(self._timeout, 10), read_timeout=self._timeout,
+                    "s3",
+                    endpoint_url=self.endpoint,
+                    config=Config(
+                        connect_timeout=min(self._timeout, 10),
+                        read_timeout=self._timeout,
                         retries={"mode": "standard", "max_attempts": self._attempts},
-                        max_pool_connections=32, s3={"addressing_style": "path"}
-                        if self.endpoint else {}))
+                        max_pool_connections=32,
+                        s3={"addressing_style": "path"} if self.endpoint else {},
+                    ),
+                )
                 self.requests.attach(self._client)
             return self._client
 
@@ -149,8 +167,10 @@ class Bucket:
         try:
             return json.loads(data)
         except (UnicodeDecodeError, ValueError) as exc:
-            raise DataLoss(f"{self.url}/{key} is not valid JSON ({exc}); remove the cache from "
-                           "the store (cacheserver rm --store) and build it again") from None
+            raise DataLoss(
+                f"{self.url}/{key} is not valid JSON ({exc}); remove the cache from "
+                "the store (cacheserver rm --store) and build it again"
+            ) from None
 
     def create(self, key: str, doc: Any) -> bool:
         """Write doc (JSON) under key only if no object is there yet: True if this call made it.
@@ -161,25 +181,35 @@ class Bucket:
         body = json.dumps(doc, indent=1).encode()
         with self._errors(f"create {key}"):
             try:
-                self.client.put_object(Bucket=self.url.bucket, Key=self._key(key), Body=body,
-                                       IfNoneMatch="*", ContentType="application/json")
+                self.client.put_object(
+                    Bucket=self.url.bucket,
+                    Key=self._key(key),
+                    Body=body,
+                    IfNoneMatch="*",
+                    ContentType="application/json",
+                )
             except self._client.exceptions.ClientError as exc:
-                if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict",
-                                  "409"):
+                if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                     return False
                 raise
         return True
 
     def names(self, prefix: str) -> list[str]:
         """The next path components under prefix (the 'directories' of a listing)."""
-        full = self._key(prefix).rstrip("/") + "/" if prefix else (
-            f"{self.url.prefix}/" if self.url.prefix else "")
+        full = (
+            self._key(prefix).rstrip("/") + "/"
+            if prefix
+            else (f"{self.url.prefix}/" if self.url.prefix else "")
+        )
         out: list[str] = []
         with self._errors(f"list {prefix or '/'}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.url.bucket, Prefix=full, Delimiter="/")
+                Bucket=self.url.bucket, Prefix=full, Delimiter="/"
+            )
             for page in pages:
-                out += [p["Prefix"][len(full):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+                out += [
+                    p["Prefix"][len(full) :].rstrip("/") for p in page.get("CommonPrefixes", [])
+                ]
         return out
 
     def keys(self, prefix: str) -> Iterator[tuple[str, int]]:
@@ -187,7 +217,8 @@ class Bucket:
         full, strip = self._key(prefix), len(self._key(""))
         with self._errors(f"list {prefix}"):
             for page in self.client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.url.bucket, Prefix=full):
+                Bucket=self.url.bucket, Prefix=full
+            ):
                 for obj in page.get("Contents", []):
                     yield obj["Key"][strip:], obj["Size"]
 
@@ -195,9 +226,13 @@ class Bucket:
         """Delete keys (missing ones are not an error), 1,000 per request."""
         with self._errors("delete objects"):
             for i in range(0, len(keys), 1000):
-                self.client.delete_objects(Bucket=self.url.bucket, Delete={
-                    "Objects": [{"Key": self._key(k)} for k in keys[i:i + 1000]],
-                    "Quiet": True})
+                self.client.delete_objects(
+                    Bucket=self.url.bucket,
+                    Delete={
+                        "Objects": [{"Key": self._key(k)} for k in keys[i : i + 1000]],
+                        "Quiet": True,
+                    },
+                )
 
     # ------------------------------------------------------------------ shard files
 
@@ -209,14 +244,17 @@ class Bucket:
         from boto3.s3.transfer import TransferConfig
 
         size = path.stat().st_size
-        config = TransferConfig(multipart_threshold=MULTIPART_BYTES,
-                                multipart_chunksize=MULTIPART_BYTES,
-                                max_concurrency=UPLOAD_CONCURRENCY)
+        config = TransferConfig(
+            multipart_threshold=MULTIPART_BYTES,
+            multipart_chunksize=MULTIPART_BYTES,
+            max_concurrency=UPLOAD_CONCURRENCY,
+        )
         with ThreadPoolExecutor(1, thread_name_prefix="shardcache-sha") as hasher:
             digest = hasher.submit(sha256_file, path)
             with self._errors(f"upload {key}"):
-                self.client.upload_file(str(path), self.url.bucket, self._key(key),
-                                        Config=config, Callback=progress)
+                self.client.upload_file(
+                    str(path), self.url.bucket, self._key(key), Config=config, Callback=progress
+                )
             return StoredObject(key, size, digest.result())
 
     def download(self, obj: StoredObject, dest: Path, progress: Progress | None = None) -> None:
@@ -227,8 +265,9 @@ class Bucket:
         tmp = dest.with_name(f".{dest.name}.part")
         try:
             with self._errors(f"download {obj.key}"), open(tmp, "wb") as f, _Sink(f) as sink:
-                body = self.client.get_object(Bucket=self.url.bucket,
-                                              Key=self._key(obj.key))["Body"]
+                body = self.client.get_object(Bucket=self.url.bucket, Key=self._key(obj.key))[
+                    "Body"
+                ]
                 for block in body.iter_chunks(_READ_BYTES):
                     sink.put(block)
                     if progress is not None:
@@ -239,7 +278,8 @@ class Bucket:
                     f"object {self.url}/{obj.key} is corrupt: {size} bytes with SHA-256 "
                     f"{sha256[:16]}..., the manifest says {obj.size} bytes, "
                     f"{obj.sha256[:16]}...; it was not served. Remove the cache from the store "
-                    "(cacheserver rm --store NAME) and build it again")
+                    "(cacheserver rm --store NAME) and build it again"
+                )
             os.replace(tmp, dest)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
@@ -274,18 +314,21 @@ class _Translate:
             code = _code(exc) if isinstance(exc, bx.ClientError) else str(exc)
             if isinstance(exc, S3UploadFailedError) or code in _RETRYABLE_CODES:
                 raise StoreUnavailable(f"could not {self.what} in {where}: {exc}") from exc
-            hint = {"NoSuchBucket": "create the bucket, or fix --store",
-                    "404": "create the bucket, or fix --store",
-                    "AccessDenied": "grant this daemon's credentials access to the bucket",
-                    "403": "grant this daemon's credentials access to the bucket",
-                    "InvalidAccessKeyId": "fix the credentials (AWS_ACCESS_KEY_ID ...)",
-                    "SignatureDoesNotMatch": "fix the credentials (AWS_SECRET_ACCESS_KEY ...)",
-                    }.get(code, "see the store's message")
+            hint = {
+                "NoSuchBucket": "create the bucket, or fix --store",
+                "404": "create the bucket, or fix --store",
+                "AccessDenied": "grant this daemon's credentials access to the bucket",
+                "403": "grant this daemon's credentials access to the bucket",
+                "InvalidAccessKeyId": "fix the credentials (AWS_ACCESS_KEY_ID ...)",
+                "SignatureDoesNotMatch": "fix the credentials (AWS_SECRET_ACCESS_KEY ...)",
+            }.get(code, "see the store's message")
             raise StoreRefused(f"could not {self.what} in {where}: {exc}; {hint}") from exc
         if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
-            raise StoreRefused(f"could not {self.what} in {where}: {exc}; set AWS_ACCESS_KEY_ID "
-                               "and AWS_SECRET_ACCESS_KEY, a shared credentials file, or "
-                               "an instance or pod identity") from exc
+            raise StoreRefused(
+                f"could not {self.what} in {where}: {exc}; set AWS_ACCESS_KEY_ID "
+                "and AWS_SECRET_ACCESS_KEY, a shared credentials file, or "
+                "an instance or pod identity"
+            ) from exc
         from urllib3.exceptions import HTTPError
 
         if isinstance(exc, bx.BotoCoreError | HTTPError):  # connection, timeout, broken stream
@@ -322,8 +365,12 @@ class _Sink:
     def put(self, block: bytes) -> None:
         while len(self._held) >= _HELD_BLOCKS:
             self._wait_oldest()
-        self._held.append((self._writer.submit(self._write, block),
-                           self._hasher.submit(self._digest.update, block)))
+        self._held.append(
+            (
+                self._writer.submit(self._write, block),
+                self._hasher.submit(self._digest.update, block),
+            )
+        )
 
     def close(self) -> tuple[int, str]:
         """Wait for every block to be written and hashed; fsync the file. (size, SHA-256)."""
@@ -342,8 +389,7 @@ class _Sink:
     def _write(self, block: bytes) -> None:  # the writer thread
         self._f.write(block)
         self._size += len(block)
-        if self._size - self._synced >= _SYNC_BYTES and (self._sync is None or
-                                                          self._sync.done()):
+        if self._size - self._synced >= _SYNC_BYTES and (self._sync is None or self._sync.done()):
             if self._sync is not None:
                 self._sync.result()  # a failed sync's error
             self._f.flush()

@@ -52,8 +52,13 @@ class Tally:
 
 def op_kind(operation: str) -> str:
     """The price-list kind of an S3 operation name (GetObject -> GET, ListObjectsV2 -> LIST)."""
-    for prefix, kind in (("List", "LIST"), ("Head", "HEAD"), ("Get", "GET"),
-                         ("Delete", "DELETE"), ("Abort", "DELETE")):
+    for prefix, kind in (
+        ("List", "LIST"),
+        ("Head", "HEAD"),
+        ("Get", "GET"),
+        ("Delete", "DELETE"),
+        ("Abort", "DELETE"),
+    ):
         if operation.startswith(prefix):
             return kind
     return "PUT"
@@ -84,13 +89,12 @@ class StoreRequests:
         """The cache a key (with the store's prefix) belongs to; "" for none."""
         if not key.startswith(self._prefix):
             return ""
-        name, sep, _ = key[len(self._prefix):].partition("/")
+        name, sep, _ = key[len(self._prefix) :].partition("/")
         return name if sep else ""
 
     # ------------------------------------------------------------------ the hooks
 
-    def _before_build(self, params: dict[str, Any], context: dict[str, Any],
-                      **_: Any) -> None:
+    def _before_build(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
         key = params.get("Key") or params.get("Prefix") or ""
         if not key and isinstance(params.get("Delete"), dict):
             objects = params["Delete"].get("Objects") or [{}]
@@ -110,8 +114,9 @@ class StoreRequests:
                 tally.requests[kind] = tally.requests.get(kind, 0) + 1
                 tally.bytes_out += sent
 
-    def _received(self, response_dict: dict[str, Any] | None, context: dict[str, Any],
-                  **_: Any) -> None:
+    def _received(
+        self, response_dict: dict[str, Any] | None, context: dict[str, Any], **_: Any
+    ) -> None:
         if not response_dict:
             return
         try:

@@ -96,8 +96,10 @@ def check_block_bytes(block_bytes: object) -> int:
     if block_bytes is None:
         return settings.BLOCK_BYTES.get()
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 0:
-        raise InvalidArgumentError(f"block_bytes must be an int >= 0 (0: one element per "
-                                   f"stored value), got {block_bytes!r}")
+        raise InvalidArgumentError(
+            f"block_bytes must be an int >= 0 (0: one element per "
+            f"stored value), got {block_bytes!r}"
+        )
     return block_bytes
 
 
@@ -153,21 +155,25 @@ class BlockPacker:
         self.layout = layout
         self._k = layout.block_elements
         # one element per value (images): exactly as format 1, kept only at >= 1.2x
-        self._compressor = compressor or (Compressor(min_ratio=BLOCK_MIN_RATIO)
-                                          if self._k > 1 else Compressor())
-        self._pending = np.empty((0, layout.record_size if layout.fixed_numeric else 0),
-                                 np.uint8)
+        self._compressor = compressor or (
+            Compressor(min_ratio=BLOCK_MIN_RATIO) if self._k > 1 else Compressor()
+        )
+        self._pending = np.empty((0, layout.record_size if layout.fixed_numeric else 0), np.uint8)
 
-    def add(self, batch: Sequence[Any], n: int, compress: bool = True
-            ) -> tuple[list[bytes], int, int]:
+    def add(
+        self, batch: Sequence[Any], n: int, compress: bool = True
+    ) -> tuple[list[bytes], int, int]:
         """compress=False: the completed values are stored raw, without trying zstd."""
         if self.layout.row_delta:
             batch = delta_rows(self.layout, batch)
         if self._k == 1 and self.layout.fixed_numeric:  # each value joined from its leaves
             cols = fixed_columns(self.layout, batch)
             pack = self._compressor.pack_parts
-            return ([pack([c[i] for c in cols], compress) for i in range(n)],
-                    n * self.layout.record_size, n)
+            return (
+                [pack([c[i] for c in cols], compress) for i in range(n)],
+                n * self.layout.record_size,
+                n,
+            )
         if self._k == 1:
             bodies = encode_batch(self.layout, batch, n)
             raw = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in bodies)
@@ -186,9 +192,10 @@ class BlockPacker:
 
     def _pack(self, rows: np.ndarray, compress: bool) -> tuple[list[bytes], int, int]:
         k, pack, stride = self._k, self._compressor.pack, self.layout.block_shuffle
-        values = [pack(shuffle(np.ascontiguousarray(rows[i:i + k]), stride).data.cast("B"),
-                       compress)
-                  for i in range(0, len(rows), k)]
+        values = [
+            pack(shuffle(np.ascontiguousarray(rows[i : i + k]), stride).data.cast("B"), compress)
+            for i in range(0, len(rows), k)
+        ]
         return values, rows.nbytes, len(rows)
 
 
@@ -196,13 +203,16 @@ def unpack_block(dec: Decompressor, value: Any, k: int, record_size: int) -> Any
     """A stored block's body, checked to hold a whole number of at most k records."""
     body = dec.unpack(value)
     if len(body) % record_size or len(body) > record_size * k:
-        raise RecordError(f"block of {len(body)} bytes is not a whole number "
-                          f"of at most {k} {record_size}-byte records")
+        raise RecordError(
+            f"block of {len(body)} bytes is not a whole number "
+            f"of at most {k} {record_size}-byte records"
+        )
     return body
 
 
-def unpack_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
-                  exact_records: bool = False) -> tuple[list[Any], int]:
+def unpack_values(
+    layout: Layout, dec: Decompressor, values: Sequence[Any], exact_records: bool = False
+) -> tuple[list[Any], int]:
     """The bodies of stored values, each a block or a single element, and the elements
     they hold. exact_records: a single element's body must be layout.record_size long.
 
@@ -229,8 +239,9 @@ def unpack_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
     return bodies, before
 
 
-def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
-                  empty: Empty | None = None) -> tuple[int, list[Any]]:
+def decode_values(
+    layout: Layout, dec: Decompressor, values: Sequence[Any], empty: Empty | None = None
+) -> tuple[int, list[Any]]:
     """Decode stored values, each a block or a single element: (elements, batch per leaf).
     empty: makes the arrays fixed-shape leaves are copied into (codec.decode_fixed).
 
@@ -241,8 +252,9 @@ def decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
     return n, undelta_rows(layout, batch) if layout.row_delta else batch
 
 
-def _decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
-                   empty: Empty | None) -> tuple[int, list[Any]]:
+def _decode_values(
+    layout: Layout, dec: Decompressor, values: Sequence[Any], empty: Empty | None
+) -> tuple[int, list[Any]]:
     bodies, before = unpack_values(layout, dec, values)
     if layout.block_elements == 1:  # one element per value (format 1)
         try:
@@ -259,7 +271,7 @@ def _decode_values(layout: Layout, dec: Decompressor, values: Sequence[Any],
     at = 0
     for body in bodies:
         m = len(body) // rs
-        unshuffle_into(body, rows[at:at + m], layout.block_shuffle)
+        unshuffle_into(body, rows[at : at + m], layout.block_shuffle)
         at += m
     return before, decode_fixed(layout, rows, before, empty)
 

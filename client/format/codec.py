@@ -104,7 +104,8 @@ def _shape_matches(shape: tuple[int, ...], layout_shape: tuple[int | None, ...] 
     if layout_shape is None:
         return True
     return len(shape) == len(layout_shape) and all(
-        want is None or want == got for got, want in zip(shape, layout_shape))
+        want is None or want == got for got, want in zip(shape, layout_shape)
+    )
 
 
 def encode_fixed_batch(layout: Layout, leaves: Sequence[np.ndarray]) -> np.ndarray:
@@ -134,8 +135,10 @@ def fixed_columns(layout: Layout, leaves: Sequence[np.ndarray]) -> list[np.ndarr
     cols = []
     for leaf, arr in zip(layout.leaves, arrays):
         if arr.shape != (n, *leaf.fixed_shape):
-            raise RecordError(f"batch component shape {arr.shape} does not match "
-                              f"{n} elements of layout shape {leaf.shape}")
+            raise RecordError(
+                f"batch component shape {arr.shape} does not match "
+                f"{n} elements of layout shape {leaf.shape}"
+            )
         cols.append(np.ascontiguousarray(arr).reshape(n, leaf.size).view(np.uint8))
     return cols
 
@@ -155,8 +158,9 @@ def encode_batch(layout: Layout, batch: Sequence[Any], n: int) -> list[Any]:
 # --------------------------------------------------------------------------- decode
 
 
-def decode_batch(layout: Layout, bodies: Sequence[memoryview | bytes],
-                 empty: Empty | None = None) -> list[Any]:
+def decode_batch(
+    layout: Layout, bodies: Sequence[memoryview | bytes], empty: Empty | None = None
+) -> list[Any]:
     """Decode n record bodies into one batch per leaf.
 
     Fixed numeric leaves come back as arrays of shape (n, *shape); fixed string
@@ -188,8 +192,9 @@ _LEAF_ALIGN = 64
 _SHARED_MIN_BYTES = 256 << 10
 
 
-def decode_fixed(layout: Layout, joined: Any, n: int, empty: Empty | None = None
-                 ) -> list[np.ndarray]:
+def decode_fixed(
+    layout: Layout, joined: Any, n: int, empty: Empty | None = None
+) -> list[np.ndarray]:
     """n records of a fixed-numeric layout, back to back in joined: one array per leaf.
 
     One leaf: a view of joined. Several: each copied out of the rows; from
@@ -201,7 +206,7 @@ def decode_fixed(layout: Layout, joined: Any, n: int, empty: Empty | None = None
     if len(layout.leaves) == 1 or empty is None or rows.nbytes < _SHARED_MIN_BYTES:
         out, off = [], 0
         for leaf in layout.leaves:
-            col = rows[:, off:off + leaf.nbytes]
+            col = rows[:, off : off + leaf.nbytes]
             if len(layout.leaves) > 1:
                 col = np.ascontiguousarray(col)
             out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
@@ -211,8 +216,8 @@ def decode_fixed(layout: Layout, joined: Any, n: int, empty: Empty | None = None
     shared = empty((sum(spans),), np.dtype(np.uint8))
     out, off, at = [], 0, 0
     for leaf, span in zip(layout.leaves, spans):
-        col = shared[at:at + n * leaf.nbytes].reshape(n, leaf.nbytes)
-        np.copyto(col, rows[:, off:off + leaf.nbytes])
+        col = shared[at : at + n * leaf.nbytes].reshape(n, leaf.nbytes)
+        np.copyto(col, rows[:, off : off + leaf.nbytes])
         out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
         off += leaf.nbytes
         at += span
@@ -226,8 +231,7 @@ def _ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts, lengths) + (np.arange(total, dtype=np.int64) - offsets)
 
 
-def _decode_known_ranks(layout: Layout, bodies: Sequence[memoryview | bytes]
-                        ) -> list[Any] | None:
+def _decode_known_ranks(layout: Layout, bodies: Sequence[memoryview | bytes]) -> list[Any] | None:
     """decode_batch for numeric leaves of known rank, vectorized over the records.
 
     Walks all records' leaves at once with numpy index arithmetic instead of a
@@ -247,8 +251,11 @@ def _decode_known_ranks(layout: Layout, bodies: Sequence[memoryview | bytes]
             nbytes = leaf.nbytes
             if np.any(pos + nbytes > ends):
                 return None
-            rows = buf[pos[:, None] + np.arange(nbytes)] if nbytes else \
-                np.empty((len(pos), 0), np.uint8)
+            rows = (
+                buf[pos[:, None] + np.arange(nbytes)]
+                if nbytes
+                else np.empty((len(pos), 0), np.uint8)
+            )
             out.append(rows.view(leaf.np_dtype).reshape((len(pos), *leaf.fixed_shape)))
             pos = pos + nbytes
             continue
@@ -269,8 +276,7 @@ def _decode_known_ranks(layout: Layout, bodies: Sequence[memoryview | bytes]
         if np.any(pos + sizes > ends):
             return None
         values = buf[_ragged_arange(pos, sizes)].view(leaf.np_dtype)
-        out.append(VarLeaf(values, counts, dims.reshape(-1),
-                           np.full(len(pos), rank, np.int64)))
+        out.append(VarLeaf(values, counts, dims.reshape(-1), np.full(len(pos), rank, np.int64)))
         pos = pos + sizes
     if np.any(pos != ends):
         return None
@@ -295,8 +301,9 @@ def _decode_general(layout: Layout, bodies: Sequence[memoryview | bytes]) -> lis
                     shape = tuple(np.frombuffer(buf, "<u8", rank, pos + 1).tolist())
                     pos += 1 + 8 * rank
                     if not _shape_matches(shape, leaf.shape) or any(d > MAX_DIM for d in shape):
-                        raise RecordError(f"component {i} has shape {shape}, layout says "
-                                          f"{leaf.shape}")
+                        raise RecordError(
+                            f"component {i} has shape {shape}, layout says {leaf.shape}"
+                        )
                 count = math.prod(shape)
                 if leaf.is_string:
                     _need(pos + 8 * count, end, "string lengths")
@@ -305,7 +312,7 @@ def _decode_general(layout: Layout, bodies: Sequence[memoryview | bytes]) -> lis
                     _need(pos + sum(lens), end, "strings")
                     items = []
                     for ln in lens:
-                        items.append(bytes(buf[pos:pos + ln]))
+                        items.append(bytes(buf[pos : pos + ln]))
                         pos += ln
                     arr = np.empty(count, object)
                     arr[:] = items

@@ -42,19 +42,19 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = ALIGN) -
     nbytes = math.prod(shape) * dtype.itemsize  # not np.prod: ~3 us a call
     raw = np.empty(nbytes + align, np.uint8)
     offset = -raw.ctypes.data % align
-    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
 def handles(layout: Layout) -> bool:
     """True when decode_into serves layout: fixed numeric leaves, in blocks or large records."""
-    return layout.fixed_numeric and (layout.block_elements > 1
-                                     or layout.record_size >= MIN_RECORD_BYTES)
+    return layout.fixed_numeric and (
+        layout.block_elements > 1 or layout.record_size >= MIN_RECORD_BYTES
+    )
 
 
-
-
-def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any],
-                empty: Empty = aligned_empty) -> tuple[int, list[np.ndarray]]:
+def decode_into(
+    layout: Layout, dec: Decompressor, values: Sequence[Any], empty: Empty = aligned_empty
+) -> tuple[int, list[np.ndarray]]:
     """Decode stored values of a layout that handles() accepts: (elements, array per leaf),
     the arrays made by empty (aligned to ALIGN, as aligned_empty's).
 
@@ -68,8 +68,9 @@ def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any],
     # each leaf as (n, its bytes) uint8 rows, and where it sits in a record
     columns, off = [], 0
     for leaf, out in zip(layout.leaves, outs):
-        columns.append((out.reshape(n, -1).view(np.uint8) if leaf.nbytes else None, off,
-                        leaf.nbytes))
+        columns.append(
+            (out.reshape(n, -1).view(np.uint8) if leaf.nbytes else None, off, leaf.nbytes)
+        )
         off += leaf.nbytes
     stride = layout.block_shuffle if k > 1 else 1
     at = 0
@@ -78,13 +79,14 @@ def decode_into(layout: Layout, dec: Decompressor, values: Sequence[Any],
             rows = src.reshape(m, rs)
             for col, start, nbytes in columns:
                 if col is not None:
-                    col[at:at + m] = rows[:, start:start + nbytes]
+                    col[at : at + m] = rows[:, start : start + nbytes]
         else:  # the block is stored byte-shuffled (client/format/blocks.py): unshuffle per leaf
             planes = src
             for col, start, nbytes in columns:
                 if col is not None:
-                    unshuffle_words(planes[:, :, start // stride:(start + nbytes) // stride],
-                                    col[at:at + m])
+                    unshuffle_words(
+                        planes[:, :, start // stride : (start + nbytes) // stride], col[at : at + m]
+                    )
         at += m
     return n, undelta_rows(layout, outs) if layout.row_delta else outs  # in place: writable
 
@@ -94,15 +96,25 @@ def _pieces(bodies: list[Any], n: int, rs: int, stride: int) -> list[tuple[int, 
     (stride, m, rs // stride). Small bodies of one record each (elements cut out of their
     blocks by a shuffled read) are joined into one piece: one NumPy step for all, ~0.1 ms
     per 4 MiB, instead of ~2 us per record."""
-    if n > 1 and rs < MIN_RECORD_BYTES and len(bodies) == n and all(
-            len(body) == rs for body in bodies):
+    if (
+        n > 1
+        and rs < MIN_RECORD_BYTES
+        and len(bodies) == n
+        and all(len(body) == rs for body in bodies)
+    ):
         joined = np.frombuffer(b"".join(bodies), np.uint8)
         if stride == 1:
             return [(n, joined.reshape(n, rs))]
         return [(n, joined.reshape(n, stride, rs // stride).transpose(1, 0, 2))]
-    return [(len(body) // rs, np.frombuffer(body, np.uint8).reshape(
-        (len(body) // rs, rs) if stride == 1 else (stride, len(body) // rs, rs // stride)))
-        for body in bodies]
+    return [
+        (
+            len(body) // rs,
+            np.frombuffer(body, np.uint8).reshape(
+                (len(body) // rs, rs) if stride == 1 else (stride, len(body) // rs, rs // stride)
+            ),
+        )
+        for body in bodies
+    ]
 
 
 def unshuffle_words(planes: np.ndarray, out: np.ndarray) -> None:

@@ -50,8 +50,22 @@ def _numpy_dtype(name: str) -> np.dtype:
 
 
 _DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128", "string",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "string",
 )
 
 
@@ -76,10 +90,13 @@ class Leaf:
         if len(shape) > MAX_RANK:
             raise ValueError(f"rank {len(shape)} exceeds the record format's {MAX_RANK}")
         known = math.prod(d for d in shape if d is not None) * (
-            8 if self.dtype == "string" else _numpy_dtype(self.dtype).itemsize)
+            8 if self.dtype == "string" else _numpy_dtype(self.dtype).itemsize
+        )
         if known > MAX_ELEMENT_BYTES:
-            raise ValueError(f"a {self.dtype} leaf of shape {list(shape)} takes {known} bytes; "
-                             f"an element may take at most {MAX_ELEMENT_BYTES} bytes")
+            raise ValueError(
+                f"a {self.dtype} leaf of shape {list(shape)} takes {known} bytes; "
+                f"an element may take at most {MAX_ELEMENT_BYTES} bytes"
+            )
         object.__setattr__(self, "shape", shape)
 
     @functools.cached_property  # asked per chunk decoded, as the others here
@@ -115,8 +132,12 @@ class Leaf:
 def row_delta_leaf(leaf: Leaf) -> bool:
     """True for the leaves the row-delta filter applies to: fixed-shape uint8 of rank >= 2
     with at least two rows (images: height x width [x channels]); client/format/blocks.py."""
-    return (leaf.dtype == "uint8" and leaf.fixed and len(leaf.fixed_shape) >= 2
-            and leaf.fixed_shape[0] >= 2)
+    return (
+        leaf.dtype == "uint8"
+        and leaf.fixed
+        and len(leaf.fixed_shape) >= 2
+        and leaf.fixed_shape[0] >= 2
+    )
 
 
 def _dimension(d: Any) -> int:
@@ -146,22 +167,26 @@ class Layout:
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if len(self.leaves) > MAX_LEAVES:
-            raise ValueError(f"{len(self.leaves)} leaves; an element may have at most "
-                             f"{MAX_LEAVES}")
+            raise ValueError(f"{len(self.leaves)} leaves; an element may have at most {MAX_LEAVES}")
         fixed = sum(leaf.nbytes for leaf in self.leaves if leaf.fixed and not leaf.is_string)
         if fixed > MAX_ELEMENT_BYTES:
-            raise ValueError(f"an element's fixed leaves take {fixed} bytes; an element may "
-                             f"take at most {MAX_ELEMENT_BYTES} bytes")
+            raise ValueError(
+                f"an element's fixed leaves take {fixed} bytes; an element may "
+                f"take at most {MAX_ELEMENT_BYTES} bytes"
+            )
         if self.block_elements > 1 and not self.fixed_numeric:
-            raise ValueError("only layouts of fixed-shape numeric leaves pack elements into "
-                             "blocks")
+            raise ValueError("only layouts of fixed-shape numeric leaves pack elements into blocks")
         if self.block_elements > 1 and self.block_elements * self.record_size > MAX_BLOCK_BYTES:
-            raise ValueError(f"blocks of {self.block_elements} records of {self.record_size} "
-                             f"bytes; a block's body may take at most {MAX_BLOCK_BYTES} bytes")
-        if self.block_shuffle > 1 and (self.block_elements == 1
-                                       or self.record_size % self.block_shuffle):
-            raise ValueError(f"block_shuffle {self.block_shuffle} needs blocks of records "
-                             "whose size it divides")
+            raise ValueError(
+                f"blocks of {self.block_elements} records of {self.record_size} "
+                f"bytes; a block's body may take at most {MAX_BLOCK_BYTES} bytes"
+            )
+        if self.block_shuffle > 1 and (
+            self.block_elements == 1 or self.record_size % self.block_shuffle
+        ):
+            raise ValueError(
+                f"block_shuffle {self.block_shuffle} needs blocks of records whose size it divides"
+            )
         if type(self.row_delta) is not bool:
             raise ValueError(f"row_delta must be a bool, got {self.row_delta!r}")
         if self.row_delta and not any(map(row_delta_leaf, self.leaves)):
@@ -188,8 +213,11 @@ class Layout:
         ]
         doc: dict[str, Any] = {"format": 1}  # exactly format 1: one element per value
         if self.block_elements > 1 or self.row_delta:
-            doc = {"format": FORMAT_ROW_DELTA if self.row_delta else FORMAT_VERSION,
-                   "block_elements": self.block_elements, "block_shuffle": self.block_shuffle}
+            doc = {
+                "format": FORMAT_ROW_DELTA if self.row_delta else FORMAT_VERSION,
+                "block_elements": self.block_elements,
+                "block_shuffle": self.block_shuffle,
+            }
             if self.row_delta:
                 doc["row_delta"] = True
         return json.dumps(doc | {"leaves": leaves}, separators=(",", ":"))
@@ -204,18 +232,18 @@ class Layout:
             if not isinstance(doc, dict):
                 raise TypeError(f"expected an object, got {type(doc).__name__}")
             if doc.get("format") not in _READABLE_FORMATS:
-                raise ValueError(f"record format {doc.get('format')!r}, this version reads "
-                                 f"{_READABLE_FORMATS}: upgrade shardcache or rebuild the cache")
-            block = (doc["block_elements"], doc["block_shuffle"]) if doc["format"] >= 2 \
-                else (1, 1)
+                raise ValueError(
+                    f"record format {doc.get('format')!r}, this version reads "
+                    f"{_READABLE_FORMATS}: upgrade shardcache or rebuild the cache"
+                )
+            block = (doc["block_elements"], doc["block_shuffle"]) if doc["format"] >= 2 else (1, 1)
             if doc["format"] >= FORMAT_ROW_DELTA:
                 block = (*block, doc["row_delta"])
             leaves = doc["leaves"]
             if not isinstance(leaves, list):
                 raise TypeError("leaves must be a list")
             if len(leaves) > MAX_LEAVES:
-                raise ValueError(f"{len(leaves)} leaves; an element may have at most "
-                                 f"{MAX_LEAVES}")
+                raise ValueError(f"{len(leaves)} leaves; an element may have at most {MAX_LEAVES}")
             out = []
             for d in leaves:
                 if not isinstance(d, dict):
@@ -236,12 +264,15 @@ def _check_json_bounds(text: str) -> None:
     if not isinstance(text, str):
         raise TypeError(f"a layout is JSON text, got {type(text).__name__}")
     if len(text) > MAX_LAYOUT_JSON_BYTES:
-        raise ValueError(f"{len(text)} characters of JSON; a layout may take at most "
-                         f"{MAX_LAYOUT_JSON_BYTES}")
+        raise ValueError(
+            f"{len(text)} characters of JSON; a layout may take at most {MAX_LAYOUT_JSON_BYTES}"
+        )
     brackets = np.frombuffer(_JSON_STRING.sub("", text).encode(errors="replace"), np.uint8)
-    steps = (np.isin(brackets, (ord("["), ord("{"))).astype(np.int32)
-             - np.isin(brackets, (ord("]"), ord("}"))))
+    steps = np.isin(brackets, (ord("["), ord("{"))).astype(np.int32) - np.isin(
+        brackets, (ord("]"), ord("}"))
+    )
     depth = int(np.cumsum(steps).max()) if steps.size else 0
     if depth > MAX_LAYOUT_DEPTH:
-        raise ValueError(f"JSON nested {depth} deep; a layout nests at most "
-                         f"{MAX_LAYOUT_DEPTH} deep")
+        raise ValueError(
+            f"JSON nested {depth} deep; a layout nests at most {MAX_LAYOUT_DEPTH} deep"
+        )

@@ -38,9 +38,15 @@ def window_records(chunk_bytes: int, num_elements: int, stored_bytes: int) -> in
     return max(1, -(-chunk * num_elements // stored_bytes)) if stored_bytes else 1
 
 
-def gather_chunks(open_shard: Callable[[int], AbstractContextManager[ShardGetter]],
-                  wanted: np.ndarray, firsts: np.ndarray, window: int, layout_json: str,
-                  where: str, views: bool = False) -> Iterator[tuple[int, bytes, Any]]:
+def gather_chunks(
+    open_shard: Callable[[int], AbstractContextManager[ShardGetter]],
+    wanted: np.ndarray,
+    firsts: np.ndarray,
+    window: int,
+    layout_json: str,
+    where: str,
+    views: bool = False,
+) -> Iterator[tuple[int, bytes, Any]]:
     """(position, lengths, data) chunks of the elements at global indices wanted, in
     order, one element per value (blocks: cut out of their blocks).
 
@@ -62,15 +68,15 @@ def gather_chunks(open_shard: Callable[[int], AbstractContextManager[ShardGetter
             for shard in np.unique(shards):
                 getter = open_shards.get(int(shard))
                 if getter is None:
-                    getter = open_shards[int(shard)] = stack.enter_context(
-                        open_shard(int(shard)))
+                    getter = open_shards[int(shard)] = stack.enter_context(open_shard(int(shard)))
                 at = np.flatnonzero(shards == shard)
-                got = extract.get(getter, local[first:stop][at], f"{where} shard {int(shard)}",
-                                  views)
+                got = extract.get(
+                    getter, local[first:stop][at], f"{where} shard {int(shard)}", views
+                )
                 for i, value in zip(at.tolist(), got):
                     values[i] = value
             for start in range(first, stop, window):
-                part = values[start - first:min(start + window, stop) - first]
+                part = values[start - first : min(start + window, stop) - first]
                 if views:
                     yield start, b"", part
                     continue
@@ -102,8 +108,9 @@ class Extractor:
             return window
         return max(1, min(wanted, SPAN_BYTES // self._size))
 
-    def get(self, getter: ShardGetter, local: np.ndarray, where: str, views: bool = False
-            ) -> list[Any]:
+    def get(
+        self, getter: ShardGetter, local: np.ndarray, where: str, views: bool = False
+    ) -> list[Any]:
         """The elements at shard-local indices local, each as a value of its own (views:
         one element per value as views into the map, see ShardGetter.get_many)."""
         if self.k == 1:
@@ -115,27 +122,35 @@ class Extractor:
         bounds = np.searchsorted(inverse[order], np.arange(len(blocks) + 1))
         size, rows = self._size, np.empty((len(local), self._size), np.uint8)
         for group in range(0, len(blocks), _GET_BLOCKS):  # bounded memory: a group at a time
-            keys = blocks[group:group + _GET_BLOCKS].astype(">u8").tobytes()
+            keys = blocks[group : group + _GET_BLOCKS].astype(">u8").tobytes()
             for b, value in enumerate(getter.get_many(keys, views), group):
                 try:
                     body = unpack_block(dec, value, self.k, size)
                 except RecordError as exc:
-                    raise DataLoss(f"{where} block {int(blocks[b])} is corrupt: {exc}; delete "
-                                   "the cache and build it again") from exc
+                    raise DataLoss(
+                        f"{where} block {int(blocks[b])} is corrupt: {exc}; delete "
+                        "the cache and build it again"
+                    ) from exc
                 block = np.empty((len(body) // size, size), np.uint8)
                 unshuffle_into(body, block, self._stride)
-                at = order[bounds[b]:bounds[b + 1]]
+                at = order[bounds[b] : bounds[b + 1]]
                 within = local[at] % self.k
                 if within.max() >= len(block):
-                    raise DataLoss(f"{where} block {int(blocks[b])} holds {len(block)} "
-                                   f"elements, not element {int(within.max())}; delete the "
-                                   "cache and build it again")
+                    raise DataLoss(
+                        f"{where} block {int(blocks[b])} holds {len(block)} "
+                        f"elements, not element {int(within.max())}; delete the "
+                        "cache and build it again"
+                    )
                 rows[at] = block[within]
         # each row as a one-element block: shuffled on its own
         out = np.empty((len(local), 5 + size), np.uint8)
-        out[:, 5:] = rows.reshape(len(local), -1, self._stride).transpose(0, 2, 1).reshape(
-            len(local), size)
+        out[:, 5:] = (
+            rows.reshape(len(local), -1, self._stride).transpose(0, 2, 1).reshape(len(local), size)
+        )
         out[:, 0] = TAG_RAW
-        out[:, 1:5] = np.fromiter((crc32(r) for r in out[:, 5:]), "<u4",
-                                  len(local)).view(np.uint8).reshape(-1, 4)
+        out[:, 1:5] = (
+            np.fromiter((crc32(r) for r in out[:, 5:]), "<u4", len(local))
+            .view(np.uint8)
+            .reshape(-1, 4)
+        )
         return list(out)

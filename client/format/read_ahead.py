@@ -36,8 +36,9 @@ NEED_BYTES = 8 << 20
 class ReadAhead:
     """Read-ahead for one reader of one shard's data.mdb; close() when done."""
 
-    def __init__(self, path: Path, file_bytes: int, num_records: int,
-                 stop: int | None = None) -> None:
+    def __init__(
+        self, path: Path, file_bytes: int, num_records: int, stop: int | None = None
+    ) -> None:
         """For a reader of records [.., stop) of the shard at path (None: to the end)."""
         try:
             self._fd = os.open(path / "data.mdb", os.O_RDONLY)
@@ -70,8 +71,9 @@ class ReadAhead:
             self._want = max(self._want, want)
             if self._thread is None:
                 self._loaded = min(pos, self._size)  # a range read starts mid-file
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="shardcache-read-ahead")
+                self._thread = threading.Thread(
+                    target=self._run, daemon=True, name="shardcache-read-ahead"
+                )
                 self._thread.start()
             self._cond.notify_all()
             while self._loaded < need and not self._closed:

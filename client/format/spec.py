@@ -30,9 +30,24 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from client.format.layout import Leaf
 
 #: types.proto's DataType numbers of the dtypes a layout holds.
-DTYPES = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6,
-          "string": 7, "complex64": 8, "int64": 9, "bool": 10, "bfloat16": 14,
-          "uint16": 17, "complex128": 18, "float16": 19, "uint32": 22, "uint64": 23}
+DTYPES = {
+    "float32": 1,
+    "float64": 2,
+    "int32": 3,
+    "uint8": 4,
+    "int16": 5,
+    "int8": 6,
+    "string": 7,
+    "complex64": 8,
+    "int64": 9,
+    "bool": 10,
+    "bfloat16": 14,
+    "uint16": 17,
+    "complex128": 18,
+    "float16": 19,
+    "uint32": 22,
+    "uint64": 23,
+}
 _DTYPE_NAMES = {number: name for name, number in DTYPES.items()}
 _MSG, _STR, _BOOL, _INT64, _SINT64, _ENUM, _INT32, _DOUBLE = 11, 9, 8, 3, 18, 14, 5, 1
 
@@ -57,17 +72,26 @@ class Composite:
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    f = descriptor_pb2.FileDescriptorProto(name="shardcache_spec.proto", package="sc",
-                                           syntax="proto3")
+    f = descriptor_pb2.FileDescriptorProto(
+        name="shardcache_spec.proto", package="sc", syntax="proto3"
+    )
 
-    def message(name: str, *fields: tuple[str, int, int, str | None, bool],
-                oneof: bool = False, parent: Any = None) -> Any:
+    def message(
+        name: str,
+        *fields: tuple[str, int, int, str | None, bool],
+        oneof: bool = False,
+        parent: Any = None,
+    ) -> Any:
         m = (parent.nested_type if parent is not None else f.message_type).add(name=name)
         if oneof:
             m.oneof_decl.add(name="kind")
         for fname, number, ftype, type_name, repeated in fields:
-            field = m.field.add(name=fname, number=number, type=ftype,  # type: ignore[arg-type]
-                                label=3 if repeated else 1)
+            field = m.field.add(
+                name=fname,
+                number=number,
+                type=ftype,  # type: ignore[arg-type]
+                label=3 if repeated else 1,
+            )
             if type_name is not None:
                 field.type_name = type_name
             if oneof:
@@ -75,48 +99,70 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         return m
 
     f.enum_type.add(name="DataType").value.extend(
-        [descriptor_pb2.EnumValueDescriptorProto(name=f"DT_{n}", number=n)
-         for n in sorted({0, *DTYPES.values()})])
+        [
+            descriptor_pb2.EnumValueDescriptorProto(name=f"DT_{n}", number=n)
+            for n in sorted({0, *DTYPES.values()})
+        ]
+    )
     f.enum_type.add(name="TypeSpecClass").value.extend(
-        [descriptor_pb2.EnumValueDescriptorProto(name=f"TS_{n}", number=n) for n in range(14)])
-    shape = message("TensorShapeProto", ("dim", 2, _MSG, ".sc.TensorShapeProto.Dim", True),
-                    ("unknown_rank", 3, _BOOL, None, False))
-    message("Dim", ("size", 1, _INT64, None, False), ("name", 2, _STR, None, False),
-            parent=shape)
+        [descriptor_pb2.EnumValueDescriptorProto(name=f"TS_{n}", number=n) for n in range(14)]
+    )
+    shape = message(
+        "TensorShapeProto",
+        ("dim", 2, _MSG, ".sc.TensorShapeProto.Dim", True),
+        ("unknown_rank", 3, _BOOL, None, False),
+    )
+    message("Dim", ("size", 1, _INT64, None, False), ("name", 2, _STR, None, False), parent=shape)
     message("NoneValue")
-    message("TensorSpecProto", ("name", 1, _STR, None, False),
-            ("shape", 2, _MSG, ".sc.TensorShapeProto", False),
-            ("dtype", 3, _ENUM, ".sc.DataType", False))
-    message("TypeSpecProto", ("type_spec_class", 1, _ENUM, ".sc.TypeSpecClass", False),
-            ("type_state", 2, _MSG, ".sc.StructuredValue", False),
-            ("type_spec_class_name", 3, _STR, None, False),
-            ("num_flat_components", 4, _INT32, None, False))
+    message(
+        "TensorSpecProto",
+        ("name", 1, _STR, None, False),
+        ("shape", 2, _MSG, ".sc.TensorShapeProto", False),
+        ("dtype", 3, _ENUM, ".sc.DataType", False),
+    )
+    message(
+        "TypeSpecProto",
+        ("type_spec_class", 1, _ENUM, ".sc.TypeSpecClass", False),
+        ("type_state", 2, _MSG, ".sc.StructuredValue", False),
+        ("type_spec_class_name", 3, _STR, None, False),
+        ("num_flat_components", 4, _INT32, None, False),
+    )
     message("ListValue", ("values", 1, _MSG, ".sc.StructuredValue", True))
     message("TupleValue", ("values", 1, _MSG, ".sc.StructuredValue", True))
     dict_value = message("DictValue", ("fields", 1, _MSG, ".sc.DictValue.FieldsEntry", True))
-    entry = message("FieldsEntry", ("key", 1, _STR, None, False),
-                    ("value", 2, _MSG, ".sc.StructuredValue", False), parent=dict_value)
+    entry = message(
+        "FieldsEntry",
+        ("key", 1, _STR, None, False),
+        ("value", 2, _MSG, ".sc.StructuredValue", False),
+        parent=dict_value,
+    )
     entry.options.map_entry = True
-    message("PairValue", ("key", 1, _STR, None, False),
-            ("value", 2, _MSG, ".sc.StructuredValue", False))
-    message("NamedTupleValue", ("name", 1, _STR, None, False),
-            ("values", 2, _MSG, ".sc.PairValue", True))
-    message("StructuredValue",
-            ("none_value", 1, _MSG, ".sc.NoneValue", False),
-            ("float64_value", 11, _DOUBLE, None, False),
-            ("int64_value", 12, _SINT64, None, False),
-            ("string_value", 13, _STR, None, False),
-            ("bool_value", 14, _BOOL, None, False),
-            ("tensor_shape_value", 31, _MSG, ".sc.TensorShapeProto", False),
-            ("tensor_dtype_value", 32, _ENUM, ".sc.DataType", False),
-            ("tensor_spec_value", 33, _MSG, ".sc.TensorSpecProto", False),
-            ("type_spec_value", 34, _MSG, ".sc.TypeSpecProto", False),
-            ("bounded_tensor_spec_value", 35, _MSG, ".sc.TensorSpecProto", False),
-            ("list_value", 51, _MSG, ".sc.ListValue", False),
-            ("tuple_value", 52, _MSG, ".sc.TupleValue", False),
-            ("dict_value", 53, _MSG, ".sc.DictValue", False),
-            ("named_tuple_value", 54, _MSG, ".sc.NamedTupleValue", False),
-            oneof=True)
+    message(
+        "PairValue", ("key", 1, _STR, None, False), ("value", 2, _MSG, ".sc.StructuredValue", False)
+    )
+    message(
+        "NamedTupleValue",
+        ("name", 1, _STR, None, False),
+        ("values", 2, _MSG, ".sc.PairValue", True),
+    )
+    message(
+        "StructuredValue",
+        ("none_value", 1, _MSG, ".sc.NoneValue", False),
+        ("float64_value", 11, _DOUBLE, None, False),
+        ("int64_value", 12, _SINT64, None, False),
+        ("string_value", 13, _STR, None, False),
+        ("bool_value", 14, _BOOL, None, False),
+        ("tensor_shape_value", 31, _MSG, ".sc.TensorShapeProto", False),
+        ("tensor_dtype_value", 32, _ENUM, ".sc.DataType", False),
+        ("tensor_spec_value", 33, _MSG, ".sc.TensorSpecProto", False),
+        ("type_spec_value", 34, _MSG, ".sc.TypeSpecProto", False),
+        ("bounded_tensor_spec_value", 35, _MSG, ".sc.TensorSpecProto", False),
+        ("list_value", 51, _MSG, ".sc.ListValue", False),
+        ("tuple_value", 52, _MSG, ".sc.TupleValue", False),
+        ("dict_value", 53, _MSG, ".sc.DictValue", False),
+        ("named_tuple_value", 54, _MSG, ".sc.NamedTupleValue", False),
+        oneof=True,
+    )
     return f
 
 
@@ -143,10 +189,12 @@ def _decode(value: Any) -> Any:
     if kind in ("tensor_spec_value", "bounded_tensor_spec_value"):
         spec = getattr(value, kind)
         if spec.dtype not in _DTYPE_NAMES:
-            raise ValueError(f"a component of dtype number {spec.dtype}, which a cache "
-                             "cannot hold")
-        shape = None if spec.shape.unknown_rank else tuple(
-            None if d.size < 0 else d.size for d in spec.shape.dim)
+            raise ValueError(f"a component of dtype number {spec.dtype}, which a cache cannot hold")
+        shape = (
+            None
+            if spec.shape.unknown_rank
+            else tuple(None if d.size < 0 else d.size for d in spec.shape.dim)
+        )
         return Leaf(_DTYPE_NAMES[spec.dtype], shape)
     if kind == "dict_value":
         return {k: _decode(v) for k, v in sorted(value.dict_value.fields.items())}
@@ -160,8 +208,10 @@ def _decode(value: Any) -> Any:
     if kind == "type_spec_value":
         spec = value.type_spec_value
         return Composite(spec.type_spec_class_name or f"type spec {spec.type_spec_class}")
-    raise ValueError(f"an element spec holding {kind or 'nothing'}, which shardcache does "
-                     "not read without TensorFlow")
+    raise ValueError(
+        f"an element spec holding {kind or 'nothing'}, which shardcache does "
+        "not read without TensorFlow"
+    )
 
 
 def encode(structure: Any) -> bytes:

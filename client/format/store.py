@@ -39,8 +39,10 @@ SYNC_EVERY_BYTES = 32 << 20
 
 
 def disk_full(path: Path) -> DiskFull:
-    return DiskFull(f"disk full under {path.parent}: free space or delete caches "
-                    "(cacheserver rm NAME), then run again")
+    return DiskFull(
+        f"disk full under {path.parent}: free space or delete caches "
+        "(cacheserver rm NAME), then run again"
+    )
 
 
 def _translate(exc: lmdb.Error, path: Path, write_bytes: int = 0) -> Exception:
@@ -50,8 +52,9 @@ def _translate(exc: lmdb.Error, path: Path, write_bytes: int = 0) -> Exception:
     a failed write is DiskFull when the filesystem lacks room for it.
     """
     text = str(exc)
-    if "No space left" in text or (write_bytes and shutil.disk_usage(path).free
-                                   < write_bytes + (1 << 20)):
+    if "No space left" in text or (
+        write_bytes and shutil.disk_usage(path).free < write_bytes + (1 << 20)
+    ):
         return disk_full(path)
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
         return DataLoss(f"LMDB file under {path} is corrupt: {text}; {_REBUILD}")
@@ -76,17 +79,26 @@ class ShardWriter:
             raise
         self._map_size = max(_MIN_MAP_SIZE, 2 * expected_bytes)
         try:
-            self._env = lmdb.open(str(path), map_size=self._map_size, subdir=True,
-                                  sync=False, metasync=False, writemap=False,
-                                  readahead=False, max_dbs=0, lock=True)
+            self._env = lmdb.open(
+                str(path),
+                map_size=self._map_size,
+                subdir=True,
+                sync=False,
+                metasync=False,
+                writemap=False,
+                readahead=False,
+                max_dbs=0,
+                lock=True,
+            )
         except lmdb.Error as exc:
             raise _translate(exc, path) from exc
         # Clear reader slots a dead process left in the lock table (none expected: readers
         # open committed shards with lock=False, so they take no slots at all).
         self._env.reader_check()
 
-    def append(self, values: Sequence[bytes | memoryview], raw_bytes: int,
-               num_elements: int | None = None) -> None:
+    def append(
+        self, values: Sequence[bytes | memoryview], raw_bytes: int, num_elements: int | None = None
+    ) -> None:
         """Store values (holding num_elements elements; default one each) as the next
         records, in one transaction."""
         items = [(_KEY.pack(self.num_records + i), v) for i, v in enumerate(values)]
@@ -138,8 +150,9 @@ class ShardWriter:
 class _Env:
     def __init__(self, path: Path) -> None:
         self.inode = (path / "data.mdb").stat().st_ino
-        self.env = lmdb.open(str(path), readonly=True, lock=False, subdir=True,
-                             readahead=True, max_dbs=0)
+        self.env = lmdb.open(
+            str(path), readonly=True, lock=False, subdir=True, readahead=True, max_dbs=0
+        )
         self.refs = 0
         # Reading a page past the end of a truncated file through mmap is SIGBUS,
         # which would kill the daemon: check the size LMDB expects up front.
@@ -150,8 +163,9 @@ class _Env:
         self.file_bytes = expected
         if actual < expected:
             self.env.close()
-            raise lmdb.CorruptedError(f"data.mdb is {actual} bytes, LMDB expects {expected} "
-                                      "(truncated)")
+            raise lmdb.CorruptedError(
+                f"data.mdb is {actual} bytes, LMDB expects {expected} (truncated)"
+            )
 
 
 def _same_file(path: Path, ent: _Env) -> bool:
@@ -187,8 +201,9 @@ class ReaderPool:
                         self._close(path, ent)
                     ent = self._envs[path] = _Env(path)
             except (lmdb.Error, OSError) as exc:
-                raise DataLoss(f"cannot open shard {path}: {exc}; delete the cache and "
-                               "build it again") from exc
+                raise DataLoss(
+                    f"cannot open shard {path}: {exc}; delete the cache and build it again"
+                ) from exc
             ent.refs += 1
             self._idle.pop(path, None)
             return ent
@@ -240,10 +255,18 @@ class ReaderPool:
                 if path.is_relative_to(directory):
                     self._close(path, ent)
 
-    def read_chunks(self, path: Path, start: int, stop: int, chunk_bytes: int,
-                    block_elements: int = 1, held: _Env | None = None, views: bool = False,
-                    join: Callable[[int, bytes, list[Any]], Any] | None = None,
-                    ahead: ReadAhead | None = None) -> Iterator[tuple[int, bytes, Any]]:
+    def read_chunks(
+        self,
+        path: Path,
+        start: int,
+        stop: int,
+        chunk_bytes: int,
+        block_elements: int = 1,
+        held: _Env | None = None,
+        views: bool = False,
+        join: Callable[[int, bytes, list[Any]], Any] | None = None,
+        ahead: ReadAhead | None = None,
+    ) -> Iterator[tuple[int, bytes, Any]]:
         """Yield (first element, u32 lengths, data) for the values holding elements
         [start, stop), k = block_elements per value: whole blocks, so the first chunk
         may start before start and the last end after stop (the client trims).
@@ -278,8 +301,9 @@ class ReaderPool:
                             if index >= stop:
                                 break
                             if bytes(key) != _KEY.pack(index):
-                                raise DataLoss(f"shard {path}: record {index} is missing; "
-                                               f"{_REBUILD}")
+                                raise DataLoss(
+                                    f"shard {path}: record {index} is missing; {_REBUILD}"
+                                )
                             lengths.append(len(value))
                             data.append(value)
                             size += len(value)
@@ -329,7 +353,7 @@ class ShardGetter:
         try:
             with self._env.begin(buffers=views) as txn:  # type: ignore[call-overload]
                 get = txn.get
-                values = [get(keys[i:i + 8]) for i in range(0, len(keys), 8)]
+                values = [get(keys[i : i + 8]) for i in range(0, len(keys), 8)]
         except lmdb.Error as exc:
             raise _translate(exc, self._path) from exc
         if None in values:

@@ -50,8 +50,9 @@ class Compressor:
 
     def __init__(self, level: int = 1, min_ratio: float = MIN_COMPRESSION_RATIO) -> None:
         self._min_ratio = min_ratio
-        self._zstd = zstandard.ZstdCompressor(level=level, write_checksum=True,
-                                              write_content_size=True)
+        self._zstd = zstandard.ZstdCompressor(
+            level=level, write_checksum=True, write_content_size=True
+        )
         self._misses = 0
         self._since_probe = 0
         self.attempts = 0  # compressions tried, for tests and stats
@@ -90,8 +91,9 @@ class Compressor:
 def split_chunk(lengths: bytes, data: bytes) -> list[memoryview]:
     """Split a chunk framed as (little-endian u32 lengths, concatenated data)."""
     if len(lengths) % 4:
-        raise RecordError(f"chunk framing: {len(lengths)} bytes of lengths is not a whole "
-                          "number of u32")
+        raise RecordError(
+            f"chunk framing: {len(lengths)} bytes of lengths is not a whole number of u32"
+        )
     sizes = np.frombuffer(lengths, "<u4")
     ends = np.cumsum(sizes, dtype=np.int64)
     total = int(ends[-1]) if len(sizes) else 0
@@ -141,8 +143,9 @@ class Decompressor:
             raise RecordError(f"zstd frame header is corrupt: descriptor 0x{descriptor:02x}")
         size = params.content_size
         if size == zstandard.CONTENTSIZE_UNKNOWN or size > MAX_ZSTD_EXPANSION * len(frame):
-            raise RecordError(f"zstd frame header is corrupt: content size {size} for a "
-                              f"{len(frame)}-byte frame")
+            raise RecordError(
+                f"zstd frame header is corrupt: content size {size} for a {len(frame)}-byte frame"
+            )
         try:
             if size == 0:  # decompress() would return b"" unchecked: run the decoder
                 dobj = self._zstd.decompressobj()

@@ -31,19 +31,22 @@ def format_of(name: str, element_spec: bytes, layout: Layout) -> Any:
     try:
         structure = spec.decode(element_spec)
     except ValueError as exc:
-        raise InvalidArgumentError(f"cache {name!r}: {exc}; read it with cc.dataset() in "
-                                   "TensorFlow") from exc
+        raise InvalidArgumentError(
+            f"cache {name!r}: {exc}; read it with cc.dataset() in TensorFlow"
+        ) from exc
     leaves = spec.flatten(structure)
     for path, leaf in leaves:
         if isinstance(leaf, spec.Composite):
             raise InvalidArgumentError(
                 f"cache {name!r}: element component {path} is a {leaf.kind}, which has no "
                 "NumPy form here; read it with cc.dataset() in TensorFlow, or cache it as "
-                "dense tensors (e.g. .to_tensor(), or values and row lengths)")
+                "dense tensors (e.g. .to_tensor(), or values and row lengths)"
+            )
     if len(leaves) != len(layout.leaves):
         raise InvalidArgumentError(
             f"cache {name!r}: its element spec has {len(leaves)} components and its layout "
-            f"{len(layout.leaves)}; the cache is damaged: build it again")
+            f"{len(layout.leaves)}; the cache is damaged: build it again"
+        )
     return structure
 
 
@@ -80,8 +83,9 @@ class Columns:
             for row in zip(*columns):
                 yield pack(row)
 
-    def batches(self, chunks: Iterable[tuple[int, list[Any]]], size: int,
-                drop_remainder: bool) -> Iterator[tuple[int, Any]]:
+    def batches(
+        self, chunks: Iterable[tuple[int, list[Any]]], size: int, drop_remainder: bool
+    ) -> Iterator[tuple[int, Any]]:
         """(count, batch) of size elements each, the last one shorter unless dropped."""
         pack = self._pack
         held: list[tuple[int, list[Column]]] = []  # a partial batch's pieces
@@ -95,8 +99,7 @@ class Columns:
                 have, at = have + take, take
                 if have < size:
                     continue
-                yield size, pack(tuple(_join([p[k] for _, p in held])
-                                       for k in range(len(columns))))
+                yield size, pack(tuple(_join([p[k] for _, p in held]) for k in range(len(columns))))
                 held, have = [], 0
             while n - at >= size:
                 yield size, pack(tuple(_take(c, at, at + size) for c in columns))

@@ -45,8 +45,9 @@ class Prefetch:
     def __init__(self, chunks: Any, ahead: int, threads: int = THREADS) -> None:
         self._chunks = chunks
         self._ahead = max(1, ahead)
-        self._pool = ThreadPoolExecutor(max(1, min(threads, self._ahead)),
-                                        thread_name_prefix="shardcache-numpy-read")
+        self._pool = ThreadPoolExecutor(
+            max(1, min(threads, self._ahead)), thread_name_prefix="shardcache-numpy-read"
+        )
         self._queue: collections.deque[Future[tuple[int, list[Any]]]] = collections.deque()
         self._next = 0
         self._closed = False

@@ -35,10 +35,10 @@ class ArrayReader:
     stacked, variable-shape ones a list of one array per element.
     """
 
-    def __init__(self, daemons: Daemons, local_data_dir: Path | None, name: str,
-                 options: plan.ReadOptions) -> None:
-        self._read = read = open_read(daemons, local_data_dir, name, options,
-                                      "call numpy() again")
+    def __init__(
+        self, daemons: Daemons, local_data_dir: Path | None, name: str, options: plan.ReadOptions
+    ) -> None:
+        self._read = read = open_read(daemons, local_data_dir, name, options, "call numpy() again")
         self.cache = read.cache
         self.structure = format_of(name, read.cache.element_spec, read.layout)
         self._columns = Columns(self.structure)
@@ -76,8 +76,9 @@ class ArrayReader:
                     self._seen(1)
                     yield element
             else:
-                for n, batch in self._columns.batches(chunks, batch_size,
-                                                      self.options.drop_remainder):
+                for n, batch in self._columns.batches(
+                    chunks, batch_size, self.options.drop_remainder
+                ):
                     self._seen(n)
                     yield batch
         finally:  # an early stop ends the read's lease and threads now
@@ -95,9 +96,14 @@ class ArrayReader:
         if parallel:
             return Prefetch(chunks, parallel)
         ahead = self.options.prefetch_bytes // max(chunks.chunk_bytes, 1)
-        return Prefetch(chunks, min(MAX_AHEAD, ahead),
-                        threads(chunks.path, self.cache.stored_bytes, self.cache.num_elements))
+        return Prefetch(
+            chunks,
+            min(MAX_AHEAD, ahead),
+            threads(chunks.path, self.cache.stored_bytes, self.cache.num_elements),
+        )
 
     def __repr__(self) -> str:
-        return (f"ArrayReader({self.cache.name!r}, epoch={self._at[0]}, "
-                f"batch_size={self.options.batch_size})")
+        return (
+            f"ArrayReader({self.cache.name!r}, epoch={self._at[0]}, "
+            f"batch_size={self.options.batch_size})"
+        )

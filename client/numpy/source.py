@@ -60,8 +60,9 @@ class _Open:
 class CacheSource:
     """A READY cache's elements by index (its stored order), for Grain and PyTorch."""
 
-    def __init__(self, name: str, opener: Opener, options: plan.ReadOptions,
-                 num_elements: int) -> None:
+    def __init__(
+        self, name: str, opener: Opener, options: plan.ReadOptions, num_elements: int
+    ) -> None:
         self.name = name
         self._opener = opener
         self._options = options  # direct and reconnect_timeout: how each process reads
@@ -70,12 +71,15 @@ class CacheSource:
         self._open: _Open | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "opener": self._opener, "options": self._options,
-                "len": self._len}
+        return {
+            "name": self.name,
+            "opener": self._opener,
+            "options": self._options,
+            "len": self._len,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["name"], state["opener"], state["options"],  # type: ignore[misc]
-                      state["len"])
+        self.__init__(state["name"], state["opener"], state["options"], state["len"])  # type: ignore[misc]
 
     def _opened(self) -> _Open:
         opened = self._open
@@ -103,8 +107,7 @@ class CacheSource:
             return []
         if min(keys) < 0 or max(keys) >= n:
             bad = next(i for i in map(operator.index, indices) if not -n <= i < n)
-            raise IndexError(f"index {bad} is out of range for cache {self.name!r} of "
-                             f"{n} elements")
+            raise IndexError(f"index {bad} is out of range for cache {self.name!r} of {n} elements")
         opened = self._opened()
         return list(opened.columns.elements([opened.reads(np.array(keys, np.int64))]))
 
@@ -126,4 +129,3 @@ class CacheSource:
 
     def __repr__(self) -> str:
         return f"CacheSource({self.name!r}, {self._len} elements)"
-

@@ -48,8 +48,13 @@ def _distributed() -> tuple[int, int] | None:
 class CacheIterable(IterableDataset):  # type: ignore[type-arg]
     """A READY cache's epochs as tensors, each DataLoader worker of each rank its share."""
 
-    def __init__(self, name: str, opener: Opener, options: plan.ReadOptions,
-                 placement: tuple[int, int] | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        opener: Opener,
+        options: plan.ReadOptions,
+        placement: tuple[int, int] | None,
+    ) -> None:
         self.name = name
         self._opener = opener
         # worker_index/num_workers: set per iteration; a random seed when shuffling without
@@ -66,14 +71,19 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         self._sent = True
-        return {"name": self.name, "opener": self._opener, "options": self._options,
-                "placement": self._placement, "epoch": self._epoch,
-                "resume": self._resume, "random_seed": self._random_seed,
-                "distributed": _distributed() or self._distributed}
+        return {
+            "name": self.name,
+            "opener": self._opener,
+            "options": self._options,
+            "placement": self._placement,
+            "epoch": self._epoch,
+            "resume": self._resume,
+            "random_seed": self._random_seed,
+            "distributed": _distributed() or self._distributed,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["name"], state["opener"], state["options"],  # type: ignore[misc]
-                      state["placement"])
+        self.__init__(state["name"], state["opener"], state["options"], state["placement"])  # type: ignore[misc]
         self._epoch, self._resume = state["epoch"], state["resume"]
         self._random_seed = state["random_seed"]
         self._distributed = state["distributed"]
@@ -87,8 +97,9 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
         the state's (its copies in the workers of an earlier epoch resumed it)."""
         plan.ReadOptions(epoch=epoch)  # checks it
         resume = self._resume
-        if resume is not None and epoch > (resume.epoch if isinstance(resume, plan.ReadState)
-                                           else min(s.epoch for s in resume)):
+        if resume is not None and epoch > (
+            resume.epoch if isinstance(resume, plan.ReadState) else min(s.epoch for s in resume)
+        ):
             self._resume = None
         self._epoch = epoch
 
@@ -108,10 +119,15 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
         if self._random_seed and self._rank_world()[1] > 1:
             raise InvalidArgumentError(
                 "shuffling across ranks needs seed=: every rank must compute the same order, "
-                "or their shares overlap; pass cc.torch(..., seed=S)")
-        options = dataclasses.replace(self._options, worker_index=worker_index,
-                                      num_workers=num_workers, resume=self._resume,
-                                      epoch=self._epoch if self._resume is None else 0)
+                "or their shares overlap; pass cc.torch(..., seed=S)"
+            )
+        options = dataclasses.replace(
+            self._options,
+            worker_index=worker_index,
+            num_workers=num_workers,
+            resume=self._resume,
+            epoch=self._epoch if self._resume is None else 0,
+        )
         daemons, local_data_dir = self._daemons()
         self._resume = None
         reader = ArrayReader(daemons, local_data_dir, self.name, options)
@@ -141,7 +157,8 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
                     f"cache {self.name!r}: this dataset was read in DataLoader worker "
                     "processes, whose positions this process cannot see; save the state of "
                     "torchdata's StatefulDataLoader (loader.state_dict(), which holds each "
-                    "worker's state_dict()), or read with num_workers=0")
+                    "worker's state_dict()), or read with num_workers=0"
+                )
             return {"epoch": self._epoch}
         return {"read_state": self._reader.state().to_json()}
 
@@ -149,11 +166,15 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
         """Resume the next iteration where state_dict() was taken: {"read_state": JSON} (this
         shard's), {"read_states": [JSON, ...]} (every shard of a split, for an elastic
         resume with any number of workers and ranks), or {"epoch": e}."""
-        if not isinstance(state, Mapping) or len(state) != 1 or next(iter(state)) not in (
-                "read_state", "read_states", "epoch"):
+        if (
+            not isinstance(state, Mapping)
+            or len(state) != 1
+            or next(iter(state)) not in ("read_state", "read_states", "epoch")
+        ):
             raise InvalidArgumentError(
                 f"not a state_dict() of cc.torch()'s dataset: {state!r:.120}; pass what "
-                "state_dict() returned")
+                "state_dict() returned"
+            )
         if "epoch" in state:
             self.set_epoch(state["epoch"])
             self._resume = None
@@ -169,5 +190,7 @@ class CacheIterable(IterableDataset):  # type: ignore[type-arg]
             opened[1].close()
 
     def __repr__(self) -> str:
-        return (f"CacheIterable({self.name!r}, epoch={self._epoch}, "
-                f"batch_size={self._options.batch_size})")
+        return (
+            f"CacheIterable({self.name!r}, epoch={self._epoch}, "
+            f"batch_size={self._options.batch_size})"
+        )

@@ -45,8 +45,10 @@ def infer(head: list[Any]) -> Any:
         try:
             structure = _general(structure, _structure(element))
         except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"element {i} differs from element 0: {exc}; make "
-                                       "every element of one structure and dtype") from exc
+            raise InvalidArgumentError(
+                f"element {i} differs from element 0: {exc}; make "
+                "every element of one structure and dtype"
+            ) from exc
     return structure
 
 
@@ -57,19 +59,21 @@ def _structure(element: Any, path: str = "") -> Any:
             if not isinstance(k, str):
                 raise InvalidArgumentError(
                     f"element component {path or 'the element'} has key {k!r}; a cache's "
-                    "dicts have str keys")
+                    "dicts have str keys"
+                )
         return {k: _structure(v, f"{path}[{k!r}]") for k, v in element.items()}
     if isinstance(element, tuple) and hasattr(element, "_fields"):  # a named tuple
-        return spec.Named(type(element).__name__, tuple(
-            (k, _structure(v, f"{path}.{k}")) for k, v in zip(element._fields, element)))
+        return spec.Named(
+            type(element).__name__,
+            tuple((k, _structure(v, f"{path}.{k}")) for k, v in zip(element._fields, element)),
+        )
     if isinstance(element, (tuple, list)):
         return tuple(_structure(v, f"{path}[{i}]") for i, v in enumerate(element))
     arr = _array(element, path)
     try:
         return Leaf(_dtype_name(arr, path), arr.shape)
     except ValueError as exc:
-        raise InvalidArgumentError(f"element component {path or 'the element'}: {exc}"
-                                   ) from exc
+        raise InvalidArgumentError(f"element component {path or 'the element'}: {exc}") from exc
 
 
 def _dtype_name(arr: np.ndarray, path: str) -> str:
@@ -83,7 +87,8 @@ def _dtype_name(arr: np.ndarray, path: str) -> str:
     raise InvalidArgumentError(
         f"element component {path or 'the element'} has dtype {arr.dtype}, which a cache "
         "cannot hold: use bool, (u)int8-64, float16/32/64, bfloat16, complex64/128, or bytes "
-        "(str) for strings")
+        "(str) for strings"
+    )
 
 
 def _array(value: Any, path: str) -> np.ndarray:
@@ -100,11 +105,15 @@ def _array(value: Any, path: str) -> np.ndarray:
 def _general(a: Any, b: Any, path: str = "") -> Any:
     """One structure covering a and b: their dimensions, None where they differ."""
     if isinstance(a, Leaf):
-        if not isinstance(b, Leaf) or a.dtype != b.dtype or len(a.shape or ()) != len(
-                b.shape or ()):
+        if (
+            not isinstance(b, Leaf)
+            or a.dtype != b.dtype
+            or len(a.shape or ()) != len(b.shape or ())
+        ):
             raise _misfit(path or "the element", a, b)
-        return Leaf(a.dtype, tuple(x if x == y else None
-                                   for x, y in zip(a.shape or (), b.shape or ())))
+        return Leaf(
+            a.dtype, tuple(x if x == y else None for x, y in zip(a.shape or (), b.shape or ()))
+        )
     if isinstance(a, dict):
         if not isinstance(b, dict) or sorted(a) != sorted(b):
             raise _misfit(path or "the element", a, b)
@@ -112,16 +121,19 @@ def _general(a: Any, b: Any, path: str = "") -> Any:
     if isinstance(a, spec.Named):
         if not isinstance(b, spec.Named) or [k for k, _ in a.fields] != [k for k, _ in b.fields]:
             raise _misfit(path or "the element", a, b)
-        return spec.Named(a.name, tuple((k, _general(x, y, f"{path}.{k}"))
-                                        for (k, x), (_, y) in zip(a.fields, b.fields)))
+        return spec.Named(
+            a.name,
+            tuple((k, _general(x, y, f"{path}.{k}")) for (k, x), (_, y) in zip(a.fields, b.fields)),
+        )
     if not isinstance(b, tuple) or isinstance(b, spec.Named) or len(a) != len(b):
         raise _misfit(path or "the element", a, b)
     return tuple(_general(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
 
 
 def _misfit(path: str, want: Any, got: Any) -> InvalidArgumentError:
-    return InvalidArgumentError(f"element component {path} is {_describe(got)}, where "
-                                f"element 0 has {_describe(want)}")
+    return InvalidArgumentError(
+        f"element component {path} is {_describe(got)}, where element 0 has {_describe(want)}"
+    )
 
 
 def _describe(node: Any) -> str:
@@ -152,7 +164,8 @@ class Flattener:
             raise InvalidArgumentError(
                 f"element {index} does not fit the cache's spec, taken from the first "
                 f"elements: component {exc.args[0] or 'the element'} {exc.args[1]}; make "
-                "every element of one structure and dtype") from None
+                "every element of one structure and dtype"
+            ) from None
         return flat
 
     def arrays(self, index: int, values: list[Any]) -> list[np.ndarray]:
@@ -166,7 +179,8 @@ class Flattener:
                     f"{arr.dtype} of shape {arr.shape}, where the first elements had "
                     f"{leaf.dtype} of shape {leaf.shape} (None: varies); give every element "
                     f"that dtype, and let dimensions that vary vary among the first "
-                    f"{SPEC_ELEMENTS} elements")
+                    f"{SPEC_ELEMENTS} elements"
+                )
             out.append(arr)
         return out
 
@@ -183,8 +197,12 @@ class Flattener:
                 arr = np.asarray(column)
             except ValueError:  # components of different shapes
                 arr = None
-            if arr is None or arr.shape[1:] != leaf.fixed_shape or arr.dtype.kind not in (
-                    "biufc") or not np.can_cast(arr.dtype, leaf.np_dtype, "safe"):
+            if (
+                arr is None
+                or arr.shape[1:] != leaf.fixed_shape
+                or arr.dtype.kind not in ("biufc")
+                or not np.can_cast(arr.dtype, leaf.np_dtype, "safe")
+            ):
                 for i, row in enumerate(rows):
                     self.arrays(index + i, row)  # raises, naming the element
             out.append(np.asarray(arr, leaf.np_dtype))
@@ -200,8 +218,9 @@ def _flat(node: Any, value: Any, out: list[Any], path: str) -> None:
         out.append(value)
     elif isinstance(node, dict):
         if not isinstance(value, dict) or len(value) != len(node):
-            raise _Misfit(path, f"is {type(value).__name__} {_keys(value)}, not a dict of "
-                          f"keys {sorted(node)}")
+            raise _Misfit(
+                path, f"is {type(value).__name__} {_keys(value)}, not a dict of keys {sorted(node)}"
+            )
         for k in sorted(node):
             if k not in value:
                 raise _Misfit(path, f"lacks key {k!r}")
@@ -209,8 +228,9 @@ def _flat(node: Any, value: Any, out: list[Any], path: str) -> None:
     else:
         fields = node.fields if isinstance(node, spec.Named) else tuple(enumerate(node))
         if not isinstance(value, (tuple, list)) or len(value) != len(fields):
-            raise _Misfit(path, f"is {type(value).__name__}, not a sequence of "
-                          f"{len(fields)} components")
+            raise _Misfit(
+                path, f"is {type(value).__name__}, not a sequence of {len(fields)} components"
+            )
         for (k, child), v in zip(fields, value):
             _flat(child, v, out, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k}]")
 
@@ -225,8 +245,10 @@ def _fits(arr: np.ndarray, leaf: Leaf) -> bool:
             return False
     elif arr.dtype != leaf.np_dtype and not np.can_cast(arr.dtype, leaf.np_dtype, "safe"):
         return False
-    return leaf.shape is None or (arr.ndim == len(leaf.shape) and all(
-        want is None or want == got for got, want in zip(arr.shape, leaf.shape)))
+    return leaf.shape is None or (
+        arr.ndim == len(leaf.shape)
+        and all(want is None or want == got for got, want in zip(arr.shape, leaf.shape))
+    )
 
 
 def _leaf_values(element: Any) -> Iterator[Any]:
@@ -240,23 +262,34 @@ def _leaf_values(element: Any) -> Iterator[Any]:
         yield element
 
 
-def write(daemons: Daemons, name: str, elements: Iterable[Any], version: str | None,
-          block_bytes: int, direct: direct_read.Mode, local_data_dir: Path | None
-          ) -> pb.Cache:
+def write(
+    daemons: Daemons,
+    name: str,
+    elements: Iterable[Any],
+    version: str | None,
+    block_bytes: int,
+    direct: direct_read.Mode,
+    local_data_dir: Path | None,
+) -> pb.Cache:
     """Build cache name from elements (checked arguments; client/_client.py)."""
     try:
         existing: pb.Cache | None = daemons.get(name)
     except CacheNotFoundError:
         existing = None
-    if existing is not None and version is not None and (
-            existing.fingerprint == f"version:{version}"
-            and existing.state == pb.CACHE_STATE_READY):
+    if (
+        existing is not None
+        and version is not None
+        and (
+            existing.fingerprint == f"version:{version}" and existing.state == pb.CACHE_STATE_READY
+        )
+    ):
         return existing  # written once: the elements are not iterated
     if existing is not None:
         raise CacheExistsError(
             f"cache {name!r} exists (fingerprint {existing.fingerprint}); delete it first "
             f"(cc.delete({name!r})) to write it again, or pass version= to write once and "
-            "reuse the cache while the version stays")
+            "reuse the cache while the version stays"
+        )
     it = iter(elements)
     head: list[Any] = []
     held = 0
@@ -266,19 +299,27 @@ def write(daemons: Daemons, name: str, elements: Iterable[Any], version: str | N
         if len(head) >= SPEC_ELEMENTS or held >= SPEC_BYTES:
             break
     if not head:
-        raise InvalidArgumentError(f"cannot write cache {name!r}: the iterable yielded no "
-                                   "elements, so there is no element spec to store")
+        raise InvalidArgumentError(
+            f"cannot write cache {name!r}: the iterable yielded no "
+            "elements, so there is no element spec to store"
+        )
     structure = infer(head)
     element_spec = spec.encode(structure)
     try:
-        layout = blocked(Layout(tuple(leaf for _, leaf in spec.flatten(structure))),  # type: ignore[misc]
-                         block_bytes)
+        layout = blocked(
+            Layout(tuple(leaf for _, leaf in spec.flatten(structure))),  # type: ignore[misc]
+            block_bytes,
+        )
     except ValueError as exc:
         raise InvalidArgumentError(f"cannot write cache {name!r}: {exc}") from exc
-    fingerprint = (f"version:{version}" if version is not None
-                   else f"numpy:{hashlib.sha256(element_spec).hexdigest()[:16]}")
-    begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
-                          element_spec=element_spec)
+    fingerprint = (
+        f"version:{version}"
+        if version is not None
+        else f"numpy:{hashlib.sha256(element_spec).hexdigest()[:16]}"
+    )
+    begin = pb.WriteBegin(
+        name=name, fingerprint=fingerprint, layout_json=layout.to_json(), element_spec=element_spec
+    )
     reads = direct_read.DirectReads(daemons.home(name), direct, local_data_dir)
     writer = direct_write.writer_for(daemons.home(name), begin, reads, local_data_dir)
     begun = writer.begin()
@@ -287,13 +328,15 @@ def write(daemons: Daemons, name: str, elements: Iterable[Any], version: str | N
         return begun.cache
     if begun.decision != pb.WRITE_DECISION_ACCEPTED:
         writer.abort()
-        raise CacheExistsError(f"cache {name!r} is being written by another process; wait "
-                               "for it, then read it")
+        raise CacheExistsError(
+            f"cache {name!r} is being written by another process; wait for it, then read it"
+        )
     try:
         packer = BlockPacker(layout)
         flatten = Flattener(structure)
-        for n, batch in _batches(layout, flatten, itertools.chain(head, it),
-                                 write_batch_elements(layout)):
+        for n, batch in _batches(
+            layout, flatten, itertools.chain(head, it), write_batch_elements(layout)
+        ):
             writer.add(*packer.add(batch, n))
         writer.add(*packer.flush())
         return writer.finish()
@@ -302,22 +345,26 @@ def write(daemons: Daemons, name: str, elements: Iterable[Any], version: str | N
         raise
 
 
-def _batches(layout: Layout, flatten: Flattener, elements: Iterator[Any], size: int
-             ) -> Iterator[tuple[int, list[Any]]]:
+def _batches(
+    layout: Layout, flatten: Flattener, elements: Iterator[Any], size: int
+) -> Iterator[tuple[int, list[Any]]]:
     """(n, batch) of up to size elements, in BlockPacker's form: one stacked array per leaf
     of a fixed-numeric layout (checked once per leaf and batch), else one list of
     per-element arrays per leaf."""
     index = 0
     while True:
-        rows = [flatten.values(index + i, e)
-                for i, e in enumerate(itertools.islice(elements, size))]
+        rows = [
+            flatten.values(index + i, e) for i, e in enumerate(itertools.islice(elements, size))
+        ]
         if not rows:
             return
         if layout.fixed_numeric:
             batch: list[Any] = flatten.stacked(index, rows)
         else:
             arrays = [flatten.arrays(index + i, row) for i, row in enumerate(rows)]
-            batch = [[np.asarray(v, leaf.np_dtype) for v in col]
-                     for col, leaf in zip(zip(*arrays), layout.leaves)]
+            batch = [
+                [np.asarray(v, leaf.np_dtype) for v in col]
+                for col, leaf in zip(zip(*arrays), layout.leaves)
+            ]
         yield len(rows), batch
         index += len(rows)

@@ -46,8 +46,10 @@ _LABEL = re.compile(LABEL_PATTERN)
 
 def check_job(job: str) -> str:
     if not _LABEL.fullmatch(job):
-        raise InvalidArgumentError(f"job {job!r} must be 1-64 of A-Z a-z 0-9 _ . - "
-                                   f"(CacheClient(job=...) or ${settings.JOB.name})")
+        raise InvalidArgumentError(
+            f"job {job!r} must be 1-64 of A-Z a-z 0-9 _ . - "
+            f"(CacheClient(job=...) or ${settings.JOB.name})"
+        )
     return job
 
 
@@ -119,9 +121,16 @@ class ReadFigures:
     def proto(self, job: str, rank: int) -> pb.ReaderFigures:
         with self._lock:
             return pb.ReaderFigures(
-                training_job=job, rank=rank, cache=self.cache, path=self.path,
-                elements=self.elements, bytes=self.bytes, chunks=self.chunks,
-                chunk_seconds=self.chunk_seconds, stall_seconds=self.stall_seconds)
+                training_job=job,
+                rank=rank,
+                cache=self.cache,
+                path=self.path,
+                elements=self.elements,
+                bytes=self.bytes,
+                chunks=self.chunks,
+                chunk_seconds=self.chunk_seconds,
+                stall_seconds=self.stall_seconds,
+            )
 
 
 class _ProcessStall:
@@ -205,8 +214,7 @@ class Pace:
     """One iteration of a cache's reads: alive from open to close (the loop's stall is its
     cache's meanwhile), and the clock its chunks are timed by."""
 
-    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, figures: ReadFigures, clock: Callable[[], float] = time.monotonic) -> None:
         self.figures = figures
         self._clock = clock
         figures.began()
@@ -235,8 +243,9 @@ def timing() -> None:
 class Reports:
     """A CacheClient's readers' figures, sent to each cache's daemon every REPORT_SECONDS."""
 
-    def __init__(self, job: str, rank: int, home: Callable[[str], Transport],
-                 every: float = REPORT_SECONDS) -> None:
+    def __init__(
+        self, job: str, rank: int, home: Callable[[str], Transport], every: float = REPORT_SECONDS
+    ) -> None:
         self.job, self.rank = job, rank
         self.reporter = secrets.token_hex(8)
         self._home, self._every = home, every
@@ -248,11 +257,13 @@ class Reports:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport]
-             ) -> Reports:
+    def make(cls, job: str | None, rank: int | None, home: Callable[[str], Transport]) -> Reports:
         """CacheClient's: job and rank checked, or their defaults."""
-        return cls(check_job(job) if job is not None else default_job(),
-                   check_rank(rank) if rank is not None else default_rank(), home)
+        return cls(
+            check_job(job) if job is not None else default_job(),
+            check_rank(rank) if rank is not None else default_rank(),
+            home,
+        )
 
     def reader(self, cache: str) -> ReadFigures:
         """The figures of cache in this process (made on first use)."""
@@ -275,8 +286,9 @@ class Reports:
         with self._lock:
             self._open += 1
             if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name="shardcache-report")
+                self._thread = threading.Thread(
+                    target=self._loop, daemon=True, name="shardcache-report"
+                )
                 self._thread.start()
 
     def ended(self) -> None:
@@ -293,18 +305,24 @@ class Reports:
         for f in figures:
             transport = self._home(f.cache)
             by_daemon.setdefault(transport.target, (transport, []))[1].append(
-                f.proto(self.job, self.rank))
+                f.proto(self.job, self.rank)
+            )
         for target, (transport, readers) in by_daemon.items():
             for i in range(0, len(readers), MAX_REPORTED_READERS):
-                request = pb.ReportReadsRequest(reporter=self.reporter,
-                                                readers=readers[i:i + MAX_REPORTED_READERS])
+                request = pb.ReportReadsRequest(
+                    reporter=self.reporter, readers=readers[i : i + MAX_REPORTED_READERS]
+                )
                 try:
                     transport.call(transport.stub.ReportReads, request, timeout=5)
                 except ShardcacheError as exc:
                     if target not in self._warned:
                         self._warned.add(target)
-                        log.warning("shardcache: could not report reads to %s (%s); "
-                                    "retrying every %gs", target, exc, self._every)
+                        log.warning(
+                            "shardcache: could not report reads to %s (%s); retrying every %gs",
+                            target,
+                            exc,
+                            self._every,
+                        )
                     break
 
     def _loop(self) -> None:

@@ -61,55 +61,91 @@ class OpenRead:
         batches of that many elements (chunks hold whole ones where they can)."""
         options = self.options
         if isinstance(self.cache, mixing.Mix):
+
             def open_source(s: int) -> CacheReads:
                 return self._reads(self.cache.sources[s], chunk_target(options.prefetch_bytes))
-            return MixChunks(self.cache, options, epoch, start,
-                             chunk_target(options.prefetch_bytes), open_source)
-        return EpochChunks(self.daemons.home(self.cache.name), self.cache, self.layout,
-                           options, epoch, start, options.prefetch_bytes,
-                           self.direct[self.cache.name], self.daemons.fleet, batch)
+
+            return MixChunks(
+                self.cache, options, epoch, start, chunk_target(options.prefetch_bytes), open_source
+            )
+        return EpochChunks(
+            self.daemons.home(self.cache.name),
+            self.cache,
+            self.layout,
+            options,
+            epoch,
+            start,
+            options.prefetch_bytes,
+            self.direct[self.cache.name],
+            self.daemons.fleet,
+            batch,
+        )
 
     def records(self, chunk_bytes: int = CHUNK_BYTES) -> CacheReads:
         """The cache's records by index, decoded: random access (cc.source())."""
         return self._reads(self.cache, chunk_bytes)
 
     def _reads(self, cache: Any, chunk_bytes: int) -> CacheReads:
-        return CacheReads(self.daemons.home(cache.name), cache, Layout.from_json(
-            cache.layout_json), self.options, chunk_bytes, True, self.direct[cache.name],
-            self.daemons.fleet)
+        return CacheReads(
+            self.daemons.home(cache.name),
+            cache,
+            Layout.from_json(cache.layout_json),
+            self.options,
+            chunk_bytes,
+            True,
+            self.direct[cache.name],
+            self.daemons.fleet,
+        )
 
 
-def open_read(daemons: Daemons, local_data_dir: Path | None, name: str,
-              options: plan.ReadOptions, then: str, position: Position | None = None
-              ) -> OpenRead:
+def open_read(
+    daemons: Daemons,
+    local_data_dir: Path | None,
+    name: str,
+    options: plan.ReadOptions,
+    then: str,
+    position: Position | None = None,
+) -> OpenRead:
     """A read of READY cache name (then: what to do once a WRITING one is READY)."""
     cache = daemons.ready(name, then)
     return opened(daemons, local_data_dir, cache, (cache,), options, position)
 
 
-def open_mix(daemons: Daemons, local_data_dir: Path | None, weights: Mapping[str, Any],
-             size: int | None, options: plan.ReadOptions) -> OpenRead:
+def open_mix(
+    daemons: Daemons,
+    local_data_dir: Path | None,
+    weights: Mapping[str, Any],
+    size: int | None,
+    options: plan.ReadOptions,
+) -> OpenRead:
     """A read of a weighted mix of READY caches (client/read/planning/mix.py); options.seed set."""
-    caches = tuple(daemons.ready(name, "call mix() again", of=" of the mix")
-                   for name in sorted(weights))
+    caches = tuple(
+        daemons.ready(name, "call mix() again", of=" of the mix") for name in sorted(weights)
+    )
     seed = options.seed or 0
     mixing.check_seed(seed, options.resume)
-    return opened(daemons, local_data_dir, mixing.plan(caches, weights, size, seed), caches,
-                  options)
+    return opened(
+        daemons, local_data_dir, mixing.plan(caches, weights, size, seed), caches, options
+    )
 
 
-def opened(daemons: Daemons, local_data_dir: Path | None, cache: Any,
-           caches: tuple[Any, ...], options: plan.ReadOptions,
-           position: Position | None = None,
-           direct: dict[str, direct_read.DirectReads] | None = None) -> OpenRead:
+def opened(
+    daemons: Daemons,
+    local_data_dir: Path | None,
+    cache: Any,
+    caches: tuple[Any, ...],
+    options: plan.ReadOptions,
+    position: Position | None = None,
+    direct: dict[str, direct_read.DirectReads] | None = None,
+) -> OpenRead:
     """The read of cache (READY, or a mix of READY caches), options applied: the sequence
     every reader's opening runs. direct: the direct-read decision already taken (a
     cc.cache() dataset's, one per dataset)."""
     if direct is None:
-        options, direct = direct_reads(daemons, local_data_dir, [c.name for c in caches],
-                                       options)
-    options = dataclasses.replace(plan.apply_resume(cache, options, options.resume),
-                                  resume=None).with_seed()
+        options, direct = direct_reads(daemons, local_data_dir, [c.name for c in caches], options)
+    options = dataclasses.replace(
+        plan.apply_resume(cache, options, options.resume), resume=None
+    ).with_seed()
     cardinality = plan.cardinality(cache, options)
     if position is not None and (at := position(cardinality)) is not None:
         options = dataclasses.replace(options, epoch=at[0], start=at[1])
@@ -120,12 +156,12 @@ def opened(daemons: Daemons, local_data_dir: Path | None, cache: Any,
     return OpenRead(daemons, cache, caches, options, direct, cardinality)
 
 
-def direct_reads(daemons: Daemons, local_data_dir: Path | None, names: list[str],
-                 options: plan.ReadOptions
-                 ) -> tuple[plan.ReadOptions, dict[str, direct_read.DirectReads]]:
+def direct_reads(
+    daemons: Daemons, local_data_dir: Path | None, names: list[str], options: plan.ReadOptions
+) -> tuple[plan.ReadOptions, dict[str, direct_read.DirectReads]]:
     """The direct-read decision: (options with direct resolved, how each cache's passes
     read directly, by name). cc.cache() takes it for a cache it is yet to write, too."""
     mode = direct_read.resolve_mode(options.direct)
     return dataclasses.replace(options, direct=mode), {
-        name: direct_read.DirectReads(daemons.home(name), mode, local_data_dir)
-        for name in names}
+        name: direct_read.DirectReads(daemons.home(name), mode, local_data_dir) for name in names
+    }

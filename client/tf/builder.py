@@ -57,8 +57,13 @@ class _Committed:
 class DatasetBuilder:
     """Builds a CacheClient's datasets; the options come checked (client/read/planning/plan.py)."""
 
-    def __init__(self, daemons: Daemons, local_data_dir: Path | None, tune_malloc: bool,
-                 reports: Reports | None = None) -> None:
+    def __init__(
+        self,
+        daemons: Daemons,
+        local_data_dir: Path | None,
+        tune_malloc: bool,
+        reports: Reports | None = None,
+    ) -> None:
         self._daemons = daemons
         self._reports = reports  # the reads' figures for the daemon (client/observe/report.py)
         self._local_data_dir = local_data_dir
@@ -67,31 +72,44 @@ class DatasetBuilder:
     def _figures(self, name: str) -> ReadFigures | None:
         return self._reports.reader(name) if self._reports is not None else None
 
-    def dataset(self, name: str, options: plan.ReadOptions,
-                resume_from: Any | None = None) -> Dataset:
+    def dataset(
+        self, name: str, options: plan.ReadOptions, resume_from: Any | None = None
+    ) -> Dataset:
         """cc.dataset(): a dataset over an existing READY cache; resume_from: a Keras
         backup_dir whose position the first epoch starts at (client/tf/fit.py)."""
-        position = None if resume_from is None else functools.partial(
-            keras_fit.resume_at, resume_from, options.batch_size)
-        read = open_read(self._daemons, self._local_data_dir, name, options,
-                         "call dataset() again", position)
+        position = (
+            None
+            if resume_from is None
+            else functools.partial(keras_fit.resume_at, resume_from, options.batch_size)
+        )
+        read = open_read(
+            self._daemons, self._local_data_dir, name, options, "call dataset() again", position
+        )
         fmt = convert.BatchFormat(convert.decode_spec(read.cache.element_spec), read.layout)
-        reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, read),
-                                 read.epochs(), read.options.parallel_shards,
-                                 self._figures(name))
+        reader = tf_reads.Reader(
+            Wire(fmt),
+            functools.partial(self._chunks, read),
+            read.epochs(),
+            read.options.parallel_shards,
+            self._figures(name),
+        )
         return tf_reads.elements(fmt, reader.dataset, read.cardinality)
 
-    def mix(self, weights: dict[str, Any], size: int | None,
-            options: plan.ReadOptions) -> Dataset:
+    def mix(self, weights: dict[str, Any], size: int | None, options: plan.ReadOptions) -> Dataset:
         """cc.mix(): a dataset over a weighted mix of READY caches (client/read/planning/mix.py)."""
         read = open_mix(self._daemons, self._local_data_dir, weights, size, options)
         fmt = _mixed_format(read.caches)
-        reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, read),
-                                 read.epochs(), read.options.parallel_shards)
+        reader = tf_reads.Reader(
+            Wire(fmt),
+            functools.partial(self._chunks, read),
+            read.epochs(),
+            read.options.parallel_shards,
+        )
         return tf_reads.elements(fmt, reader.dataset, read.cardinality)
 
-    def _chunks(self, read: OpenRead | _Committed, epoch: int, start: int
-                ) -> EpochChunks | MixChunks:
+    def _chunks(
+        self, read: OpenRead | _Committed, epoch: int, start: int
+    ) -> EpochChunks | MixChunks:
         """epoch of read from position start of this share, in chunks (read/assembly/chunks.py); a
         cc.cache() dataset's committed read (a restored read epoch looks it up)."""
         if isinstance(read, _Committed):
@@ -100,8 +118,14 @@ class DatasetBuilder:
             malloc.tune()
         return read.chunks(epoch, start)
 
-    def cache(self, dataset: Dataset, name: str, version: str | None,
-              options: plan.ReadOptions, block_bytes: int) -> Dataset:
+    def cache(
+        self,
+        dataset: Dataset,
+        name: str,
+        version: str | None,
+        options: plan.ReadOptions,
+        block_bytes: int,
+    ) -> Dataset:
         """cc.cache(): dataset's elements, written through to cache name on the first full
         iteration, read from it once committed."""
         spec = dataset.element_spec
@@ -111,8 +135,8 @@ class DatasetBuilder:
         cardinality = source_count = convert.cardinality_of(dataset)
         if cardinality == convert.INFINITE:
             raise InvalidArgumentError(
-                f"cannot cache {name!r}: the dataset is infinite; call cc.cache() before "
-                ".repeat()")
+                f"cannot cache {name!r}: the dataset is infinite; call cc.cache() before .repeat()"
+            )
         try:
             existing = self._daemons.get(name)
         except (CacheNotFoundError, StoreUnavailableError):  # the daemon builds it, unless
@@ -122,27 +146,37 @@ class DatasetBuilder:
             raise (CacheNotFoundError if existing is None else CacheNotReadyError)(
                 f"cannot resume reading cache {name!r}: it is not READY on this daemon, so "
                 "there is no epoch to continue; iterate cc.cache() without resume= (its "
-                "first iteration writes the cache)")
+                "first iteration writes the cache)"
+            )
         if existing is not None:
             _check_same_source(existing, fingerprint, layout)
         committed = _Committed()
         if ready:
-            committed.read = opened(self._daemons, self._local_data_dir, existing,
-                                    (existing,), options)
+            committed.read = opened(
+                self._daemons, self._local_data_dir, existing, (existing,), options
+            )
             options, direct = committed.read.options, committed.read.direct[name]
             cardinality = committed.read.cardinality
         else:
-            options, by_name = direct_reads(self._daemons, self._local_data_dir, [name],
-                                            options)
+            options, by_name = direct_reads(self._daemons, self._local_data_dir, [name], options)
             options, direct = options.with_seed(), by_name[name]
             if not options.whole_epochs:
                 cardinality = -2  # a writing iteration yields all, reading ones a share
-        begin = pb.WriteBegin(name=name, fingerprint=fingerprint, layout_json=layout.to_json(),
-                              element_spec=convert.encode_spec(spec))
+        begin = pb.WriteBegin(
+            name=name,
+            fingerprint=fingerprint,
+            layout_json=layout.to_json(),
+            element_spec=convert.encode_spec(spec),
+        )
         committed.begin, committed.options, committed.direct = begin, options, direct
         epochs = plan.Epochs(options)
-        reader = tf_reads.Reader(Wire(fmt), functools.partial(self._chunks, committed), epochs,
-                                 options.parallel_shards, self._figures(name))
+        reader = tf_reads.Reader(
+            Wire(fmt),
+            functools.partial(self._chunks, committed),
+            epochs,
+            options.parallel_shards,
+            self._figures(name),
+        )
         iterations = Iterations(reader, epochs, dataset.options())
         if self._tune_malloc:
             iterations.source_started = malloc.tune
@@ -151,16 +185,34 @@ class DatasetBuilder:
             taps = tap.TapEpochs(layout, decide, source_count, reader.wire.batch)
 
             def tapped(source: Dataset, cardinality: int) -> Dataset:
-                return tf_reads.elements(fmt, lambda per_iteration: convert.tapped_batches(
-                    source, fmt, taps, iterations, write_batch_elements(layout),
-                    rebatch_reads=False, per_iteration=per_iteration), cardinality,
+                return tf_reads.elements(
+                    fmt,
+                    lambda per_iteration: convert.tapped_batches(
+                        source,
+                        fmt,
+                        taps,
+                        iterations,
+                        write_batch_elements(layout),
+                        rebatch_reads=False,
+                        per_iteration=per_iteration,
+                    ),
+                    cardinality,
                     functools.partial(convert.tapped_batches, source, fmt, taps, iterations),
-                    lambda log_warning: tapped(source.ignore_errors(log_warning), -2))
+                    lambda log_warning: tapped(source.ignore_errors(log_warning), -2),
+                )
+
             return tapped(dataset, cardinality)
-        return tf_reads.elements(fmt, functools.partial(
-            generated, iterations, decide,
-            lambda decision: self._write_through(dataset, fmt, decision.writer),
-            fmt.signature), cardinality)
+        return tf_reads.elements(
+            fmt,
+            functools.partial(
+                generated,
+                iterations,
+                decide,
+                lambda decision: self._write_through(dataset, fmt, decision.writer),
+                fmt.signature,
+            ),
+            cardinality,
+        )
 
     def _committed(self, committed: _Committed, cache: pb.Cache | None = None) -> OpenRead:
         """The read of the committed cache a cc.cache() dataset reads: cache (just found
@@ -175,10 +227,17 @@ class DatasetBuilder:
                 raise CacheNotReadyError(
                     f"a checkpoint restores a read epoch of cache {begin.name!r}, which is not "
                     "READY on this daemon: restore on the daemon that holds the cache, or "
-                    "build it again first (one full pass over cc.cache())")
+                    "build it again first (one full pass over cc.cache())"
+                )
             _check_same_source(cache, begin.fingerprint, Layout.from_json(begin.layout_json))
-        committed.read = opened(self._daemons, self._local_data_dir, cache, (cache,),
-                                committed.options, direct={cache.name: committed.direct})
+        committed.read = opened(
+            self._daemons,
+            self._local_data_dir,
+            cache,
+            (cache,),
+            committed.options,
+            direct={cache.name: committed.direct},
+        )
         return committed.read
 
     def _begin_epoch(self, committed: _Committed) -> tap.Decision:
@@ -188,8 +247,9 @@ class DatasetBuilder:
         if self._tune_malloc:  # from_generator has applied its own setting by now
             malloc.tune()
         begin = committed.begin
-        writer = direct_write.writer_for(self._daemons.home(begin.name), begin,
-                                          committed.direct, self._local_data_dir)
+        writer = direct_write.writer_for(
+            self._daemons.home(begin.name), begin, committed.direct, self._local_data_dir
+        )
         try:
             begun = writer.begin()  # docs/writing.md
         except ServerUnavailableError as exc:
@@ -202,12 +262,16 @@ class DatasetBuilder:
         if begun.decision == pb.WRITE_DECISION_ALREADY_READY:
             self._committed(committed, begun.cache)  # checks the start against it
             return tap.Decision(tap.READ)
-        log.info("cache %r is being written by another process; streaming the source "
-                 "pipeline without writing", begin.name)
+        log.info(
+            "cache %r is being written by another process; streaming the source "
+            "pipeline without writing",
+            begin.name,
+        )
         return tap.Decision(tap.SOURCE)
 
-    def _write_through(self, dataset: Dataset, fmt: convert.BatchFormat,
-                       writer: CacheWriter | None) -> Iterator[Any]:
+    def _write_through(
+        self, dataset: Dataset, fmt: convert.BatchFormat, writer: CacheWriter | None
+    ) -> Iterator[Any]:
         """Yield the source's batches, sending them to writer (None: just yield)."""
         layout = fmt.layout
         behind = WriteBehind(writer, layout) if writer is not None else None
@@ -237,16 +301,19 @@ def _mixed_format(caches: tuple[pb.Cache, ...]) -> convert.BatchFormat:
             raise InvalidArgumentError(
                 f"cannot mix caches {first.name!r} and {cache.name!r}: their elements differ "
                 f"({first.name!r}: {spec}; {cache.name!r}: {other}); mix caches of one "
-                "element spec, or map them to one before caching")
+                "element spec, or map them to one before caching"
+            )
     return convert.BatchFormat(spec, Layout.from_json(first.layout_json))
 
 
 def _check_same_source(cache: pb.Cache, fingerprint: str, layout: Layout) -> None:
     # leaves, not block_elements: a cache of format 1 (or other blocks) is read as it is
     if cache.fingerprint != fingerprint or (
-            Layout.from_json(cache.layout_json).leaves != layout.leaves):
+        Layout.from_json(cache.layout_json).leaves != layout.leaves
+    ):
         raise FingerprintMismatchError(
             f"cache {cache.name!r} holds elements of a different pipeline (fingerprint "
             f"{cache.fingerprint}, this pipeline {fingerprint}); delete it with "
             f"`cacheserver rm {cache.name}` or CacheClient.delete({cache.name!r}) to rebuild "
-            "it, or use another name or version=")
+            "it, or use another name or version="
+        )

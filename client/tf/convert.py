@@ -37,8 +37,10 @@ def layout_of(spec: Any) -> Layout:
     leaves = []
     for component in tf.nest.flatten(spec, expand_composites=True):
         if not isinstance(component, tf.TensorSpec):
-            raise InvalidArgumentError(f"cannot cache component {component!r}: only tensors, "
-                                       "RaggedTensor and SparseTensor are supported")
+            raise InvalidArgumentError(
+                f"cannot cache component {component!r}: only tensors, "
+                "RaggedTensor and SparseTensor are supported"
+            )
         shape = None if component.shape.rank is None else tuple(component.shape.as_list())
         try:
             leaves.append(Leaf(component.dtype.name, shape))
@@ -67,12 +69,15 @@ class BatchFormat:
             _EMPTY if leaf.fixed and leaf.size == 0 else _FIXED if leaf.fixed else _VAR
             for leaf in layout.leaves
         ]
-        composite = any(isinstance(s, tf.TypeSpec) and not isinstance(s, tf.TensorSpec)
-                        for s in tf.nest.flatten(spec))
+        composite = any(
+            isinstance(s, tf.TypeSpec) and not isinstance(s, tf.TensorSpec)
+            for s in tf.nest.flatten(spec)
+        )
         self.direct = not composite and bool(self._kinds) and all(k == _FIXED for k in self._kinds)
         if self.direct:  # the generator yields the element structure itself, batched
             self.signature = tf.nest.map_structure(
-                lambda s: tf.TensorSpec((None, *s.shape), s.dtype), spec)
+                lambda s: tf.TensorSpec((None, *s.shape), s.dtype), spec
+            )
             return
         sig: list[Any] = []
         for leaf, kind in zip(layout.leaves, self._kinds):
@@ -107,10 +112,10 @@ class BatchFormat:
                 out.append(leaf)
             elif kind == _VAR:
                 assert isinstance(leaf, VarLeaf)
-                out.append(tf.RaggedTensor.from_row_lengths(leaf.values, leaf.sizes,
-                                                            validate=False))
-                out.append(tf.RaggedTensor.from_row_lengths(leaf.dims, leaf.ranks,
-                                                            validate=False))
+                out.append(
+                    tf.RaggedTensor.from_row_lengths(leaf.values, leaf.sizes, validate=False)
+                )
+                out.append(tf.RaggedTensor.from_row_lengths(leaf.dims, leaf.ranks, validate=False))
         if self._dummy:
             out.append(np.zeros(n, np.uint8))
         return tuple(out)
@@ -146,8 +151,9 @@ class BatchFormat:
 SOURCE_PREFETCH_BATCHES = 2
 
 
-def source_batches(dataset: tf.data.Dataset, fmt: BatchFormat,
-                   batch_elements: int) -> Iterator[tuple[int, list[Any]]]:
+def source_batches(
+    dataset: tf.data.Dataset, fmt: BatchFormat, batch_elements: int
+) -> Iterator[tuple[int, list[Any]]]:
     """Iterate a source pipeline for write-through, batched in TF.
 
     Yields (n, batch) with batch in codec.decode_batch's form: a stacked array
@@ -162,10 +168,8 @@ def source_batches(dataset: tf.data.Dataset, fmt: BatchFormat,
             yield len(arrays[0]), arrays
         return
     kinds = fmt.kinds
-    for batch in _flat_batches(dataset, kinds, batch_elements).prefetch(
-            SOURCE_PREFETCH_BATCHES):
-        n = int(batch[0].nrows() if isinstance(batch[0], tf.RaggedTensor)
-                else batch[0].shape[0])
+    for batch in _flat_batches(dataset, kinds, batch_elements).prefetch(SOURCE_PREFETCH_BATCHES):
+        n = int(batch[0].nrows() if isinstance(batch[0], tf.RaggedTensor) else batch[0].shape[0])
         parts = iter(batch)
         leaves: list[Any] = []
         for kind in kinds:
@@ -185,6 +189,7 @@ def _flat_batches(dataset: tf.data.Dataset, kinds: list[str], size: int) -> tf.d
     their rank varies) come as RaggedTensors, the rest dense; leaves of zero
     size stay (a dummy counts the elements when nothing else would).
     """
+
     @tf.autograph.experimental.do_not_convert  # plain Python over the structure
     def flatten(*args: Any) -> tuple[Any, ...]:
         element = args[0] if len(args) == 1 else args  # map unpacks plain tuples only
@@ -201,8 +206,9 @@ def _flat_batches(dataset: tf.data.Dataset, kinds: list[str], size: int) -> tf.d
     return dataset.map(flatten).ragged_batch(size)
 
 
-def _wire_batches(source: tf.data.Dataset, fmt: BatchFormat, size: int,
-                  drop_remainder: bool = False) -> tf.data.Dataset:
+def _wire_batches(
+    source: tf.data.Dataset, fmt: BatchFormat, size: int, drop_remainder: bool = False
+) -> tf.data.Dataset:
     """The source's batches of size elements in fmt's wire form (fmt.signature).
 
     Fixed-shape dense sources are source.batch(); the others are flattened
@@ -236,9 +242,16 @@ def _wire_batches(source: tf.data.Dataset, fmt: BatchFormat, size: int,
     return _flat_batches(source, kinds, size).map(to_wire)
 
 
-def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, iterations: Any,
-                   size: int, drop_remainder: bool = False, rebatch_reads: bool = True,
-                   per_iteration: Transform = lambda batches: batches) -> tf.data.Dataset:
+def tapped_batches(
+    source: tf.data.Dataset,
+    fmt: BatchFormat,
+    epochs: Any,
+    iterations: Any,
+    size: int,
+    drop_remainder: bool = False,
+    rebatch_reads: bool = True,
+    per_iteration: Transform = lambda batches: batches,
+) -> tf.data.Dataset:
     """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
 
     client/tf/tap.py has the design. epochs is a tap.TapEpochs; source must be
@@ -253,8 +266,11 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
     per_iteration transforms them inside each iteration (reads.elements).
     """
     batched = _finalized(_wire_batches(source, fmt, size))
-    dropped = (_finalized(_wire_batches(source, fmt, size, drop_remainder=True))
-               if drop_remainder else batched)
+    dropped = (
+        _finalized(_wire_batches(source, fmt, size, drop_remainder=True))
+        if drop_remainder
+        else batched
+    )
     wire = iterations.reader.wire
 
     def tapped(hold: np.ndarray, token: np.int64, *flat: np.ndarray) -> np.int32:
@@ -262,15 +278,17 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
             epochs.tap(token, *flat)
         return np.int32(0)
 
-    def branch(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
-               start: tf.Tensor) -> tf.data.Dataset:
+    def branch(
+        hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor, start: tf.Tensor
+    ) -> tf.data.Dataset:
         def tap(*args: Any) -> Any:  # map unpacks a tuple into args
             batch = tf.nest.pack_sequence_as(fmt.signature, tf.nest.flatten(args))
             # Stateless, so that tf.data saves the iteration (a restored one passes its
             # batches through): its 0 goes into the first leaf's shape, a reshape that
             # copies nothing, for TensorFlow prunes a stateless op only ordered by control.
-            done = tf.numpy_function(tapped, [hold, token, *wire.flat_of(batch)], tf.int32,
-                                     stateful=False)
+            done = tf.numpy_function(
+                tapped, [hold, token, *wire.flat_of(batch)], tf.int32, stateful=False
+            )
             leaves = tf.nest.flatten(batch, expand_composites=True)
             leaves[0] = tf.reshape(leaves[0], tf.shape(leaves[0]) + done)
             return tf.nest.pack_sequence_as(batch, leaves, expand_composites=True)
@@ -286,13 +304,18 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
             short one after it must be tapped (and the write committed) first. An
             empty batch ends ds, so the last real batch comes out too.
             """
-            end = tf.data.Dataset.from_tensors(tf.nest.map_structure(
-                lambda s: tf.zeros((0, *s.shape[1:]), s.dtype), fmt.signature))
-            held = tf.nest.map_structure(lambda s: tf.zeros((0, *s.shape[1:]), s.dtype),
-                                         fmt.signature)
-            return (ds.concatenate(with_spec(end, ds.element_spec))
-                    .scan((held, False), lambda state, batch: ((batch, True), state))
-                    .filter(lambda batch, had: had).map(lambda batch, _: batch))
+            end = tf.data.Dataset.from_tensors(
+                tf.nest.map_structure(lambda s: tf.zeros((0, *s.shape[1:]), s.dtype), fmt.signature)
+            )
+            held = tf.nest.map_structure(
+                lambda s: tf.zeros((0, *s.shape[1:]), s.dtype), fmt.signature
+            )
+            return (
+                ds.concatenate(with_spec(end, ds.element_spec))
+                .scan((held, False), lambda state, batch: ((batch, True), state))
+                .filter(lambda batch, had: had)
+                .map(lambda batch, _: batch)
+            )
 
         def only(ds: tf.data.Dataset, picked: tf.Tensor) -> tf.data.Dataset:
             ds = with_spec(ds, fmt.signature)  # concatenate wants the same names
@@ -304,9 +327,11 @@ def tapped_batches(source: tf.data.Dataset, fmt: BatchFormat, epochs: Any, itera
         reads = iterations.reader.batches(epoch, start)
         if rebatch_reads:
             reads = reads.rebatch(size, drop_remainder=drop_remainder)
-        return (only(written, tf.equal(mode, WRITE))
-                .concatenate(only(dropped, tf.equal(mode, SOURCE)))
-                .concatenate(only(reads, tf.equal(mode, READ))))
+        return (
+            only(written, tf.equal(mode, WRITE))
+            .concatenate(only(dropped, tf.equal(mode, SOURCE)))
+            .concatenate(only(reads, tf.equal(mode, READ)))
+        )
 
     iterations.controlled_by(epochs.control)
     return iterations.dataset(branch, per_iteration)
@@ -320,9 +345,9 @@ def _finalized(ds: tf.data.Dataset) -> tf.data.Dataset:
     datasets a flat_map's function returns: a tapped source without this ran
     its map and its batch apart, ~10% more CPU on 1 KB elements (docs/writing.md).
     """
-    variant = tf.raw_ops.FinalizeDataset(input_dataset=ds._variant_tensor,
-                                         output_types=ds._flat_types,
-                                         output_shapes=ds._flat_shapes)
+    variant = tf.raw_ops.FinalizeDataset(
+        input_dataset=ds._variant_tensor, output_types=ds._flat_types, output_shapes=ds._flat_shapes
+    )
     return dataset_ops._VariantDataset(variant, ds.element_spec)
 
 

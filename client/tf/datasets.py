@@ -68,10 +68,14 @@ def with_spec(ds: tf.data.Dataset, spec: Any) -> tf.data.Dataset:
     ours = tf.nest.flatten(ds.element_spec, expand_composites=True)
     theirs = tf.nest.flatten(spec, expand_composites=True)
     restructure = getattr(dataset_ops, "_RestructuredDataset", None)
-    if restructure is None or len(ours) != len(theirs) or not all(
-            a.is_compatible_with(b) for a, b in zip(ours, theirs)):
+    if (
+        restructure is None
+        or len(ours) != len(theirs)
+        or not all(a.is_compatible_with(b) for a, b in zip(ours, theirs))
+    ):
         return ds
     if _carried(ds.element_spec) != _carried(spec):  # a ragged_rank 0 RaggedTensorSpec
+
         @tf.autograph.experimental.do_not_convert
         def encode(*element: Any) -> tuple[tf.Tensor, ...]:
             components = tf.nest.flatten(element, expand_composites=True)
@@ -108,15 +112,19 @@ class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
     (a tapped cc.cache(): see ignore_errors()).
     """
 
-    def __init__(self, elements: tf.data.Dataset, batched: BatchBuilder | None,
-                 cardinality: int, ignoring: IgnoringBuilder | None = None) -> None:
+    def __init__(
+        self,
+        elements: tf.data.Dataset,
+        batched: BatchBuilder | None,
+        cardinality: int,
+        ignoring: IgnoringBuilder | None = None,
+    ) -> None:
         self._batched = batched
         self._elements_cardinality = cardinality
         self._ignoring = ignoring
         super().__init__(elements, elements._variant_tensor)
 
-    def ignore_errors(self, log_warning: bool = False, name: str | None = None
-                      ) -> tf.data.Dataset:
+    def ignore_errors(self, log_warning: bool = False, name: str | None = None) -> tf.data.Dataset:
         """tf.data's ignore_errors(), applied to a write epoch's source element by element.
 
         The write epoch reads its source in batches, and a source error loses the
@@ -132,20 +140,30 @@ class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
             return super().ignore_errors(log_warning, name)
         return self._ignoring(log_warning)
 
-    def batch(self, batch_size: Any, drop_remainder: bool = False,
-              num_parallel_calls: Any = None, deterministic: Any = None,
-              name: str | None = None) -> tf.data.Dataset:
+    def batch(
+        self,
+        batch_size: Any,
+        drop_remainder: bool = False,
+        num_parallel_calls: Any = None,
+        deterministic: Any = None,
+        name: str | None = None,
+    ) -> tf.data.Dataset:
         """tf.data's batch(), built on the cache's batches without unbatching them.
 
         num_parallel_calls and deterministic have nothing to do here: rebatch
         copies each element once, in order, on the iterator's thread, and a
         write epoch batches the source itself.
         """
-        if (self._batched is None or isinstance(batch_size, bool)
-                or not isinstance(batch_size, numbers.Integral)
-                or batch_size < 1 or not isinstance(drop_remainder, bool)):
-            return super().batch(batch_size, drop_remainder, num_parallel_calls,
-                                 deterministic, name)
+        if (
+            self._batched is None
+            or isinstance(batch_size, bool)
+            or not isinstance(batch_size, numbers.Integral)
+            or batch_size < 1
+            or not isinstance(drop_remainder, bool)
+        ):
+            return super().batch(
+                batch_size, drop_remainder, num_parallel_calls, deterministic, name
+            )
         size = int(batch_size)
         ds = self._batched(size, drop_remainder)
         n = self._elements_cardinality
@@ -153,5 +171,6 @@ class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
             ds = declared(ds, n // size if drop_remainder else -(-n // size))
         first = size if drop_remainder else None
         spec = tf.nest.map_structure(
-            lambda s: tf.TensorSpec((first, *s.shape), s.dtype, s.name), self.element_spec)
+            lambda s: tf.TensorSpec((first, *s.shape), s.dtype, s.name), self.element_spec
+        )
         return with_spec(ds, spec)

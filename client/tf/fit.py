@@ -75,7 +75,8 @@ def position(backup_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
     if "ckpt_saved_epoch" not in keys or "ckpt_saved_batch" not in keys:
         raise InvalidArgumentError(
             f"{latest} is not a tf-keras BackupAndRestore backup (no ckpt_saved_epoch and "
-            "ckpt_saved_batch); pass the backup_dir given to BackupAndRestore")
+            "ckpt_saved_batch); pass the backup_dir given to BackupAndRestore"
+        )
     epoch = int(reader.get_tensor(keys["ckpt_saved_epoch"]))
     batch = int(reader.get_tensor(keys["ckpt_saved_batch"]))
     if epoch < 0:
@@ -85,14 +86,16 @@ def position(backup_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
     return epoch, batch + 1
 
 
-def resume_at(backup_dir: str | os.PathLike[str], batch_size: int | None, share: int
-              ) -> tuple[int, int] | None:
+def resume_at(
+    backup_dir: str | os.PathLike[str], batch_size: int | None, share: int
+) -> tuple[int, int] | None:
     """(epoch, start) of the element after the backed-up batches of this worker's share of
     share elements an epoch, in batches of batch_size; None: no backup."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgumentError(
             f"resume_from needs batch_size=, the batch size of fit's steps on this worker "
-            f"(a positive integer), got {batch_size!r}")
+            f"(a positive integer), got {batch_size!r}"
+        )
     found = position(backup_dir)
     if found is None:
         return None
@@ -100,8 +103,14 @@ def resume_at(backup_dir: str | os.PathLike[str], batch_size: int | None, share:
     start = batches * batch_size
     if start >= share:
         return epoch + 1, 0
-    log.info("resuming epoch %d at element %d of %d (batch %d), from %s", epoch, start,
-             share, batches, backup_dir)
+    log.info(
+        "resuming epoch %d at element %d of %d (batch %d), from %s",
+        epoch,
+        start,
+        share,
+        batches,
+        backup_dir,
+    )
     return epoch, start
 
 
@@ -111,12 +120,19 @@ def _keras3_backup() -> type:
     class KerasBackupAndRestore(keras.callbacks.BackupAndRestore):  # type: ignore[misc]
         __doc__ = BACKUP_DOC
 
-        def __init__(self, backup_dir: str, save_freq: str | int = "epoch",
-                     double_checkpoint: bool = False, delete_checkpoint: bool = True
-                     ) -> None:
-            super().__init__(backup_dir, save_freq=save_freq,
-                             double_checkpoint=double_checkpoint,
-                             delete_checkpoint=delete_checkpoint)
+        def __init__(
+            self,
+            backup_dir: str,
+            save_freq: str | int = "epoch",
+            double_checkpoint: bool = False,
+            delete_checkpoint: bool = True,
+        ) -> None:
+            super().__init__(
+                backup_dir,
+                save_freq=save_freq,
+                double_checkpoint=double_checkpoint,
+                delete_checkpoint=delete_checkpoint,
+            )
             self._position_path = Path(backup_dir) / POSITION_FILE
             self._resumed: tuple[int, int] | None = None
             self._epoch, self._batches, self._offset = 0, 0, 0

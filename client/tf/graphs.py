@@ -41,11 +41,15 @@ def fingerprint_of(dataset: tf.data.Dataset, version: str | None) -> str:
         return f"version:{version}"
     try:
         serialized = tf.raw_ops.DatasetToGraphV2(
-            input_dataset=dataset._variant_tensor, external_state_policy=_POLICY_IGNORE,
-            strip_device_assignment=True).numpy()
+            input_dataset=dataset._variant_tensor,
+            external_state_policy=_POLICY_IGNORE,
+            strip_device_assignment=True,
+        ).numpy()
     except tf.errors.OpError as exc:
-        raise InvalidArgumentError(f"cannot fingerprint this pipeline ({exc.message}); pass "
-                                   "version= to key the cache explicitly") from exc
+        raise InvalidArgumentError(
+            f"cannot fingerprint this pipeline ({exc.message}); pass "
+            "version= to key the cache explicitly"
+        ) from exc
     graph = graph_pb2.GraphDef()
     graph.ParseFromString(serialized)
     digest = hashlib.sha256(_canonical_graph(graph).SerializeToString(deterministic=True))
@@ -60,8 +64,16 @@ _SEED_INPUTS = frozenset({"seed", "seed2", "seed_generator"})
 #: tf.data service reads: inputs and attrs that name the run, not the data (the dispatcher's
 #: address and protocol, the job, the id the dispatcher assigned, request tuning).
 _SERVICE_OPS = ("DataServiceDataset",)
-_SERVICE_INPUTS = frozenset({"dataset_id", "address", "protocol", "job_name",
-                             "max_outstanding_requests", "iteration_counter"})
+_SERVICE_INPUTS = frozenset(
+    {
+        "dataset_id",
+        "address",
+        "protocol",
+        "job_name",
+        "max_outstanding_requests",
+        "iteration_counter",
+    }
+)
 _SERVICE_ATTRS = ("task_refresh_interval_hint_ms", "data_transfer_protocol", "target_workers")
 #: Ops naming their Python callable by a per-process registry token.
 _PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -77,9 +89,11 @@ def _cut_inputs(node: node_def_pb2.NodeDef, names: frozenset[str]) -> None:
     op_def = op_def_registry.get(node.op)
     if op_def is None:
         return
-    kept = [x for i, x in enumerate(node.input)
-            if x.startswith("^") or i >= len(op_def.input_arg)
-            or op_def.input_arg[i].name not in names]
+    kept = [
+        x
+        for i, x in enumerate(node.input)
+        if x.startswith("^") or i >= len(op_def.input_arg) or op_def.input_arg[i].name not in names
+    ]
     del node.input[:]
     node.input.extend(kept)
 
@@ -180,8 +194,10 @@ def serialize_dataset(dataset: tf.data.Dataset) -> tuple[bytes, bytes]:
     """
     try:
         graph = tf.raw_ops.DatasetToGraphV2(
-            input_dataset=dataset._variant_tensor, external_state_policy=_POLICY_FAIL,
-            strip_device_assignment=True).numpy()
+            input_dataset=dataset._variant_tensor,
+            external_state_policy=_POLICY_FAIL,
+            strip_device_assignment=True,
+        ).numpy()
     except tf.errors.OpError as exc:
         detail = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", exc.message)
         raise InvalidArgumentError(
@@ -189,7 +205,8 @@ def serialize_dataset(dataset: tf.data.Dataset) -> tuple[bytes, bytes]:
             "code (py_function, from_generator, numpy_function). Materialize it through an "
             "entry point instead (cc.materialize('package.module:fn', ...) with "
             "fn(shard_index, num_shards) -> tf.data.Dataset, importable on the daemon's host), "
-            "or cache it by write-through with cc.cache(ds, name=...)") from exc
+            "or cache it by write-through with cc.cache(ds, name=...)"
+        ) from exc
     return graph, encode_spec(dataset.element_spec)
 
 

@@ -40,9 +40,11 @@ class Iterations:
 
     def deciding(self, begin_epoch: Callable[[], Any]) -> Callable[[], Any]:
         """decide() for the control: takes the next (epoch, start), noted for begin()."""
+
         def decide() -> Any:
             self._taken.value = self._epochs.take()
             return begin_epoch()
+
         return decide
 
     def controlled_by(self, control: Callable[[], Iterator[tuple[Any, Any]]]) -> None:
@@ -81,18 +83,23 @@ class Iterations:
         self._epochs.seen(int(epoch))
         return np.int64(0)
 
-    def dataset(self, branch: Callable[..., tf.data.Dataset],
-                per_iteration: Transform = lambda ds: ds) -> tf.data.Dataset:
+    def dataset(
+        self, branch: Callable[..., tf.data.Dataset], per_iteration: Transform = lambda ds: ds
+    ) -> tf.data.Dataset:
         """control.flat_map(per_iteration(branch) + finish): branch(hold, token, mode,
         epoch, start) gives an iteration's batches."""
+
         @tf.autograph.experimental.do_not_convert  # and what it traces: plain TF ops
-        def iteration(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
-                      start: tf.Tensor) -> tf.data.Dataset:
+        def iteration(
+            hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor, start: tf.Tensor
+        ) -> tf.data.Dataset:
             batches = per_iteration(branch(hold, token, mode, epoch, start))
             started = tf.numpy_function(self.started, [epoch], tf.int64, stateful=False)
-            finish = tf.data.Dataset.from_tensors(started).filter(
-                lambda _: tf.numpy_function(self.finish, [hold], tf.bool, stateful=False)
-            ).flat_map(lambda _: batches.take(0))  # none, like batches: take(0) never starts it
+            finish = (
+                tf.data.Dataset.from_tensors(started)
+                .filter(lambda _: tf.numpy_function(self.finish, [hold], tf.bool, stateful=False))
+                .flat_map(lambda _: batches.take(0))
+            )  # none, like batches: take(0) never starts it
             return batches.concatenate(finish)
 
         @tf.autograph.experimental.do_not_convert
@@ -103,9 +110,13 @@ class Iterations:
         return control.flat_map(iteration).with_options(self._options)
 
 
-def generated(iterations: Iterations, decide: Callable[[], Any],
-              source: Callable[[Any], Iterator[Any]], signature: Any,
-              per_iteration: Transform) -> tf.data.Dataset:
+def generated(
+    iterations: Iterations,
+    decide: Callable[[], Any],
+    source: Callable[[Any], Iterator[Any]],
+    signature: Any,
+    per_iteration: Transform,
+) -> tf.data.Dataset:
     """cc.cache()'s batches on the generator path (sources that cannot be tapped).
 
     decide() returns a tap.Decision per iteration; a WRITE or SOURCE iteration
@@ -132,16 +143,17 @@ def generated(iterations: Iterations, decide: Callable[[], Any],
             raise RuntimeError(f"shardcache: no write was begun for iteration {int(token)}")
         yield from source(decision)
 
-    def branch(hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor,
-               start: tf.Tensor) -> tf.data.Dataset:
+    def branch(
+        hold: tf.Tensor, token: tf.Tensor, mode: tf.Tensor, epoch: tf.Tensor, start: tf.Tensor
+    ) -> tf.data.Dataset:
         read = tf.equal(mode, READ)
         written = tf.data.Dataset.from_generator(run, args=(token,), output_signature=signature)
         reads = iterations.reader.batches(epoch, start)
-        return (written.take(tf.where(read, np.int64(0), np.int64(-1)))
-                .concatenate(reads.take(tf.where(read, np.int64(-1), np.int64(0)))))
+        return written.take(tf.where(read, np.int64(0), np.int64(-1))).concatenate(
+            reads.take(tf.where(read, np.int64(-1), np.int64(0)))
+        )
 
     iterations.controlled_by(control)
     options = tf.data.Options()
-    options.experimental_external_state_policy = (
-        tf.data.experimental.ExternalStatePolicy.IGNORE)
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     return iterations.dataset(branch, per_iteration).with_options(options)

@@ -70,8 +70,10 @@ def tune() -> bool:
     libc = _libc()
     if libc is None:
         return False
-    ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-              or libc.mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD))
+    ok = bool(
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        or libc.mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD)
+    )
     ok = bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and ok
     if not ok:
         log.debug("mallopt refused the thresholds; large buffers stay mmap-backed")

@@ -151,8 +151,11 @@ def own_threads(ds: tf.data.Dataset, threads: int) -> tf.data.Dataset:
     """ds computed on a thread pool of its own (tf.data's PrivateThreadPoolDataset): unlike
     Options.threading, which the elements' consumer would share, it covers ds alone."""
     variant = tf.raw_ops.PrivateThreadPoolDataset(
-        input_dataset=tf.data.experimental.to_variant(ds), num_threads=threads,
-        output_types=ds._flat_types, output_shapes=ds._flat_shapes)
+        input_dataset=tf.data.experimental.to_variant(ds),
+        num_threads=threads,
+        output_types=ds._flat_types,
+        output_shapes=ds._flat_shapes,
+    )
     return tf.data.experimental.from_variant(variant, ds.element_spec)
 
 
@@ -165,8 +168,14 @@ class Reader:
     iteration reads the next epoch).
     """
 
-    def __init__(self, wire: Wire, open_chunks: OpenChunks, epochs: Any,
-                 parallel: int = 0, figures: ReadFigures | None = None) -> None:
+    def __init__(
+        self,
+        wire: Wire,
+        open_chunks: OpenChunks,
+        epochs: Any,
+        parallel: int = 0,
+        figures: ReadFigures | None = None,
+    ) -> None:
         self.wire = wire
         self._figures = figures  # what the read reports (client/observe/report.py), if anything
         self._open_chunks = open_chunks
@@ -206,26 +215,31 @@ class Reader:
         n, batch = chunks.chunk(int(i))
         arrays = self.wire.arrays(n, batch)
         done = pace.now()
-        pace.figures.chunk(getattr(chunks, "path", "mix"), n,
-                           sum(getattr(a, "nbytes", 0) for a in arrays), done - began)
+        pace.figures.chunk(
+            getattr(chunks, "path", "mix"),
+            n,
+            sum(getattr(a, "nbytes", 0) for a in arrays),
+            done - began,
+        )
         return arrays
 
-    def batches(self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0
-                ) -> tf.data.Dataset:
+    def batches(self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0) -> tf.data.Dataset:
         """The batches of epoch from start, in fmt.signature's form: range(count).map(chunk)
         with tf.data's parallelism, on a pool of the read's own, checkpointable as it is.
         after: an int64 scalar computed first (the dataset is built on it)."""
+
         def chunks(_: tf.Tensor) -> tf.data.Dataset:  # opened once the batches are asked
-            hold, count = tf.numpy_function(self.open, [epoch, start], [tf.int64, tf.int64],
-                                            stateful=False)
+            hold, count = tf.numpy_function(
+                self.open, [epoch, start], [tf.int64, tf.int64], stateful=False
+            )
 
             def chunk(i: tf.Tensor) -> Any:
-                flat = tf.numpy_function(self.chunk, [hold, i], self.wire.dtypes,
-                                         stateful=False)
+                flat = tf.numpy_function(self.chunk, [hold, i], self.wire.dtypes, stateful=False)
                 return self.wire.signature_of(flat)
 
-            ds = tf.data.Dataset.range(count).map(chunk, num_parallel_calls=self._parallel,
-                                                  deterministic=True)
+            ds = tf.data.Dataset.range(count).map(
+                chunk, num_parallel_calls=self._parallel, deterministic=True
+            )
             return own_threads(ds, self._threads)
 
         return tf.data.Dataset.from_tensors(tf.cast(after, tf.int64)).flat_map(chunks)
@@ -233,10 +247,10 @@ class Reader:
     def dataset(self, per_iteration: Transform) -> tf.data.Dataset:
         """cc.dataset()'s iterations, one epoch each, checkpointable: per_iteration of the
         batches (client/tf/reads.py's docstring says what runs inside the flat_map)."""
+
         @tf.autograph.experimental.do_not_convert
         def begin(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
-            return tuple(tf.numpy_function(self.begin, [x], [tf.int64, tf.int64],
-                                           stateful=False))
+            return tuple(tf.numpy_function(self.begin, [x], [tf.int64, tf.int64], stateful=False))
 
         @tf.autograph.experimental.do_not_convert  # and what it traces: plain TF ops
         def iteration(epoch: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
@@ -249,9 +263,13 @@ class Reader:
         return control.flat_map(iteration)
 
 
-def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],
-             cardinality: int, batched: BatchBuilder | None = None,
-             ignoring: IgnoringBuilder | None = None) -> tf.data.Dataset:
+def elements(
+    fmt: Any,
+    iterations: Callable[[Transform], tf.data.Dataset],
+    cardinality: int,
+    batched: BatchBuilder | None = None,
+    ignoring: IgnoringBuilder | None = None,
+) -> tf.data.Dataset:
     """The element dataset of a cache read: iterations(per_iteration) builds it.
 
     The elements of a cache of fixed-shape leaves with a known cardinality are
@@ -261,15 +279,19 @@ def elements(fmt: Any, iterations: Callable[[Transform], tf.data.Dataset],
     cc.cache() gives its own).
     """
     outside = fmt.direct and cardinality >= 0
-    ds = iterations(fmt.unbatched) if not outside else fmt.unbatched(
-        iterations(lambda batches: batches))
+    ds = (
+        iterations(fmt.unbatched)
+        if not outside
+        else fmt.unbatched(iterations(lambda batches: batches))
+    )
     if cardinality >= 0:
         ds = declared(ds, cardinality)
     ds = with_spec(ds, fmt.spec)
     if batched is None:
+
         def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
-            return iterations(lambda batches: batches.rebatch(size,
-                                                              drop_remainder=drop_remainder))
+            return iterations(lambda batches: batches.rebatch(size, drop_remainder=drop_remainder))
+
     if not fmt.direct:
         return ds if ignoring is None else CachedElements(ds, None, cardinality, ignoring)
     return CachedElements(ds, batched, cardinality, ignoring)

@@ -31,7 +31,8 @@ FLUSH_SECONDS = 1.0
 
 log = logging.getLogger("client")
 _SCALAR = tf.compat.v1.SummaryMetadata(
-    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"))
+    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+)
 
 
 def timed(ds: tf.data.Dataset, stalled: Callable[[float], None]) -> tf.data.Dataset:
@@ -50,27 +51,31 @@ def timed(ds: tf.data.Dataset, stalled: Callable[[float], None]) -> tf.data.Data
         stalled(float(seconds))
         return np.float64(0.0)
 
-    asks = map_op._MapDataset(tf.data.Dataset.counter(), lambda _: tf.timestamp(),
-                              use_inter_op_parallelism=False)  # on the consumer's thread
+    asks = map_op._MapDataset(
+        tf.data.Dataset.counter(), lambda _: tf.timestamp(), use_inter_op_parallelism=False
+    )  # on the consumer's thread
 
     @tf.autograph.experimental.do_not_convert
-    def arrived(state: tuple[tf.Tensor, tf.Tensor], ask_element: tuple[tf.Tensor, Any]
-                ) -> tuple[tuple[tf.Tensor, tf.Tensor], Any]:
+    def arrived(
+        state: tuple[tf.Tensor, tf.Tensor], ask_element: tuple[tf.Tensor, Any]
+    ) -> tuple[tuple[tf.Tensor, tf.Tensor], Any]:
         waited, last = state
         asked, element = ask_element
         now = tf.timestamp()
         waited += now - asked
         send = tf.logical_or(waited >= FLUSH_WAIT, now - last >= FLUSH_SECONDS)
-        state = tf.cond(send, lambda: (tf.numpy_function(sent, [waited], tf.float64), now),
-                        lambda: (waited, last))
+        state = tf.cond(
+            send,
+            lambda: (tf.numpy_function(sent, [waited], tf.float64), now),
+            lambda: (waited, last),
+        )
         return state, element
 
     zero = tf.constant(0.0, tf.float64)
     out = tf.data.Dataset.zip((asks, ds)).scan((zero, zero), arrived)
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
-    options.experimental_external_state_policy = (
-        tf.data.experimental.ExternalStatePolicy.IGNORE)
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     return out.with_options(options)
 
 
@@ -78,8 +83,9 @@ class InputStallCallback(tf.keras.callbacks.Callback):
     """``model.fit(cc.timed(ds), callbacks=[client.InputStallCallback(log_dir)])``: the
     share of each epoch the loop waited on its input, in logs["input_stall"] and TensorBoard."""
 
-    def __init__(self, log_dir: str | os.PathLike[str] | None = None,
-                 every_n_batches: int = 0) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike[str] | None = None, every_n_batches: int = 0
+    ) -> None:
         super().__init__()
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
         self._every = every_n_batches
@@ -95,8 +101,7 @@ class InputStallCallback(tf.keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(os.path.join(self._log_dir, "train"))
         with self._writer.as_default():  # what tensorboard's tf.summary.scalar writes,
             # without needing tensorboard installed in the training process
-            tf.summary.write(name, tf.constant(value, tf.float32), step=step,
-                             metadata=_SCALAR)
+            tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch.lap()
@@ -110,8 +115,10 @@ class InputStallCallback(tf.keras.callbacks.Callback):
         stall = self._epoch.fraction()
         if not self._epoch.measured and not self._warned:
             self._warned = True
-            log.warning("shardcache: no dataset in this process times its input stall, so "
-                        "InputStallCallback reports 0; pass model.fit() cc.timed(ds)")
+            log.warning(
+                "shardcache: no dataset in this process times its input stall, so "
+                "InputStallCallback reports 0; pass model.fit() cc.timed(ds)"
+            )
         if logs is not None:
             logs["input_stall"] = stall
         log.info("epoch %d: waited on input %.1f%% of the time", epoch + 1, 100 * stall)

@@ -106,8 +106,13 @@ class TapEpochs:
     over one dataset at once each have their own write or read.
     """
 
-    def __init__(self, layout: Layout, decide: Callable[[], Decision], elements: int,
-                 unflatten: Callable[[list[np.ndarray]], tuple[int, list[Any]]]) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        decide: Callable[[], Decision],
+        elements: int,
+        unflatten: Callable[[list[np.ndarray]], tuple[int, list[Any]]],
+    ) -> None:
         self._layout = layout
         self._unflatten = unflatten  # a batch's flat arrays -> (count, decoded batch)
         self._decide = decide
@@ -130,9 +135,13 @@ class TapEpochs:
             if iteration.tapped == self._elements:
                 committed(behind)
             else:
-                log.warning("the source pipeline ended after %d of its %d elements (an "
-                            "error in it?); the cache is not written, the next epoch will "
-                            "try again", iteration.tapped, self._elements)
+                log.warning(
+                    "the source pipeline ended after %d of its %d elements (an "
+                    "error in it?); the cache is not written, the next epoch will "
+                    "try again",
+                    iteration.tapped,
+                    self._elements,
+                )
         finally:
             del self._live[token]
             if behind is not None:

@@ -35,6 +35,7 @@ def chunk_size(requested: int) -> int:
     """Bytes per chunk for a request's chunk_bytes: 0 is the default; 4 KiB to 16 MiB."""
     return min(max(requested or DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES), MAX_CHUNK_BYTES)
 
+
 _LEN, _VARINT = 2, 0
 #: Field numbers: WriteCacheRequest.chunk; WriteChunk.lengths, .data, .raw_bytes.
 _CHUNK, _LENGTHS, _DATA, _RAW_BYTES = 2, 1, 2, 3
@@ -54,8 +55,9 @@ def _key(field: int, wire_type: int) -> bytes:
     return _varint(field << 3 | wire_type)
 
 
-def encode_chunk_request(lengths: bytes, values: Sequence[bytes | memoryview],
-                         raw_bytes: int) -> bytes:
+def encode_chunk_request(
+    lengths: bytes, values: Sequence[bytes | memoryview], raw_bytes: int
+) -> bytes:
     """Serialized WriteCacheRequest(chunk=WriteChunk(lengths, b"".join(values), raw_bytes))."""
     data_len = sum(len(v) for v in values)
     head = b""
@@ -82,8 +84,9 @@ def serialize_request(request: pb.WriteCacheRequest | bytes) -> bytes:
 _START, _READ_LENGTHS, _READ_DATA = 1, 2, 3
 
 
-def encode_read_shard_response(start: int, lengths: bytes,
-                               values: Sequence[bytes | memoryview]) -> bytes:
+def encode_read_shard_response(
+    start: int, lengths: bytes, values: Sequence[bytes | memoryview]
+) -> bytes:
     """Serialized ReadShardResponse(start, lengths, b"".join(values)), with one join."""
     data_len = sum(len(v) for v in values)
     head = _key(_START, _VARINT) + _varint(start) if start else b""
@@ -167,14 +170,17 @@ def _chunk_view(message: bytes) -> ChunkView:
             size, pos = _read_varint(buf, pos, end)
             if pos + size > end:
                 raise _Unframed
-            fields[field] = buf[pos:pos + size]
+            fields[field] = buf[pos : pos + size]
             pos += size
         elif wire_type == _VARINT and field == _RAW_BYTES:
             fields[field], pos = _read_varint(buf, pos, end)
         else:
             raise _Unframed
-    return ChunkView(bytes(fields.get(_LENGTHS, b"")), fields.get(_DATA, memoryview(b"")),
-                     fields.get(_RAW_BYTES, 0))
+    return ChunkView(
+        bytes(fields.get(_LENGTHS, b"")),
+        fields.get(_DATA, memoryview(b"")),
+        fields.get(_RAW_BYTES, 0),
+    )
 
 
 def decode_request(message: bytes) -> pb.WriteCacheRequest | ChunkView:

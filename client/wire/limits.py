@@ -39,5 +39,7 @@ MAX_ERROR_TEXT = 4096
 def check_indices(n: int) -> None:
     """Refuse a request naming more than MAX_INDICES indices."""
     if n > MAX_INDICES:
-        raise InvalidArgument(f"{n} indices in one ReadElements request; the limit is "
-                              f"{MAX_INDICES}: split the request")
+        raise InvalidArgument(
+            f"{n} indices in one ReadElements request; the limit is "
+            f"{MAX_INDICES}: split the request"
+        )

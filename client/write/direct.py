@@ -50,8 +50,9 @@ from client.write.stream import CacheWriter
 log = logging.getLogger("client")
 
 
-def writer_for(transport: Transport, begin: pb.WriteBegin, direct: Any,
-               local_data_dir: Path | None) -> CacheWriter:
+def writer_for(
+    transport: Transport, begin: pb.WriteBegin, direct: Any, local_data_dir: Path | None
+) -> CacheWriter:
     """The writer of a write-through epoch: local unless direct (a DirectReads) is off."""
     mode = getattr(direct, "mode", False)
     if mode is False:
@@ -75,8 +76,14 @@ class LocalWriter(CacheWriter):
     its thread; abort() may come from another thread at any time).
     """
 
-    def __init__(self, transport: Transport, begin: pb.WriteBegin, mode: bool | str,
-                 local_data_dir: Path | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        begin: pb.WriteBegin,
+        mode: bool | str,
+        local_data_dir: Path | None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
         local = pb.WriteBegin()
         local.CopyFrom(begin)
         local.local = True
@@ -107,7 +114,8 @@ class LocalWriter(CacheWriter):
                 raise DirectWriteUnavailableError(
                     f"direct=True, but this process cannot write the cache's files on the "
                     f"daemon's host: {why}; pass direct='auto' (or False) to send them over "
-                    "gRPC")
+                    "gRPC"
+                )
             log.info("writing cache %r over gRPC, not directly: %s", begun.cache.name, why)
         return begun
 
@@ -117,8 +125,10 @@ class LocalWriter(CacheWriter):
             return "the daemon does not offer same-host writes (an older cacheserver)"
         data_dir = Path(begun.data_dir)
         granted = pb.AcquireReadLeaseResponse(
-            data_dir=begun.data_dir, instance_token=begun.instance_token,
-            instance_token_path=str(data_dir / "instance.token"))
+            data_dir=begun.data_dir,
+            instance_token=begun.instance_token,
+            instance_token_path=str(data_dir / "instance.token"),
+        )
         why, _ = direct_read.local_view(granted, self._base)
         if why:
             return why
@@ -129,8 +139,10 @@ class LocalWriter(CacheWriter):
         except OSError as exc:
             return f"cannot see {staging}: {exc.strerror}"
         if owner != os.geteuid():  # the daemon could not delete what this process creates
-            return (f"the daemon runs as uid {owner} and this process as uid {os.geteuid()}: "
-                    "files written here could not be deleted by the daemon")
+            return (
+                f"the daemon runs as uid {owner} and this process as uid {os.geteuid()}: "
+                "files written here could not be deleted by the daemon"
+            )
         try:
             self._shard = self._new_shard(staging, 0)
         except OSError as exc:  # a read-only mount (EROFS), permissions (EACCES)
@@ -145,8 +157,9 @@ class LocalWriter(CacheWriter):
 
         return ShardWriter(staging / f"shard-{index:05d}", self._shard_bytes)
 
-    def add(self, values: Sequence[bytes | memoryview], raw_bytes: int,
-            num_elements: int | None = None) -> None:
+    def add(
+        self, values: Sequence[bytes | memoryview], raw_bytes: int, num_elements: int | None = None
+    ) -> None:
         if self._staging is None:
             super().add(values, raw_bytes, num_elements)
             return
@@ -183,10 +196,15 @@ class LocalWriter(CacheWriter):
     def _close_shard(self) -> None:
         shard, self._shard = self._shard, None
         shard.commit()  # fsync, close
-        self._staged.append(pb.StagedShard(
-            index=len(self._staged), num_elements=shard.num_elements,
-            num_records=shard.num_records, stored_bytes=shard.stored_bytes,
-            raw_bytes=shard.raw_bytes))
+        self._staged.append(
+            pb.StagedShard(
+                index=len(self._staged),
+                num_elements=shard.num_elements,
+                num_records=shard.num_records,
+                stored_bytes=shard.stored_bytes,
+                raw_bytes=shard.raw_bytes,
+            )
+        )
 
     def _give_up(self, exc: Exception) -> ShardcacheError:
         """Delete what was written here, tell the daemon why (it logs it and discards the

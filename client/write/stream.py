@@ -25,14 +25,14 @@ class CacheWriter:
     may add records.
     """
 
-    def __init__(self, transport: Transport, begin: pb.WriteBegin,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self, transport: Transport, begin: pb.WriteBegin, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ) -> None:
         self._transport = transport
         self._begin = begin
         self._chunk_bytes = chunk_bytes
         # requests, or chunks already serialized (client/wire/chunks.py)
-        self._requests: queue.Queue[pb.WriteCacheRequest | bytes | None] = queue.Queue(
-            _SEND_QUEUE)
+        self._requests: queue.Queue[pb.WriteCacheRequest | bytes | None] = queue.Queue(_SEND_QUEUE)
         self._lengths: list[int] = []
         self._data: list[bytes | memoryview] = []
         self._pending_bytes = 0
@@ -52,8 +52,10 @@ class CacheWriter:
     def begin(self) -> pb.WriteBegun:
         self._transport.connect()
         write_cache = self._transport.channel.stream_stream(
-            _WRITE_CACHE, request_serializer=serialize_request,
-            response_deserializer=pb.WriteCacheResponse.FromString)
+            _WRITE_CACHE,
+            request_serializer=serialize_request,
+            response_deserializer=pb.WriteCacheResponse.FromString,
+        )
         call = write_cache(self._request_stream())
         self._call = self._responses = call
         try:
@@ -95,8 +97,9 @@ class CacheWriter:
                 self._requests.put(None, timeout=0.25)
                 return
 
-    def add(self, values: Sequence[bytes | memoryview], raw_bytes: int,
-            num_elements: int | None = None) -> None:
+    def add(
+        self, values: Sequence[bytes | memoryview], raw_bytes: int, num_elements: int | None = None
+    ) -> None:
         """Queue values (num_elements elements; default one per value) for sending."""
         for v in values:
             self._lengths.append(len(v))
@@ -110,8 +113,9 @@ class CacheWriter:
     def _flush(self) -> None:
         if not self._lengths:
             return
-        request = encode_chunk_request(struct.pack(f"<{len(self._lengths)}I", *self._lengths),
-                                       self._data, self._raw_bytes)
+        request = encode_chunk_request(
+            struct.pack(f"<{len(self._lengths)}I", *self._lengths), self._data, self._raw_bytes
+        )
         self._lengths, self._data, self._pending_bytes, self._raw_bytes = [], [], 0, 0
         self._send(request)
 

@@ -55,8 +55,9 @@ class WriteBehind:
     uncommitted write and joins the thread).
     """
 
-    def __init__(self, writer: CacheWriter, layout: Layout,
-                 queue_batches: int = QUEUE_BATCHES) -> None:
+    def __init__(
+        self, writer: CacheWriter, layout: Layout, queue_batches: int = QUEUE_BATCHES
+    ) -> None:
         self._writer: CacheWriter | None = writer
         self._layout = layout
         self._queue: queue.Queue[tuple[int, Sequence[Any]] | None] = queue.Queue(queue_batches)
@@ -69,8 +70,9 @@ class WriteBehind:
         self._committed = False
         self._gate = CompressGate(SpareCpu()) if compress_mode() == "spare-cpu" else None
         self.uncompressed = 0  # elements stored raw because no core was spare
-        self._thread = threading.Thread(target=self._run, name="shardcache-write-behind",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="shardcache-write-behind", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -98,9 +100,13 @@ class WriteBehind:
             return None
         self._committed = True
         if self.uncompressed:
-            log.info("cache %r: %d of %d elements stored uncompressed, every core being busy "
-                     "with the source pipeline (SHARDCACHE_COMPRESS=spare-cpu; docs/writing.md)",
-                     cache.name, self.uncompressed, cache.num_elements)
+            log.info(
+                "cache %r: %d of %d elements stored uncompressed, every core being busy "
+                "with the source pipeline (SHARDCACHE_COMPRESS=spare-cpu; docs/writing.md)",
+                cache.name,
+                self.uncompressed,
+                cache.num_elements,
+            )
         return cache
 
     def close(self) -> None:
@@ -126,8 +132,11 @@ class WriteBehind:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.abort()
-        log.warning("stopped writing cache (%s); this epoch continues from the source "
-                    "pipeline and the next one will try again", exc)
+        log.warning(
+            "stopped writing cache (%s); this epoch continues from the source "
+            "pipeline and the next one will try again",
+            exc,
+        )
 
     def _slices(self, n: int, batch: Sequence[Any]) -> Iterator[tuple[int, Sequence[Any]]]:
         """batch as consecutive slices of about SLICE_BYTES (views, no copy)."""
@@ -139,10 +148,11 @@ class WriteBehind:
         for i in range(0, n, step):
             if self._stop.is_set():
                 return
-            yield min(step, n - i), [leaf[i:i + step] for leaf in batch]
+            yield min(step, n - i), [leaf[i : i + step] for leaf in batch]
 
-    def _send(self, writer: CacheWriter,
-              pack: Callable[[bool], tuple[list[bytes], int, int]]) -> None:
+    def _send(
+        self, writer: CacheWriter, pack: Callable[[bool], tuple[list[bytes], int, int]]
+    ) -> None:
         """Pack (compressed while CPU is spare) and send: pack(compress) -> values."""
         compress = self._gate is None or self._gate.compress()
         began = time.thread_time()

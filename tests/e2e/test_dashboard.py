@@ -23,7 +23,8 @@ _KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset"})
 _GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
 _MATCH_OPS = frozenset({"=", "!=", "=~", "!~"})
 _CLOSING = {"(": ")", "{": "}", "[": "]"}
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<space>\s+)
   | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
   | (?P<variable>\$\{\w+(?::\w+)?\}|\$\w+)
@@ -32,7 +33,9 @@ _TOKEN = re.compile(r"""
   | (?P<op>=~|!~|!=|==|<=|>=|[-+*/%^<>=,])
   | (?P<open>[({[])
   | (?P<close>[)}\]])
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 
 @dataclass
@@ -85,13 +88,16 @@ def parse_promql(expr: str) -> tuple[list[Selector], set[str]]:
                         raise ValueError(f"bad label list at {label[1]!r} in {expr!r}")
                     grouping.add(label[1])
                     i += 2 if sep == "," else 1
-            elif (kind == "name" and text not in _KEYWORDS | _GROUPING
-                  and following not in ("(", "by", "without")):  # not sum(...), sum by (...)
+            elif (
+                kind == "name"
+                and text not in _KEYWORDS | _GROUPING
+                and following not in ("(", "by", "without")
+            ):  # not sum(...), sum by (...)
                 matchers: dict[str, tuple[str, str]] = {}
                 if following == "{":
                     i += 2
                     while tokens[i][1] != "}":
-                        (lkind, label), (_, op), (vkind, value) = tokens[i:i + 3]
+                        (lkind, label), (_, op), (vkind, value) = tokens[i : i + 3]
                         if lkind != "name" or op not in _MATCH_OPS or vkind != "string":
                             raise ValueError(f"bad matcher {label}{op}{value} in {expr!r}")
                         matchers[label] = (op, value[1:-1])
@@ -122,8 +128,9 @@ def _queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, An
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
             # Grafana's label_values(METRIC, LABEL) is the series METRIC{LABEL!=""}
-            metric, label = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)",
-                                         variable["definition"]).groups()
+            metric, label = re.fullmatch(
+                r"label_values\((\w+),\s*(\w+)\)", variable["definition"]
+            ).groups()
             yield f"variable {variable['name']!r}", f'{metric}{{{label}!=""}}', variable
 
 
@@ -205,22 +212,34 @@ def _dashboard() -> dict[str, Any]:
 
 
 def test_every_dashboard_query_parses_and_selects_metrics_and_labels_the_daemon_exports(
-        exported: dict[str, set[str]]) -> None:
+    exported: dict[str, set[str]],
+) -> None:
     dashboard = _dashboard()
     assert dashboard_problems(dashboard, exported) == []
     selected = {s.metric for _, expr, _ in _queries(dashboard) for s in parse_promql(expr)[0]}
     # the panels the dashboard promises, each on the series it needs
-    for metric in ("shardcache_read_bytes_total", "shardcache_read_elements_total",
-                   "shardcache_cache_hits_total", "shardcache_cache_misses_total",
-                   "shardcache_rpc_duration_seconds_bucket", "shardcache_rpc_errors_total",
-                   "shardcache_disk_bytes", "shardcache_capacity_bytes",
-                   "shardcache_store_published_bytes_total",
-                   "shardcache_store_pulled_bytes_total", "shardcache_store_errors_total",
-                   "shardcache_store_unpublished_caches", "shardcache_data_connections",
-                   "shardcache_data_refused_total", "shardcache_data_fallbacks_total",
-                   "shardcache_reader_bytes_total", "shardcache_reader_elements_total",
-                   "shardcache_reader_stall_seconds_total", "shardcache_store_requests_total",
-                   "shardcache_store_bytes_total"):
+    for metric in (
+        "shardcache_read_bytes_total",
+        "shardcache_read_elements_total",
+        "shardcache_cache_hits_total",
+        "shardcache_cache_misses_total",
+        "shardcache_rpc_duration_seconds_bucket",
+        "shardcache_rpc_errors_total",
+        "shardcache_disk_bytes",
+        "shardcache_capacity_bytes",
+        "shardcache_store_published_bytes_total",
+        "shardcache_store_pulled_bytes_total",
+        "shardcache_store_errors_total",
+        "shardcache_store_unpublished_caches",
+        "shardcache_data_connections",
+        "shardcache_data_refused_total",
+        "shardcache_data_fallbacks_total",
+        "shardcache_reader_bytes_total",
+        "shardcache_reader_elements_total",
+        "shardcache_reader_stall_seconds_total",
+        "shardcache_store_requests_total",
+        "shardcache_store_bytes_total",
+    ):
         assert metric in selected, metric
 
 
@@ -235,19 +254,21 @@ def _groupings() -> dict[str, set[frozenset[str]]]:
 
 
 def test_the_dashboard_shows_throughput_per_training_job_and_stall_per_rank(
-        exported: dict[str, set[str]]) -> None:
+    exported: dict[str, set[str]],
+) -> None:
     grouped = _groupings()
     # the fixture's readers reported themselves: the series exist, with these labels
     assert {"training_job", "rank", "cache", "path"} <= exported[
-        "shardcache_reader_stall_seconds_total"]
+        "shardcache_reader_stall_seconds_total"
+    ]
     assert frozenset({"training_job"}) in grouped["shardcache_reader_bytes_total"]
-    assert frozenset({"training_job", "rank"}) in grouped[
-        "shardcache_reader_stall_seconds_total"]
+    assert frozenset({"training_job", "rank"}) in grouped["shardcache_reader_stall_seconds_total"]
     assert frozenset({"op"}) in grouped["shardcache_store_requests_total"]
 
 
 def test_the_dashboard_shows_read_bytes_by_plane_and_the_data_planes_refusals_by_reason(
-        exported: dict[str, set[str]]) -> None:
+    exported: dict[str, set[str]],
+) -> None:
     grouped = _groupings()
     # read bytes per daemon and plane, so a daemon whose readers fell back to gRPC shows
     assert "plane" in exported["shardcache_read_bytes_total"]
@@ -257,10 +278,12 @@ def test_the_dashboard_shows_read_bytes_by_plane_and_the_data_planes_refusals_by
 
 
 def test_the_dashboard_check_catches_a_misspelled_metric_a_wrong_label_and_a_broken_query(
-        exported: dict[str, set[str]]) -> None:
+    exported: dict[str, set[str]],
+) -> None:
     text = DASHBOARD.read_text()
-    misspelled = json.loads(text.replace("shardcache_read_bytes_total",
-                                         "shardcache_read_byte_total", 1))
+    misspelled = json.loads(
+        text.replace("shardcache_read_bytes_total", "shardcache_read_byte_total", 1)
+    )
     # and, that panel grouping by plane, the label is on no series it selects
     problem, label = dashboard_problems(misspelled, exported)
     assert "shardcache_read_byte_total is not a metric the daemon exports" in problem
@@ -271,12 +294,19 @@ def test_the_dashboard_check_catches_a_misspelled_metric_a_wrong_label_and_a_bro
     wrong_label = json.loads(text.replace("sum by (reason)", "sum by (cause)", 1))
     [problem] = dashboard_problems(wrong_label, exported)
     assert "no series of it has the label 'cause'" in problem
-    broken = json.loads(text.replace('"expr": "shardcache_store_unpublished_caches',
-                                     '"expr": "(shardcache_store_unpublished_caches'))
+    broken = json.loads(
+        text.replace(
+            '"expr": "shardcache_store_unpublished_caches',
+            '"expr": "(shardcache_store_unpublished_caches',
+        )
+    )
     [problem] = dashboard_problems(broken, exported)
     assert problem.startswith("panel 'Unpublished caches' A:") and "never closed" in problem
-    unfiltered = json.loads(text.replace('shardcache_disk_free_bytes{instance=~\\"$instance\\"}',
-                                         "shardcache_disk_free_bytes"))
+    unfiltered = json.loads(
+        text.replace(
+            'shardcache_disk_free_bytes{instance=~\\"$instance\\"}', "shardcache_disk_free_bytes"
+        )
+    )
     [problem] = dashboard_problems(unfiltered, exported)
     assert "shardcache_disk_free_bytes ignores $instance" in problem
 
@@ -284,11 +314,15 @@ def test_the_dashboard_check_catches_a_misspelled_metric_a_wrong_label_and_a_bro
 def test_parse_promql_finds_selectors_matchers_and_grouping_labels() -> None:
     selectors, grouping = parse_promql(
         'histogram_quantile(0.99, sum by (method, le) (rate(a_b_bucket{x=~"$v", y!="z"}'
-        '[$__rate_interval]))) / on (instance) group_left c > 0 and bool d offset 5m')
+        "[$__rate_interval]))) / on (instance) group_left c > 0 and bool d offset 5m"
+    )
     assert [(s.metric, s.matchers) for s in selectors] == [
-        ("a_b_bucket", {"x": ("=~", "$v"), "y": ("!=", "z")}), ("c", {}), ("d", {})]
+        ("a_b_bucket", {"x": ("=~", "$v"), "y": ("!=", "z")}),
+        ("c", {}),
+        ("d", {}),
+    ]
     assert grouping == {"method", "le", "instance"}
-    for bad in ('sum(rate(x[5m])', 'x{a="b"', '{a="b"}', 'x{a}', "sum by (a b) (x)"):
+    for bad in ("sum(rate(x[5m])", 'x{a="b"', '{a="b"}', "x{a}", "sum by (a b) (x)"):
         with pytest.raises(ValueError):
             parse_promql(bad)
 
@@ -306,8 +340,11 @@ def test_every_dashboard_panel_has_a_title_a_query_and_a_place_of_its_own() -> N
     for panel in panels:
         assert panel.get("title"), panel
         grid = panel["gridPos"]
-        cells = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
-                 for y in range(grid["y"], grid["y"] + grid["h"])}
+        cells = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
         assert grid["x"] + grid["w"] <= 24 and not cells & taken, panel["title"]
         taken |= cells
         if panel["type"] == "row":

@@ -43,8 +43,10 @@ class DemoRun:
         return Path(match.group(2))
 
     def epoch_line(self, label: str, epoch: int, of: int) -> str:
-        pattern = rf"^\s*{re.escape(label)}\s+epoch {epoch}/{of}\s+[\d.]+ s\s+[\d,]+ elements/s" \
-                  r"\s+peak RssAnon\s+[\d.]+ [KMG]iB.*$"
+        pattern = (
+            rf"^\s*{re.escape(label)}\s+epoch {epoch}/{of}\s+[\d.]+ s\s+[\d,]+ elements/s"
+            r"\s+peak RssAnon\s+[\d.]+ [KMG]iB.*$"
+        )
         match = re.search(pattern, self.stdout, re.MULTILINE)
         assert match, f"no {label} epoch {epoch}/{of} line in:\n{self.stdout}"
         return match.group(0)
@@ -56,9 +58,14 @@ def run_demo(data_dir: Path | None, *args: str, xdg_cache_home: Path | None = No
     if xdg_cache_home is not None:
         env["XDG_CACHE_HOME"] = str(xdg_cache_home)
     where = ["--data-dir", str(data_dir)] if data_dir is not None else []
-    proc = subprocess.run([sys.executable, "-m", "cacheserver", "demo", *args, *where],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cacheserver", "demo", *args, *where],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     return DemoRun(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -73,8 +80,10 @@ def processes_using(data_dir: Path) -> list[psutil.Process]:
 
 
 def assert_daemon_gone(run: DemoRun, data_dir: Path) -> None:
-    assert not psutil.pid_exists(run.daemon_pid) or \
-        psutil.Process(run.daemon_pid).status() == psutil.STATUS_ZOMBIE
+    assert (
+        not psutil.pid_exists(run.daemon_pid)
+        or psutil.Process(run.daemon_pid).status() == psutil.STATUS_ZOMBIE
+    )
     assert processes_using(data_dir) == []
     assert not run.socket.exists()
     assert not run.socket.parent.exists(), "the socket's temporary directory was left behind"
@@ -92,7 +101,8 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DemoRun, D
 
 
 def test_the_demo_trains_through_cc_cache_and_ds_cache_and_prints_every_epoch(
-        two_runs: tuple[Path, DemoRun, DemoRun]) -> None:
+    two_runs: tuple[Path, DemoRun, DemoRun],
+) -> None:
     _, run, _ = two_runs
     assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr}"
     assert "source pipeline, written through to the daemon" in run.epoch_line("cc.cache", 1, 2)
@@ -103,14 +113,20 @@ def test_the_demo_trains_through_cc_cache_and_ds_cache_and_prints_every_epoch(
 
 
 def test_the_demo_prints_a_comparison_table_and_what_the_daemon_stored(
-        two_runs: tuple[Path, DemoRun, DemoRun]) -> None:
+    two_runs: tuple[Path, DemoRun, DemoRun],
+) -> None:
     _, run, _ = two_runs
     assert run.returncode == 0, run.stderr
-    assert re.search(r"^\s+epoch 1 \(source\)\s+epoch 2 \(cache\)\s+RssAnon before"
-                     r"\s+peak RssAnon\s+daemon peak$", run.stdout, re.MULTILINE)
+    assert re.search(
+        r"^\s+epoch 1 \(source\)\s+epoch 2 \(cache\)\s+RssAnon before"
+        r"\s+peak RssAnon\s+daemon peak$",
+        run.stdout,
+        re.MULTILINE,
+    )
     for label in ("cc.cache", "ds.cache"):
-        assert re.search(rf"^\s+{re.escape(label)}\s+[\d.]+ s\s+[\d,]+/s\s+[\d.]+ s", run.stdout,
-                         re.MULTILINE), run.stdout
+        assert re.search(
+            rf"^\s+{re.escape(label)}\s+[\d.]+ s\s+[\d,]+/s\s+[\d.]+ s", run.stdout, re.MULTILINE
+        ), run.stdout
     assert re.search(r"^\s+name\s+demo-200x32px$", run.stdout, re.MULTILINE)
     assert re.search(r"^\s+state\s+READY$", run.stdout, re.MULTILINE)
     assert re.search(r"^\s+elements\s+200$", run.stdout, re.MULTILINE)
@@ -118,7 +134,8 @@ def test_the_demo_prints_a_comparison_table_and_what_the_daemon_stored(
 
 
 def test_the_demo_stops_its_daemon_gracefully_before_exiting(
-        two_runs: tuple[Path, DemoRun, DemoRun]) -> None:
+    two_runs: tuple[Path, DemoRun, DemoRun],
+) -> None:
     data_dir, first, second = two_runs
     for run in (first, second):
         assert run.returncode == 0, run.stderr
@@ -129,7 +146,8 @@ def test_the_demo_stops_its_daemon_gracefully_before_exiting(
 
 
 def test_a_second_run_reuses_the_images_and_writes_the_cache_again(
-        two_runs: tuple[Path, DemoRun, DemoRun]) -> None:
+    two_runs: tuple[Path, DemoRun, DemoRun],
+) -> None:
     data_dir, first, second = two_runs
     assert second.returncode == 0, second.stderr
     assert f"data directory: {data_dir}\n" in second.stdout
@@ -146,8 +164,12 @@ def test_ctrl_c_during_training_stops_the_daemon_too(tmp_path: Path) -> None:
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
         [sys.executable, "-m", "cacheserver", "demo", *LONGER, "--data-dir", str(data_dir)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env)
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert proc.stdout is not None
         lines = []
@@ -179,12 +201,18 @@ def test_ctrl_c_during_training_stops_the_daemon_too(tmp_path: Path) -> None:
 
 def test_the_demo_without_tensorflow_says_how_to_install_it(tmp_path: Path) -> None:
     # sys.modules[name] = None is how Python marks a module as not importable.
-    code = ("import sys; sys.modules['tensorflow'] = None; "
-            "from cacheserver.cli.main import main; main(prog_name='cacheserver')")
+    code = (
+        "import sys; sys.modules['tensorflow'] = None; "
+        "from cacheserver.cli.main import main; main(prog_name='cacheserver')"
+    )
     data_dir = tmp_path / "data"
     proc = subprocess.run(
         [sys.executable, "-c", code, "demo", *SMALL, "--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ))
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 1
     assert "pip install 'shardcache[tf-cpu]'" in proc.stderr
     assert "make demo" in proc.stderr

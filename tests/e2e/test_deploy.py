@@ -64,25 +64,30 @@ def scratch() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-
 # --- the manifests' daemon ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [sidecar_deployment, daemonset_deployment],
-                         ids=["sidecar-job", "daemonset"])
+@pytest.mark.parametrize(
+    "make", [sidecar_deployment, daemonset_deployment], ids=["sidecar-job", "daemonset"]
+)
 def test_the_manifest_daemon_serves_probes_and_the_client_then_drains_on_sigterm(
-        make, scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from client import CacheClient
 
     dep = make(scratch)
     log_path = scratch / "daemon.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(dep.argv, env={**os.environ, **dep.env},
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            dep.argv, env={**os.environ, **dep.env}, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         startup = dep.probes["startupProbe"]
-        kubelet_probe(dep.probe_port, startup,
-                       float(startup["periodSeconds"]) * float(startup["failureThreshold"]))
+        kubelet_probe(
+            dep.probe_port,
+            startup,
+            float(startup["periodSeconds"]) * float(startup["failureThreshold"]),
+        )
         kubelet_probe(dep.probe_port, dep.probes["readinessProbe"], 5)
         kubelet_probe(dep.probe_port, dep.probes["livenessProbe"], 5)
 
@@ -114,13 +119,15 @@ def test_the_manifest_daemon_serves_probes_and_the_client_then_drains_on_sigterm
 
         with grpc.insecure_channel(dep.client_target) as ch:
             stream = pb_grpc.CacheServiceStub(ch).ReadShard(
-                pb.ReadShardRequest(name="epoch-1", shard=0, chunk_bytes=65536))
+                pb.ReadShardRequest(name="epoch-1", shard=0, chunk_bytes=65536)
+            )
             received = len(next(stream).data)  # in flight when SIGTERM arrives
             stopped_at = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             rc: dict[str, int] = {}
             waiter = threading.Thread(
-                target=lambda: rc.setdefault("rc", proc.wait(dep.grace_period_s)))
+                target=lambda: rc.setdefault("rc", proc.wait(dep.grace_period_s))
+            )
             waiter.start()
             received += sum(len(r.data) for r in stream)
             waiter.join(dep.grace_period_s + 5)
@@ -134,7 +141,8 @@ def test_the_manifest_daemon_serves_probes_and_the_client_then_drains_on_sigterm
 
 
 def test_the_daemonset_with_its_credentials_secret_serves_only_the_tokens_it_names(
-        scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The two Secrets of daemonset.yaml and client-pod.yaml created as the comments say:
     the daemon reads auth.toml from the mounted Secret, the trainer's token gets its team's
     caches, a call without a token is refused, the kubelet's probes still pass."""
@@ -146,18 +154,24 @@ def test_the_daemonset_with_its_credentials_secret_serves_only_the_tokens_it_nam
     secrets = {
         "shardcache-auth": {
             "auth.toml": '[[principal]]\nname = "team-a"\ntoken = "team-a-token"\n'
-                         'grants = [{ verbs = ["read", "write"], caches = ["team-a-*"] }]\n',
-            "auth-file": auth_path.group(1)},
-        "shardcache-token": {"token": "team-a-token"}}
+            'grants = [{ verbs = ["read", "write"], caches = ["team-a-*"] }]\n',
+            "auth-file": auth_path.group(1),
+        },
+        "shardcache-token": {"token": "team-a-token"},
+    }
     dep = daemonset_deployment(scratch, secrets)
     assert dep.env["CACHESERVER_AUTH_FILE"].startswith(str(scratch))
     with open(scratch / "daemon.log", "wb") as log:
-        proc = subprocess.Popen(dep.argv, env={**os.environ, **dep.env},
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            dep.argv, env={**os.environ, **dep.env}, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         startup = dep.probes["startupProbe"]
-        kubelet_probe(dep.probe_port, startup,
-                      float(startup["periodSeconds"]) * float(startup["failureThreshold"]))
+        kubelet_probe(
+            dep.probe_port,
+            startup,
+            float(startup["periodSeconds"]) * float(startup["failureThreshold"]),
+        )
         kubelet_probe(dep.probe_port, dep.probes["readinessProbe"], 5)
         monkeypatch.delenv("CACHESERVER_TOKEN", raising=False)
         with CacheClient(dep.client_target) as cc, pytest.raises(UnauthenticatedError):
@@ -189,12 +203,17 @@ def _unit(text: str) -> dict[str, list[str]]:
 
 def _verify(unit_path: Path) -> list[str]:
     """The lines of `systemd-analyze verify` about this unit (it exits 0 on some errors)."""
-    result = subprocess.run(["systemd-analyze", "verify", str(unit_path)],
-                            capture_output=True, text=True, timeout=60, cwd=unit_path.parent)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=unit_path.parent,
+    )
     output = result.stdout + result.stderr
-    return [line for line in output.splitlines() if unit_path.name in line
-            or str(unit_path) in line] + ([f"exit status {result.returncode}: {output}"]
-                                          if result.returncode else [])
+    return [
+        line for line in output.splitlines() if unit_path.name in line or str(unit_path) in line
+    ] + ([f"exit status {result.returncode}: {output}"] if result.returncode else [])
 
 
 def _installable_unit(scratch: Path, text: str | None = None) -> Path:
@@ -221,8 +240,7 @@ def test_the_unit_notifies_stops_after_the_drain_and_uses_its_state_and_runtime_
     argv = shlex.split(unit["ExecStart"][0])
     assert float(unit["TimeoutStopSec"][0]) > float(flag(argv, "--grace"))
     assert flag(argv, "--data-dir") == f"/var/lib/{unit['StateDirectory'][0]}"
-    assert SOCKET_TARGET.replace("unix://", "").startswith(
-        f"/run/{unit['RuntimeDirectory'][0]}/")
+    assert SOCKET_TARGET.replace("unix://", "").startswith(f"/run/{unit['RuntimeDirectory'][0]}/")
     assert SOCKET_TARGET in argv and "127.0.0.1:50051" in argv
     # the data port: fixed (a firewall rule names it), on the host gRPC listens on
     assert flag(argv, "--data-listen") == "127.0.0.1:50052"
@@ -268,13 +286,11 @@ def test_the_units_command_tells_systemd_ready_then_stopping(scratch: Path) -> N
     notify.bind(str(scratch / "notify"))
     notify.settimeout(30)
     env = {**os.environ, **_env_file(UNIT_ENV), "NOTIFY_SOCKET": str(scratch / "notify")}
-    proc = subprocess.Popen(argv, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert notify.recv(4096) == b"READY=1"
         with grpc.insecure_channel(paths(SOCKET_TARGET)) as ch:  # READY=1 means serving
-            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
-                                                         timeout=5)
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         proc.send_signal(signal.SIGTERM)
         assert notify.recv(4096) == b"STOPPING=1"
@@ -284,7 +300,6 @@ def test_the_units_command_tells_systemd_ready_then_stopping(scratch: Path) -> N
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-
 
 
 # --- the container image ---------------------------------------------------------------
@@ -307,8 +322,9 @@ def _containerfile() -> dict[str, list[str]]:
 def test_the_image_runs_exactly_the_command_the_manifests_run() -> None:
     image = _containerfile()
     for instruction in ("ENTRYPOINT", "CMD"):
-        assert CONTAINERFILE.read_text().count(f"\n{instruction} [") == 1, \
+        assert CONTAINERFILE.read_text().count(f"\n{instruction} [") == 1, (
             f"{instruction} must be one exec-form JSON array (no shell)"
+        )
     command = [*image["ENTRYPOINT"], *image["CMD"]]
     assert command[:2] == ["cacheserver", "serve"]
     for path, kind in ((SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")):
@@ -326,7 +342,8 @@ def test_the_image_runs_exactly_the_command_the_manifests_run() -> None:
 
 
 def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount(
-        scratch: Path) -> None:
+    scratch: Path,
+) -> None:
     from client import CacheClient
     from client.read.fetching.direct import DirectReads, resolve_local_data_dir
     from client.settings import LOCAL_DATA_DIR
@@ -335,14 +352,18 @@ def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount
     server, train = container(spec, "cacheserver"), container(spec, "train")
     local = {e["name"]: e["value"] for e in train["env"]}[LOCAL_DATA_DIR.name]
     [mount] = [m for m in train["volumeMounts"] if m["mountPath"] == local]
-    [served] = [m for m in server["volumeMounts"]
-                if m["mountPath"] == flag(server["args"], "--data-dir")]
+    [served] = [
+        m for m in server["volumeMounts"] if m["mountPath"] == flag(server["args"], "--data-dir")
+    ]
     assert mount["name"] == served["name"] and mount["readOnly"] is True
 
     dep = sidecar_deployment(scratch)  # both mounts map to one directory, as in the pod
     # the console script would import the installed package; serve this checkout's code
-    env = {**os.environ, **dep.env,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        **dep.env,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     with open(scratch / "daemon.log", "wb") as log:
         proc = subprocess.Popen(dep.argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -358,4 +379,3 @@ def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount
     finally:
         proc.kill()
         proc.wait(30)
-

@@ -58,35 +58,42 @@ def test_the_kustomization_lists_every_manifest_of_the_daemonset_directory() -> 
     listed = set(kustomization["resources"])
     present = {p.name for p in k8s_yaml_files() if p.parent.name == "daemonset"}
     assert listed == present
-    assert kustomization["namespace"] == load_one(K8S / "daemonset" / "namespace.yaml",
-                                                  "Namespace")["metadata"]["name"]
+    assert (
+        kustomization["namespace"]
+        == load_one(K8S / "daemonset" / "namespace.yaml", "Namespace")["metadata"]["name"]
+    )
 
 
-def test_the_sidecar_is_a_native_sidecar_with_its_socket_and_cache_where_the_trainer_looks(
-        ) -> None:
+def test_the_sidecar_is_a_native_sidecar_with_its_socket_and_cache_where_the_trainer_looks() -> (
+    None
+):
     spec = load_one(SIDECAR_JOB, "Job")["spec"]["template"]["spec"]
     server = container(spec, "cacheserver")
     assert server in spec["initContainers"] and server["restartPolicy"] == "Always"
     volumes = {v["name"]: v for v in spec["volumes"]}
-    socket_mount = next(m for m in server["volumeMounts"]
-                        if m["mountPath"] == "/run/cacheserver")
+    socket_mount = next(m for m in server["volumeMounts"] if m["mountPath"] == "/run/cacheserver")
     assert volumes[socket_mount["name"]]["emptyDir"]["medium"] == "Memory"
     train = container(spec, "train")
-    assert any(m["name"] == socket_mount["name"] and m["mountPath"] == "/run/cacheserver"
-               for m in train["volumeMounts"])
+    assert any(
+        m["name"] == socket_mount["name"] and m["mountPath"] == "/run/cacheserver"
+        for m in train["volumeMounts"]
+    )
     assert {"name": "SHARDCACHE_TARGET", "value": SOCKET_TARGET} in train["env"]
-    cache_mount = next(m for m in server["volumeMounts"]
-                       if m["mountPath"] == flag(server["args"], "--data-dir"))
+    cache_mount = next(
+        m for m in server["volumeMounts"] if m["mountPath"] == flag(server["args"], "--data-dir")
+    )
     cache = volumes[cache_mount["name"]]["emptyDir"]
     assert "sizeLimit" in cache
     for kind in ("requests", "limits"):
         assert "ephemeral-storage" in server["resources"][kind]
 
 
-@pytest.mark.parametrize("path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")],
-                         ids=["sidecar", "daemonset"])
+@pytest.mark.parametrize(
+    "path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")], ids=["sidecar", "daemonset"]
+)
 def test_the_daemon_runs_locked_down_and_has_longer_to_stop_than_it_drains(
-        path: Path, kind: str) -> None:
+    path: Path, kind: str
+) -> None:
     spec = load_one(path, kind)["spec"]["template"]["spec"]
     server = container(spec, "cacheserver")
     sc = server["securityContext"]
@@ -103,19 +110,28 @@ def test_the_daemonset_keeps_caches_and_socket_on_host_paths_the_client_pod_moun
     spec = load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"]
     server = container(spec, "cacheserver")
     volumes = {v["name"]: v for v in spec["volumes"]}
-    host = {m["mountPath"]: volumes[m["name"]]["hostPath"] for m in server["volumeMounts"]
-            if "hostPath" in volumes[m["name"]]}
+    host = {
+        m["mountPath"]: volumes[m["name"]]["hostPath"]
+        for m in server["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
     assert host[flag(server["args"], "--data-dir")]["type"] == "DirectoryOrCreate"
     client_spec = load_one(CLIENT_POD, "Pod")["spec"]
     client_volumes = {v["name"]: v for v in client_spec["volumes"]}
     [train] = client_spec["containers"]
-    client_host = {m["mountPath"]: client_volumes[m["name"]]["hostPath"]["path"]
-                   for m in train["volumeMounts"] if "hostPath" in client_volumes[m["name"]]}
+    client_host = {
+        m["mountPath"]: client_volumes[m["name"]]["hostPath"]["path"]
+        for m in train["volumeMounts"]
+        if "hostPath" in client_volumes[m["name"]]
+    }
     assert client_host == {"/run/cacheserver": host["/run/cacheserver"]["path"]}
     service = load_one(K8S / "daemonset" / "service.yaml", "Service")
     assert service["spec"]["internalTrafficPolicy"] == "Local"
-    assert service["spec"]["selector"] == spec.get("nodeSelector", {}) | \
-        load_one(DAEMONSET, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    assert (
+        service["spec"]["selector"]
+        == spec.get("nodeSelector", {})
+        | load_one(DAEMONSET, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    )
 
 
 def _named_port(c: dict[str, Any], port: int | str) -> int:
@@ -126,8 +142,9 @@ def _named_port(c: dict[str, Any], port: int | str) -> int:
     return int(number)
 
 
-def test_the_fleet_service_is_headless_over_every_ready_daemon_and_the_client_pod_reads_it(
-        ) -> None:
+def test_the_fleet_service_is_headless_over_every_ready_daemon_and_the_client_pod_reads_it() -> (
+    None
+):
     from client._fleet import parse_targets
 
     daemonset = load_one(DAEMONSET, "DaemonSet")
@@ -158,14 +175,19 @@ def test_the_fleet_service_is_headless_over_every_ready_daemon_and_the_client_po
 
 
 def _tcp_listens(args: list[str]) -> list[str]:
-    return [a for i, a in enumerate(args)
-            if i and args[i - 1] == "--listen" and not a.startswith("unix:")]
+    return [
+        a
+        for i, a in enumerate(args)
+        if i and args[i - 1] == "--listen" and not a.startswith("unix:")
+    ]
 
 
-@pytest.mark.parametrize("path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")],
-                         ids=["sidecar", "daemonset"])
+@pytest.mark.parametrize(
+    "path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")], ids=["sidecar", "daemonset"]
+)
 def test_the_daemon_opens_a_fixed_data_port_beside_grpc_and_declares_it(
-        path: Path, kind: str) -> None:
+    path: Path, kind: str
+) -> None:
     server = container(load_one(path, kind)["spec"]["template"]["spec"], "cacheserver")
     address = flag(server["args"], "--data-listen")
     host, _, port = address.rpartition(":")
@@ -179,39 +201,46 @@ def test_the_daemon_opens_a_fixed_data_port_beside_grpc_and_declares_it(
     assert [p["protocol"] for p in server["ports"] if p["name"] == "data"] == ["TCP"]
 
 
-@pytest.mark.parametrize("path", [K8S / "daemonset" / "service.yaml", FLEET_SERVICE],
-                         ids=["node-local", "fleet"])
+@pytest.mark.parametrize(
+    "path", [K8S / "daemonset" / "service.yaml", FLEET_SERVICE], ids=["node-local", "fleet"]
+)
 def test_the_daemonsets_services_carry_the_data_port_under_its_own_number(path: Path) -> None:
     """The daemon announces its own data port number and the client connects to that
     number at the address it reached gRPC at, so each Service passes it untranslated."""
-    server = container(load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"],
-                       "cacheserver")
+    server = container(load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"], "cacheserver")
     ports = {p["name"]: p for p in load_one(path, "Service")["spec"]["ports"]}
     assert set(ports) == {"grpc", "data"}
-    for name, listening in (("grpc", grpc_probe_port(server)),
-                            ("data", data_listen_port(server["args"]))):
+    for name, listening in (
+        ("grpc", grpc_probe_port(server)),
+        ("data", data_listen_port(server["args"])),
+    ):
         port = ports[name]
         assert port["port"] == _named_port(server, port["targetPort"]) == listening, name
         assert port["protocol"] == "TCP"
 
 
-def test_the_network_policy_in_the_deploy_guide_admits_every_port_the_daemonset_declares(
-        ) -> None:
+def test_the_network_policy_in_the_deploy_guide_admits_every_port_the_daemonset_declares() -> None:
     """docs/deploy.md's NetworkPolicy: the DaemonSet's pods, gRPC, the data port and the
     metrics port (a policy passing gRPC alone would leave reads on gRPC)."""
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     text = (ROOT / "docs" / "deploy.md").read_text()
-    [policy] = [d for block in re.findall(r"```yaml\n(.*?)```", text, re.S)
-                for d in yaml.safe_load_all(block) if d and d["kind"] == "NetworkPolicy"]
+    [policy] = [
+        d
+        for block in re.findall(r"```yaml\n(.*?)```", text, re.S)
+        for d in yaml.safe_load_all(block)
+        if d and d["kind"] == "NetworkPolicy"
+    ]
     kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
     daemonset = load_one(DAEMONSET, "DaemonSet")
     server = container(daemonset["spec"]["template"]["spec"], "cacheserver")
     namespace = yaml.safe_load((K8S / "daemonset" / "kustomization.yaml").read_text())["namespace"]
     assert policy["metadata"]["namespace"] == namespace
-    assert policy["spec"]["podSelector"]["matchLabels"] == \
-        daemonset["spec"]["selector"]["matchLabels"]
-    admitted = {(p["port"], p["protocol"]) for rule in policy["spec"]["ingress"]
-                for p in rule["ports"]}
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"] == daemonset["spec"]["selector"]["matchLabels"]
+    )
+    admitted = {
+        (p["port"], p["protocol"]) for rule in policy["spec"]["ingress"] for p in rule["ports"]
+    }
     assert admitted == {(p["containerPort"], p["protocol"]) for p in server["ports"]}
 
 
@@ -221,8 +250,7 @@ def test_the_sidecar_trainer_names_its_own_daemon_not_a_fleet() -> None:
     assert "SHARDCACHE_TARGET" in names and "SHARDCACHE_TARGETS" not in names
 
 
-def test_the_daemonset_serves_metrics_on_its_pod_ip_where_prometheus_is_told_to_scrape(
-        ) -> None:
+def test_the_daemonset_serves_metrics_on_its_pod_ip_where_prometheus_is_told_to_scrape() -> None:
     template = load_one(DAEMONSET, "DaemonSet")["spec"]["template"]
     server = container(template["spec"], "cacheserver")
     env = {e["name"]: e for e in server["env"]}
@@ -238,10 +266,12 @@ def test_the_daemonset_serves_metrics_on_its_pod_ip_where_prometheus_is_told_to_
     assert annotations["prometheus.io/port"] == port
 
 
-@pytest.mark.parametrize("path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")],
-                         ids=["sidecar", "daemonset"])
+@pytest.mark.parametrize(
+    "path,kind", [(SIDECAR_JOB, "Job"), (DAEMONSET, "DaemonSet")], ids=["sidecar", "daemonset"]
+)
 def test_the_daemon_takes_the_store_from_an_optional_config_map_and_credentials_from_an_optional_secret(  # noqa: E501
-        path: Path, kind: str) -> None:
+    path: Path, kind: str
+) -> None:
     server = container(load_one(path, kind)["spec"]["template"]["spec"], "cacheserver")
     refs = {kind: ref for source in server["envFrom"] for kind, ref in source.items()}
     assert refs["configMapRef"] == {"name": "shardcache-store", "optional": True}
@@ -263,8 +293,7 @@ def test_the_store_config_map_has_each_fleet_member_pull_only_the_shards_read_fr
     from cacheserver import config
 
     data = load_one(STORE_CONFIG, "ConfigMap")["data"]
-    values, sources = config.resolve({"data_dir": Path("/var/lib/shardcache")}, None,
-                                     environ=data)
+    values, sources = config.resolve({"data_dir": Path("/var/lib/shardcache")}, None, environ=data)
     assert values["store_pull"] == "on-read"
     assert sources["store_pull"] == "environment CACHESERVER_STORE_PULL"
 
@@ -287,8 +316,11 @@ def test_the_materialize_job_is_indexed_one_index_per_completion_and_retried_per
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     # usage errors (2) and what a retry cannot cure (3) fail the index at once
     [fail] = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailIndex"]
-    assert fail["onExitCodes"] == {"containerName": "materialize", "operator": "In",
-                                   "values": [2, 3]}
+    assert fail["onExitCodes"] == {
+        "containerName": "materialize",
+        "operator": "In",
+        "values": [2, 3],
+    }
     # the store's settings are the DaemonSet's: same ConfigMap, same namespace
     namespace = yaml.safe_load((K8S / "daemonset" / "kustomization.yaml").read_text())
     assert job["metadata"]["namespace"] == namespace["namespace"]
@@ -300,7 +332,10 @@ def test_the_materialize_job_is_indexed_one_index_per_completion_and_retried_per
         assert "optional" not in ref  # a Job without a store is a mistake: the pod waits
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         assert env[name]["valueFrom"]["secretKeyRef"] == {
-            "name": "shardcache-store-credentials", "key": name, "optional": True}
+            "name": "shardcache-store-credentials",
+            "key": name,
+            "optional": True,
+        }
     # every $(VAR) in args is defined (Kubernetes leaves an undefined one as it is)
     for var in re.findall(r"\$\((\w+)\)", " ".join(args)):
         assert var in env, var
@@ -317,23 +352,35 @@ def _job_argv(values: dict[str, str]) -> list[str]:
 
 def test_the_materialize_job_command_runs_one_index_and_says_if_the_store_is_unreachable() -> None:
     store = load_one(STORE_CONFIG, "ConfigMap")["data"]
-    argv = _job_argv(store | {"JOB_COMPLETION_INDEX": "3",
-                              "CACHESERVER_STORE": "s3://shardcache-test/caches",
-                              "CACHESERVER_STORE_ENDPOINT": f"http://127.0.0.1:{free_port()}"})
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
-           "AWS_DEFAULT_REGION": store["AWS_DEFAULT_REGION"]}
+    argv = _job_argv(
+        store
+        | {
+            "JOB_COMPLETION_INDEX": "3",
+            "CACHESERVER_STORE": "s3://shardcache-test/caches",
+            "CACHESERVER_STORE_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        }
+    )
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "AWS_DEFAULT_REGION": store["AWS_DEFAULT_REGION"],
+    }
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr  # retried by backoffLimitPerIndex
     assert "index 3: the object store cannot be reached" in result.stderr
     # with the shipped ConfigMap (no store named yet) it is a usage error: FailIndex
-    result = subprocess.run(_job_argv(store | {"JOB_COMPLETION_INDEX": "3"}), env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        _job_argv(store | {"JOB_COMPLETION_INDEX": "3"}),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "s3://BUCKET/PREFIX" in result.stderr, result.stderr
 
 
-
-def test_the_daemonset_reads_its_credentials_from_a_secret_and_the_client_its_token(
-        ) -> None:
+def test_the_daemonset_reads_its_credentials_from_a_secret_and_the_client_its_token() -> None:
     spec = load_one(DAEMONSET, "DaemonSet")["spec"]["template"]["spec"]
     server = container(spec, "cacheserver")
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -344,8 +391,7 @@ def test_the_daemonset_reads_its_credentials_from_a_secret_and_the_client_its_to
     ref = env["CACHESERVER_AUTH_FILE"]["valueFrom"]["secretKeyRef"]
     # the path comes from the same Secret: no Secret, no --auth-file (the daemon runs open)
     assert ref["name"] == secret["secretName"] and ref["optional"] is True
-    assert f"--from-literal={ref['key']}={mount['mountPath']}/auth.toml" in \
-        DAEMONSET.read_text()
+    assert f"--from-literal={ref['key']}={mount['mountPath']}/auth.toml" in DAEMONSET.read_text()
     [train] = load_one(CLIENT_POD, "Pod")["spec"]["containers"]
     token = {e["name"]: e for e in train["env"]}["CACHESERVER_TOKEN"]
     assert token["valueFrom"]["secretKeyRef"]["optional"] is True

@@ -11,8 +11,13 @@ from wire import read_all, records, write_cache
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cacheserver", *args], capture_output=True,
-                          text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "cacheserver", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def test_the_cli_lists_pins_sets_ttl_and_removes_caches(fresh_daemon: Daemon) -> None:

@@ -44,7 +44,8 @@ from client import CacheClient
 pytestmark = pytest.mark.skipif(
     os.environ.get("SHARDCACHE_IMAGE_TESTS") != "1",
     reason="runs the container image with podman (root, minutes): opt in with "
-           "SHARDCACHE_IMAGE_TESTS=1, or `make image-test`")
+    "SHARDCACHE_IMAGE_TESTS=1, or `make image-test`",
+)
 
 IMAGE = os.environ.get("SHARDCACHE_IMAGE", "localhost/shardcache:0.1.0")
 TRAINER = Path(__file__).with_name("trainer.py")
@@ -75,11 +76,13 @@ class Podman:
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 180) -> str:
-        result = subprocess.run(["podman", *args], env=self.env, capture_output=True,
-                                text=True, timeout=timeout)
+        result = subprocess.run(
+            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if check and result.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args)} exited {result.returncode}: "
-                                 f"{result.stderr.strip()}")
+            raise AssertionError(
+                f"podman {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}"
+            )
         return result.stdout
 
     def state(self, name: str, what: str) -> str:
@@ -87,11 +90,16 @@ class Podman:
 
     def log(self, name: str) -> list[str]:
         """The daemon's JSON log lines' messages (--log-format json)."""
-        result = subprocess.run(["podman", "logs", name], env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        result = subprocess.run(
+            ["podman", "logs", name],
+            env=self.env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=60,
+        )
         text = result.stdout  # the container's stdout and stderr
-        return [json.loads(line)["message"] for line in text.splitlines()
-                if line.startswith("{")]
+        return [json.loads(line)["message"] for line in text.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")
@@ -122,21 +130,43 @@ class Pod:
         """trainer.py in a container of the same image, as the manifest's `train`: same
         uid, read-only root, the socket and the data dir (read-only) shared. Its JSON."""
         out = self.podman(
-            "run", "--rm", "--pod", self.name, "--user", "10001:10001", "--read-only",
-            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--volume", f"{self.volumes['socket']}:{SOCKET_DIR}",
-            "--volume", f"{self.volumes['cache']}:{LOCAL_DATA_DIR}:ro",
-            "--volume", f"{TRAINER}:/opt/trainer.py:ro",
-            "--env", f"SHARDCACHE_TARGET={SOCKET_TARGET}",
-            "--env", f"SHARDCACHE_LOCAL_DATA_DIR={LOCAL_DATA_DIR}",
-            "--entrypoint", "python3", IMAGE, "/opt/trainer.py", command, cache, str(count))
+            "run",
+            "--rm",
+            "--pod",
+            self.name,
+            "--user",
+            "10001:10001",
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--volume",
+            f"{self.volumes['socket']}:{SOCKET_DIR}",
+            "--volume",
+            f"{self.volumes['cache']}:{LOCAL_DATA_DIR}:ro",
+            "--volume",
+            f"{TRAINER}:/opt/trainer.py:ro",
+            "--env",
+            f"SHARDCACHE_TARGET={SOCKET_TARGET}",
+            "--env",
+            f"SHARDCACHE_LOCAL_DATA_DIR={LOCAL_DATA_DIR}",
+            "--entrypoint",
+            "python3",
+            IMAGE,
+            "/opt/trainer.py",
+            command,
+            cache,
+            str(count),
+        )
         return dict(json.loads(out.strip().splitlines()[-1]))
 
     def serving(self) -> None:
         """What the manifest's startupProbe does, from the host through the published port."""
         startup = container(SIDECAR_SPEC, "cacheserver")["startupProbe"]
-        kubelet_probe(self.port, startup,
-                      float(startup["periodSeconds"]) * float(startup["failureThreshold"]))
+        kubelet_probe(
+            self.port, startup, float(startup["periodSeconds"]) * float(startup["failureThreshold"])
+        )
 
     def caches(self) -> dict[str, tuple[str, int]]:
         """Every cache the daemon lists, over TCP from the host: (state, elements)."""
@@ -151,17 +181,39 @@ def pod(podman: Podman) -> Iterator[Pod]:
     try:
         podman("volume", "create", p.volumes["cache"])
         # the manifest's socket volume is an emptyDir with medium: Memory
-        podman("volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
-               "--opt", "o=uid=10001,gid=10001,mode=0750", p.volumes["socket"])
+        podman(
+            "volume",
+            "create",
+            "--opt",
+            "type=tmpfs",
+            "--opt",
+            "device=tmpfs",
+            "--opt",
+            "o=uid=10001,gid=10001,mode=0750",
+            p.volumes["socket"],
+        )
         podman("pod", "create", "--name", p.name, "--publish", f"127.0.0.1:{p.port}:50051")
         # the image's own command (the manifests'), locked down as the manifest locks it:
         # a read-only root with no tmpfs on /tmp or /run, as readOnlyRootFilesystem gives
         p.daemon = f"{p.name}-cacheserver"
-        podman("create", "--pod", p.name, "--name", p.daemon,
-               "--read-only", "--read-only-tmpfs=false",
-               "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-               "--volume", f"{p.volumes['cache']}:{DATA_DIR}",
-               "--volume", f"{p.volumes['socket']}:{SOCKET_DIR}", IMAGE)
+        podman(
+            "create",
+            "--pod",
+            p.name,
+            "--name",
+            p.daemon,
+            "--read-only",
+            "--read-only-tmpfs=false",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--volume",
+            f"{p.volumes['cache']}:{DATA_DIR}",
+            "--volume",
+            f"{p.volumes['socket']}:{SOCKET_DIR}",
+            IMAGE,
+        )
         podman("start", p.daemon)
         yield p
     finally:
@@ -180,12 +232,12 @@ def test_the_daemon_runs_as_uid_10001_as_pid_1_and_serves_health_on_tcp(pod: Pod
     assert status["Uid"] == ["10001"] * 4 and status["Gid"] == ["10001"] * 4
     assert status["NSpid"][-1] == "1"  # PID 1 in its namespace: SIGTERM is its own
     assert status["CapEff"] == ["0000000000000000"]
-    assert pod.podman.state(pod.daemon, ".Config.Cmd") == \
-        "[" + " ".join(DAEMON_ARGS) + "]", "the image's command is the manifests'"
+    assert pod.podman.state(pod.daemon, ".Config.Cmd") == "[" + " ".join(DAEMON_ARGS) + "]", (
+        "the image's command is the manifests'"
+    )
 
 
-def test_a_trainer_in_the_pod_writes_over_the_socket_and_reads_back_directly(
-        pod: Pod) -> None:
+def test_a_trainer_in_the_pod_writes_over_the_socket_and_reads_back_directly(pod: Pod) -> None:
     pod.serving()
     seen = pod.trainer("write", "epoch-1", 300)
     assert seen["uid"] == 10001
@@ -195,7 +247,8 @@ def test_a_trainer_in_the_pod_writes_over_the_socket_and_reads_back_directly(
 
 
 def test_podman_stop_sends_sigterm_and_the_daemon_drains_and_exits_0_within_its_grace(
-        pod: Pod) -> None:
+    pod: Pod,
+) -> None:
     pod.serving()
     # podman kills past its timeout: a little over --grace, so only a drain that ends
     # within --grace exits by itself
@@ -251,7 +304,8 @@ def sidecar_pod(name: str, ports: dict[int, int]) -> dict[str, Any]:
 
 
 def test_the_sidecar_jobs_pod_plays_in_podman_and_its_trainer_reads_directly(
-        podman: Podman, tmp_path: Path) -> None:
+    podman: Podman, tmp_path: Path
+) -> None:
     name = f"shardcache-kube-{uuid.uuid4().hex[:8]}"
     daemon = container(SIDECAR_SPEC, "cacheserver")
     ports = {p["containerPort"]: free_port() for p in daemon["ports"]}
@@ -288,10 +342,17 @@ def test_the_sidecar_jobs_pod_plays_in_podman_and_its_trainer_reads_directly(
 
 # --- the -tf image: a daemon that materializes -------------------------------------------
 
+
 def _has_socket(podman: Podman, container_name: str) -> bool:
     path = SOCKET_TARGET.removeprefix("unix://")
-    return subprocess.run(["podman", "exec", container_name, "test", "-S", path],
-                          env=podman.env, capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["podman", "exec", container_name, "test", "-S", path],
+            env=podman.env,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
 
 TF_IMAGE = os.environ.get("SHARDCACHE_TF_IMAGE", f"{IMAGE}-tf")
@@ -299,28 +360,73 @@ PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
 
 
 def test_the_tf_image_materializes_an_entry_point_the_daemon_image_refuses_clearly(
-        podman: Podman) -> None:
+    podman: Podman,
+) -> None:
     if subprocess.run(["podman", "image", "exists", TF_IMAGE], env=podman.env).returncode:
         pytest.skip(f"no image {TF_IMAGE}: make image-tf builds it")
     name = f"shardcache-mat-{uuid.uuid4().hex[:8]}"
     socket_volume = f"{name}-socket"
-    serve = ["serve", "--data-dir", DATA_DIR, "--listen", SOCKET_TARGET,
-             "--pythonpath", "/opt/pipelines", "--materialize-allow", "mat_pipelines"]
-    materialize = ["cacheserver", "materialize", "mat_pipelines:records", "--name", "m",
-                   "--shards", "2"]
+    serve = [
+        "serve",
+        "--data-dir",
+        DATA_DIR,
+        "--listen",
+        SOCKET_TARGET,
+        "--pythonpath",
+        "/opt/pipelines",
+        "--materialize-allow",
+        "mat_pipelines",
+    ]
+    materialize = [
+        "cacheserver",
+        "materialize",
+        "mat_pipelines:records",
+        "--name",
+        "m",
+        "--shards",
+        "2",
+    ]
     try:
-        podman("volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
-               "--opt", "o=uid=10001,gid=10001,mode=0750", socket_volume)
+        podman(
+            "volume",
+            "create",
+            "--opt",
+            "type=tmpfs",
+            "--opt",
+            "device=tmpfs",
+            "--opt",
+            "o=uid=10001,gid=10001,mode=0750",
+            socket_volume,
+        )
         for image in (IMAGE, TF_IMAGE):
             daemon = f"{name}-{image.rpartition(':')[2]}"
-            podman("run", "--detach", "--name", daemon, "--read-only",
-                   "--read-only-tmpfs=false", "--volume", f"{socket_volume}:{SOCKET_DIR}",
-                   "--volume", f"{PIPELINES}:/opt/pipelines:ro", image, *serve)
+            podman(
+                "run",
+                "--detach",
+                "--name",
+                daemon,
+                "--read-only",
+                "--read-only-tmpfs=false",
+                "--volume",
+                f"{socket_volume}:{SOCKET_DIR}",
+                "--volume",
+                f"{PIPELINES}:/opt/pipelines:ro",
+                image,
+                *serve,
+            )
             exec_ = ["exec", "--env", f"SHARDCACHE_TARGET={SOCKET_TARGET}", daemon]
-            wait_until(lambda d=daemon: _has_socket(podman, d), 60,  # type: ignore[misc]
-                       f"{daemon}'s socket")
-            result = subprocess.run(["podman", *exec_, *materialize], env=podman.env,
-                                    capture_output=True, text=True, timeout=300)
+            wait_until(
+                lambda d=daemon: _has_socket(podman, d),
+                60,  # type: ignore[misc]
+                f"{daemon}'s socket",
+            )
+            result = subprocess.run(
+                ["podman", *exec_, *materialize],
+                env=podman.env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             if image == IMAGE:
                 assert result.returncode != 0, result.stderr
                 assert "has no TensorFlow" in result.stderr and "make image-tf" in result.stderr
@@ -330,6 +436,14 @@ def test_the_tf_image_materializes_an_entry_point_the_daemon_image_refuses_clear
                 assert "m " in listed and "READY" in listed, listed
             podman("rm", "--force", "--volumes", "--time", "0", daemon)
     finally:
-        podman("rm", "--force", "--ignore", "--volumes", "--time", "0",
-               *(f"{name}-{i.rpartition(':')[2]}" for i in (IMAGE, TF_IMAGE)), check=False)
+        podman(
+            "rm",
+            "--force",
+            "--ignore",
+            "--volumes",
+            "--time",
+            "0",
+            *(f"{name}-{i.rpartition(':')[2]}" for i in (IMAGE, TF_IMAGE)),
+            check=False,
+        )
         podman("volume", "rm", "--force", socket_volume, check=False)

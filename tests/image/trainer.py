@@ -38,7 +38,8 @@ def health(target: str, deadline_s: float = 60.0) -> str:
         while True:
             try:
                 status = health_pb2.HealthCheckResponse.ServingStatus.Name(
-                    stub.Check(request, timeout=2).status)
+                    stub.Check(request, timeout=2).status
+                )
             except grpc.RpcError as e:
                 status = f"UNREACHABLE: {e.code().name}"
             if status == "SERVING" or time.monotonic() > deadline:
@@ -71,7 +72,8 @@ def main() -> int:
     command, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     socket_target = os.environ["SHARDCACHE_TARGET"]
     seen: dict[str, Any] = {
-        "uid": os.getuid(), "gid": os.getgid(),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
         "health_socket": health(socket_target),
         "health_tcp": health("127.0.0.1:50051"),
     }
@@ -81,9 +83,12 @@ def main() -> int:
         before = cc.info(name).direct_reads
         seen["wrong"] = read_back(cc, name, count)
         info = cc.info(name)
-        seen |= {"state": info.state, "num_elements": info.num_elements,
-                 "direct_passes": info.direct_reads - before,
-                 "caches": sorted(c.name for c in cc.list())}
+        seen |= {
+            "state": info.state,
+            "num_elements": info.num_elements,
+            "direct_passes": info.direct_reads - before,
+            "caches": sorted(c.name for c in cc.list()),
+        }
     print(json.dumps(seen))
     return 1 if seen["wrong"] else 0
 

@@ -17,8 +17,11 @@ N = 1000  # 4 blocks of 254 ~1 KB elements, the last one short
 
 def source(n: int = N) -> tf.data.Dataset:
     return tf.data.Dataset.range(n).map(
-        lambda i: {"x": tf.cast(i, tf.float32) + tf.linspace(0.0, 1.0, 256),
-                   "pair": (i, tf.cast(i % 7, tf.uint8))})
+        lambda i: {
+            "x": tf.cast(i, tf.float32) + tf.linspace(0.0, 1.0, 256),
+            "pair": (i, tf.cast(i % 7, tf.uint8)),
+        }
+    )
 
 
 def ops_of(ds: tf.data.Dataset) -> set[str]:
@@ -38,7 +41,8 @@ def assert_same_batches(got: tf.data.Dataset, want: tf.data.Dataset) -> None:
 
 @pytest.mark.parametrize("direct", [False, True])
 def test_batches_of_a_cache_equal_tf_datas_for_every_size_and_remainder(
-        cc: CacheClient, name: str, direct: bool) -> None:
+    cc: CacheClient, name: str, direct: bool
+) -> None:
     ds = cc.cache(source(), name=name, direct=direct)
     assert isinstance(ds, CachedElements)
     # epoch 1 writes through while batching
@@ -54,13 +58,15 @@ def test_batches_of_a_cache_equal_tf_datas_for_every_size_and_remainder(
 
 
 def test_batch_arguments_rebatch_cannot_take_go_to_tf_datas_batch(
-        cc: CacheClient, name: str) -> None:
+    cc: CacheClient, name: str
+) -> None:
     list(cc.cache(source(), name=name))
     tensor_size = cc.dataset(name).batch(tf.constant(64, tf.int64))
     assert "RebatchDatasetV2" not in ops_of(tensor_size)
     assert_same_batches(tensor_size, source().batch(tf.constant(64, tf.int64)))
-    parallel = cc.dataset(name).batch(64, num_parallel_calls=tf.data.AUTOTUNE,
-                                      deterministic=False, name="b")
+    parallel = cc.dataset(name).batch(
+        64, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False, name="b"
+    )
     assert "RebatchDatasetV2" in ops_of(parallel)  # in order: deterministic=False allows it
     assert_same_batches(parallel, source().batch(64))
     with pytest.raises(tf.errors.InvalidArgumentError, match="greater than zero"):
@@ -74,8 +80,9 @@ def test_shuffled_and_sharded_reads_batch_the_same_elements(cc: CacheClient, nam
         return [int(i) for b in ds.as_numpy_iterator() for i in b["pair"][0]]
 
     shuffled = ids(cc.dataset(name, shuffle=True, seed=5).batch(33))
-    assert shuffled == [int(e["pair"][0])
-                        for e in cc.dataset(name, shuffle=True, seed=5).as_numpy_iterator()]
+    assert shuffled == [
+        int(e["pair"][0]) for e in cc.dataset(name, shuffle=True, seed=5).as_numpy_iterator()
+    ]
     assert sorted(shuffled) == list(range(N)) != shuffled
     shares = [ids(cc.dataset(name, worker_index=w, num_workers=3).batch(50)) for w in range(3)]
     assert [i for share in shares for i in share] == list(range(N))

@@ -46,7 +46,8 @@ def left_behind(directory: Path) -> list[str]:
 
 
 def test_an_object_of_many_blocks_comes_back_whole_and_checked(
-        bucket, stored, tmp_path: Path, no_thread_leak) -> None:
+    bucket, stored, tmp_path: Path, no_thread_leak
+) -> None:
     obj, data = stored
     assert obj.sha256 == hashlib.sha256(data).hexdigest()
     out = tmp_path / "out"
@@ -58,7 +59,8 @@ def test_an_object_of_many_blocks_comes_back_whole_and_checked(
 
 
 def test_an_object_that_differs_from_its_manifest_is_data_loss_and_nothing_is_kept(
-        bucket, stored, tmp_path: Path, no_thread_leak) -> None:
+    bucket, stored, tmp_path: Path, no_thread_leak
+) -> None:
     obj, _ = stored
     wrong = StoredObject(obj.key, obj.size, hashlib.sha256(b"another").hexdigest())
     with pytest.raises(DataLoss, match=r"is corrupt: .*not served. Remove the cache"):
@@ -68,7 +70,8 @@ def test_an_object_that_differs_from_its_manifest_is_data_loss_and_nothing_is_ke
 
 
 def test_a_full_disk_stops_the_download_with_disk_full_and_nothing_is_kept(
-        bucket, stored, small_disk: Path, no_thread_leak) -> None:
+    bucket, stored, small_disk: Path, no_thread_leak
+) -> None:
     obj, _ = stored  # larger than the 24 MiB disk
     with pytest.raises(DiskFull, match="disk full under"):
         bucket.download(obj, small_disk / "data.mdb")

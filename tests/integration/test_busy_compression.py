@@ -32,8 +32,10 @@ SIDE = 128  # 48 KiB images: a slice of ~4 MiB, one compress-or-not decision, pe
 @pytest.fixture
 def busy_cpus() -> Iterator[None]:
     """One spinning process per CPU this process may run on, for the test's duration."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in os.sched_getaffinity(0)]
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in os.sched_getaffinity(0)
+    ]
     try:
         yield
     finally:
@@ -44,13 +46,16 @@ def busy_cpus() -> Iterator[None]:
 
 def _source(images: np.ndarray) -> tf.data.Dataset:
     """The images through a map that costs CPU, as a preprocessing pipeline does."""
+
     def work(x: tf.Tensor, i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         m = tf.random.stateless_uniform([96, 96], seed=tf.stack([i, i]))
         for _ in range(8):
             m = tf.linalg.matmul(m, m) / 96.0
         return x + tf.cast(tf.reduce_sum(m) * 0, tf.uint8), i
+
     return tf.data.Dataset.from_tensor_slices((images, np.arange(len(images)))).map(
-        work, num_parallel_calls=tf.data.AUTOTUNE)
+        work, num_parallel_calls=tf.data.AUTOTUNE
+    )
 
 
 def _write_and_check(cc: CacheClient, name: str, images: np.ndarray) -> float:
@@ -67,8 +72,8 @@ def _write_and_check(cc: CacheClient, name: str, images: np.ndarray) -> float:
 
 
 def test_spare_cpu_with_every_core_busy_stores_a_write_epochs_records_raw(
-        daemon, cc: CacheClient, name: str, busy_cpus: None, caplog,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon, cc: CacheClient, name: str, busy_cpus: None, caplog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SHARDCACHE_COMPRESS", "spare-cpu")
     images = photo_like(N, SIDE)
     with caplog.at_level(logging.INFO, logger="client"):
@@ -81,8 +86,8 @@ def test_spare_cpu_with_every_core_busy_stores_a_write_epochs_records_raw(
 
 
 def test_by_default_a_write_epoch_compresses_with_every_core_busy(
-        daemon, cc: CacheClient, name: str, busy_cpus: None, caplog,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon, cc: CacheClient, name: str, busy_cpus: None, caplog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SHARDCACHE_COMPRESS", raising=False)
     images = photo_like(N, SIDE)
     with caplog.at_level(logging.INFO, logger="client"):
@@ -91,7 +96,8 @@ def test_by_default_a_write_epoch_compresses_with_every_core_busy(
 
 
 def test_an_unknown_compress_mode_is_refused_when_the_dataset_is_made(
-        cc: CacheClient, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cc: CacheClient, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SHARDCACHE_COMPRESS", "sometimes")
     with pytest.raises(InvalidArgumentError, match=r"SHARDCACHE_COMPRESS='sometimes'.*spare-cpu"):
         cc.cache(tf.data.Dataset.range(3), name=name)

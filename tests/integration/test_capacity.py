@@ -29,8 +29,7 @@ def limited() -> Iterator[Daemon]:
 
 
 def test_eviction_takes_the_least_recently_read_unpinned_cache_first(limited: Daemon) -> None:
-    with grpc.insecure_channel(limited.unix_target) as ch, \
-            CacheClient(limited.unix_target) as cc:
+    with grpc.insecure_channel(limited.unix_target) as ch, CacheClient(limited.unix_target) as cc:
         data = {n: one_mib(i) for i, n in enumerate("abcdef")}
         for n in "abc":
             write_cache(ch, n, data[n])
@@ -47,9 +46,9 @@ def test_eviction_takes_the_least_recently_read_unpinned_cache_first(limited: Da
 
 
 def test_a_write_that_cannot_fit_is_refused_with_the_numbers_and_its_space_released(
-        limited: Daemon) -> None:
-    with grpc.insecure_channel(limited.unix_target) as ch, \
-            CacheClient(limited.unix_target) as cc:
+    limited: Daemon,
+) -> None:
+    with grpc.insecure_channel(limited.unix_target) as ch, CacheClient(limited.unix_target) as cc:
         data = {n: one_mib(i) for i, n in enumerate("xy")}
         for n in "xy":
             write_cache(ch, n, data[n])
@@ -72,13 +71,15 @@ def test_a_write_that_cannot_fit_is_refused_with_the_numbers_and_its_space_relea
 
 
 def test_a_cache_being_read_is_not_evicted_and_its_reader_gets_every_record(
-        limited: Daemon) -> None:
+    limited: Daemon,
+) -> None:
     with grpc.insecure_channel(limited.unix_target) as ch:
         data = {n: one_mib(i) for i, n in enumerate("pqrs")}
         for n in "pqr":
             write_cache(ch, n, data[n])
-        stream = stub(ch).ReadShard(pb.ReadShardRequest(name="p", shard=0, chunk_bytes=4096),
-                                    timeout=60)
+        stream = stub(ch).ReadShard(
+            pb.ReadShardRequest(name="p", shard=0, chunk_bytes=4096), timeout=60
+        )
         first = next(stream)  # p, the least recently used, is now being read
         write_cache(ch, "s", data["s"])
         assert names(ch) == ["p", "r", "s"], "q was evicted instead of p"
@@ -87,8 +88,7 @@ def test_a_cache_being_read_is_not_evicted_and_its_reader_gets_every_record(
 
 
 def test_a_cache_idle_past_its_ttl_is_deleted_unless_pinned(limited: Daemon) -> None:
-    with grpc.insecure_channel(limited.unix_target) as ch, \
-            CacheClient(limited.unix_target) as cc:
+    with grpc.insecure_channel(limited.unix_target) as ch, CacheClient(limited.unix_target) as cc:
         write_cache(ch, "short", one_mib(1))
         write_cache(ch, "kept", one_mib(2))
         cc.pin("kept")

@@ -25,11 +25,13 @@ def test_health_and_reflection_answer_on_tcp_and_unix(daemon: Daemon) -> None:
     for target in (daemon.unix_target, daemon.tcp_target):
         with grpc.insecure_channel(target) as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service="cacheserver.v1.CacheService"), timeout=5)
+                health_pb2.HealthCheckRequest(service="cacheserver.v1.CacheService"), timeout=5
+            )
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
             stub = reflection_pb2_grpc.ServerReflectionStub(ch)
             responses = stub.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            )
             names = {s.name for r in responses for s in r.list_services_response.service}
             assert "cacheserver.v1.CacheService" in names
 
@@ -45,8 +47,9 @@ def test_sigterm_lets_an_in_flight_stream_finish_then_exits_zero(fresh_daemon: D
     chunk = pb.WriteChunk(lengths=(b"\x00\x00\x01\x00" * 8), data=b"\x00" * (8 << 16))
 
     def requests():
-        yield pb.WriteCacheRequest(begin=pb.WriteBegin(name="c", fingerprint="f",
-                                                       layout_json=LAYOUT))
+        yield pb.WriteCacheRequest(
+            begin=pb.WriteBegin(name="c", fingerprint="f", layout_json=LAYOUT)
+        )
         for _ in range(16):
             yield pb.WriteCacheRequest(chunk=chunk)
         yield pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=128))
@@ -72,9 +75,12 @@ def test_a_restarted_daemon_serves_the_caches_it_had(fresh_daemon: Daemon) -> No
 
     with grpc.insecure_channel(fresh_daemon.unix_target) as ch:
         stub = pb_grpc.CacheServiceStub(ch)
-        reqs = [pb.WriteCacheRequest(begin=pb.WriteBegin(name="kept", fingerprint="f",
-                                                         layout_json=LAYOUT)),
-                pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=0))]
+        reqs = [
+            pb.WriteCacheRequest(
+                begin=pb.WriteBegin(name="kept", fingerprint="f", layout_json=LAYOUT)
+            ),
+            pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=0)),
+        ]
         list(stub.WriteCache(iter(reqs)))
     fresh_daemon.restart()
     with CacheClient(fresh_daemon.unix_target) as cc:
@@ -83,20 +89,48 @@ def test_a_restarted_daemon_serves_the_caches_it_had(fresh_daemon: Daemon) -> No
 
 def test_a_malformed_listen_address_is_a_clear_error(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(tmp_path),
-         "--listen", "unix://relative.sock"], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "cacheserver",
+            "serve",
+            "--data-dir",
+            str(tmp_path),
+            "--listen",
+            "unix://relative.sock",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "absolute path" in result.stderr
     result = subprocess.run(
-        [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(tmp_path),
-         "--listen", "nonsense"], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "cacheserver",
+            "serve",
+            "--data-dir",
+            str(tmp_path),
+            "--listen",
+            "nonsense",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "HOST:PORT" in result.stderr
 
 
 def test_serve_binds_loopback_by_default() -> None:
-    result = subprocess.run([sys.executable, "-m", "cacheserver", "serve", "--help"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "cacheserver", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0
     assert "127.0.0.1:50051" in result.stdout
     assert "--data-dir" in result.stdout and "--listen" in result.stdout
@@ -115,10 +149,12 @@ def test_a_write_stream_that_starts_without_begin_is_rejected(daemon: Daemon) ->
 def test_a_chunk_with_inconsistent_framing_is_rejected_and_nothing_is_kept(daemon) -> None:
     with grpc.insecure_channel(daemon.unix_target) as ch:
         stub = pb_grpc.CacheServiceStub(ch)
-        reqs = [pb.WriteCacheRequest(begin=pb.WriteBegin(name="framing", fingerprint="f",
-                                                         layout_json=LAYOUT)),
-                pb.WriteCacheRequest(chunk=pb.WriteChunk(lengths=b"\x10\x00\x00\x00",
-                                                         data=b"short"))]
+        reqs = [
+            pb.WriteCacheRequest(
+                begin=pb.WriteBegin(name="framing", fingerprint="f", layout_json=LAYOUT)
+            ),
+            pb.WriteCacheRequest(chunk=pb.WriteChunk(lengths=b"\x10\x00\x00\x00", data=b"short")),
+        ]
         with pytest.raises(grpc.RpcError) as err:
             list(stub.WriteCache(iter(reqs)))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -132,8 +168,7 @@ def test_wait_healthy_gives_up_on_a_dead_target() -> None:
         wait_healthy("unix:///tmp/no-such-shardcache.sock", deadline_s=0.5)
 
 
-def test_a_deleted_cache_is_unmapped_once_read_so_its_disk_space_comes_back(
-        daemon: Daemon) -> None:
+def test_a_deleted_cache_is_unmapped_once_read_so_its_disk_space_comes_back(daemon: Daemon) -> None:
     """Shards stay mapped between a reader's requests; deleting must still drop the maps."""
     from pathlib import Path
 
@@ -147,5 +182,4 @@ def test_a_deleted_cache_is_unmapped_once_read_so_its_disk_space_comes_back(
         maps = Path(f"/proc/{daemon.proc.pid}/maps")
         assert f"/{name}/shard-" in maps.read_text(), "an idle shard stays mapped"
         pb_grpc.CacheServiceStub(ch).DeleteCache(pb.DeleteCacheRequest(name=name), timeout=10)
-    wait_until(lambda: name not in maps.read_text(), 10,
-               "the deleted cache's files unmapped")
+    wait_until(lambda: name not in maps.read_text(), 10, "the deleted cache's files unmapped")

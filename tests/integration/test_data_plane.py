@@ -49,8 +49,10 @@ def metered(*args: str) -> Daemon:
 
 def read_bytes(d: Daemon) -> dict[str, float]:
     samples = scrape(d.metrics_url)  # type: ignore[attr-defined]
-    counts = {plane_: samples[("shardcache_read_bytes_total", (("plane", plane_),))]
-              for plane_ in ("grpc", "data")}
+    counts = {
+        plane_: samples[("shardcache_read_bytes_total", (("plane", plane_),))]
+        for plane_ in ("grpc", "data")
+    }
     counts["elements"] = samples[("shardcache_read_elements_total", ())]
     return counts
 
@@ -68,8 +70,7 @@ def test_remote_reads_go_over_the_data_plane_and_yield_every_element(plane_daemo
         before = read_bytes(plane_daemon)
         ordered = [(int(i), float(x[0])) for i, x in cc.dataset("p", direct=False)]
         shuffled = [int(i) for i, _ in cc.dataset("p", direct=False, shuffle=True, seed=7)]
-        share = [int(i) for i, _ in cc.dataset("p", direct=False, num_workers=3,
-                                               worker_index=1)]
+        share = [int(i) for i, _ in cc.dataset("p", direct=False, num_workers=3, worker_index=1)]
         after = read_bytes(plane_daemon)
     assert ordered == [(i, float(i)) for i in range(N)]
     assert sorted(shuffled) == list(range(N)) and shuffled != list(range(N))
@@ -79,8 +80,7 @@ def test_remote_reads_go_over_the_data_plane_and_yield_every_element(plane_daemo
     assert after["elements"] - before["elements"] == 2 * N + len(share)
 
 
-def test_tickets_are_bound_to_their_lease_and_caller_and_die_with_the_lease(
-        plane_daemon) -> None:
+def test_tickets_are_bound_to_their_lease_and_caller_and_die_with_the_lease(plane_daemon) -> None:
     data = records(40, 10_000)
     with grpc.insecure_channel(plane_daemon.tcp_target) as ch, contextlib.ExitStack() as socks:
         write_cache(ch, "t", data)
@@ -122,14 +122,17 @@ def test_a_paused_reader_blocks_no_other_reader(plane_daemon) -> None:
     with grpc.insecure_channel(plane_daemon.tcp_target) as ch:
         write_cache(ch, "big", data)
         granted, other = lease(ch, "big"), lease(ch, "big")
-        with opened(granted.data_port, granted.ticket) as paused, \
-                opened(other.data_port, other.ticket) as sock:
+        with (
+            opened(granted.data_port, granted.ticket) as paused,
+            opened(other.data_port, other.ticket) as sock,
+        ):
             paused.sendall(plane.REQUEST.pack(plane.SHARD, 0, 0, 0, 64, 4 << 20))  # never read
             assert shard_values(sock, 0, 0, 64, 4 << 20) == data
 
 
 def test_a_data_port_the_client_cannot_reach_leaves_reads_on_grpc_said_once_and_counted(
-        caplog) -> None:
+    caplog,
+) -> None:
     """The daemon listens for data on 127.0.0.2: from 127.0.0.1 the port refuses, as a
     firewall passing only gRPC's port would."""
     d = metered("--data-listen", "127.0.0.2:0")
@@ -158,7 +161,8 @@ def test_with_tls_the_data_plane_is_tls_and_refuses_plaintext(tmp_path) -> None:
             assert [int(i) for i, _ in cc.dataset("s", direct=False)] == list(range(N))
             assert read_bytes(d)["data"] > before["data"]
             granted = cc._transport.stub.AcquireReadLease(
-                pb.AcquireReadLeaseRequest(name="s", data_plane=True))
+                pb.AcquireReadLeaseRequest(name="s", data_plane=True)
+            )
         with connect(granted.data_port) as plain:
             hello(plain, granted.ticket)  # not a TLS ClientHello: the handshake fails
             assert closed_by_daemon(plain, 15)
@@ -174,12 +178,12 @@ def test_readers_beyond_the_hosts_connection_limit_read_their_chunks_over_grpc()
     d = metered("--max-streams-per-client", "3")
     try:
         noise = tf.data.Dataset.range(N).map(
-            lambda i: (i, tf.random.stateless_uniform([1024], seed=tf.stack([i, 0]))))
+            lambda i: (i, tf.random.stateless_uniform([1024], seed=tf.stack([i, 0])))
+        )
         with CacheClient(d.tcp_target) as cc:
             list(cc.cache(noise, name="c"))  # 8 MB: chunks of 128 KiB
             options = {"direct": False, "parallel_shards": 2, "prefetch_bytes": 1 << 20}
-            first, second = (cc.dataset("c", **options).as_numpy_iterator()
-                             for _ in range(2))
+            first, second = (cc.dataset("c", **options).as_numpy_iterator() for _ in range(2))
             got = [[], []]
             for a, b in zip(first, second):
                 got[0].append(int(a[0]))

@@ -26,8 +26,9 @@ DATA = records(32, 8192, 3)
 
 @pytest.fixture(scope="module")
 def port_daemon() -> Iterator[tuple[Daemon, grpc.Channel]]:
-    d = Daemon(extra_args=("--stream-idle-timeout", "1", "--max-streams-per-client",
-                           str(PER_CLIENT))).start()
+    d = Daemon(
+        extra_args=("--stream-idle-timeout", "1", "--max-streams-per-client", str(PER_CLIENT))
+    ).start()
     with grpc.insecure_channel(d.tcp_target) as channel:
         write_cache(channel, "h", DATA)
         yield d, channel
@@ -44,8 +45,7 @@ def _process(d: Daemon) -> psutil.Process:
     return psutil.Process(d.proc.pid)
 
 
-def test_garbage_slow_and_silent_connections_get_a_clear_refusal_or_are_closed(
-        port_daemon) -> None:
+def test_garbage_slow_and_silent_connections_get_a_clear_refusal_or_are_closed(port_daemon) -> None:
     _, channel = port_daemon
     granted = lease(channel, "h")
     with connect(granted.data_port) as http:
@@ -65,15 +65,13 @@ def test_garbage_slow_and_silent_connections_get_a_clear_refusal_or_are_closed(
         assert "unknown data-plane request kind 9" in error(sock)[1]
     with opened(granted.data_port, granted.ticket) as sock:
         sock.sendall(plane.REQUEST.pack(plane.SHARD, 0, 7, 0, 1, 0))
-        assert error(sock) == ("INVALID_ARGUMENT", "cache 'h' has 1 shards; shard 7 does "
-                                                   "not exist")
+        assert error(sock) == ("INVALID_ARGUMENT", "cache 'h' has 1 shards; shard 7 does not exist")
     with opened(granted.data_port, granted.ticket) as sock:
         sock.sendall(plane.REQUEST.pack(plane.ELEMENTS, 0, 1 << 30, 0, 0, 0))
         assert "the limit is 65536" in error(sock)[1]
 
 
-def test_a_flood_of_connections_is_refused_with_bounded_threads_and_memory(
-        port_daemon) -> None:
+def test_a_flood_of_connections_is_refused_with_bounded_threads_and_memory(port_daemon) -> None:
     d, channel = port_daemon
     granted = lease(channel, "h")
     process = _process(d)
@@ -101,16 +99,31 @@ def test_fuzzed_hellos_and_requests_get_an_error_frame_or_a_close(port_daemon) -
     granted = lease(channel, "h")
     rss = _process(d).memory_info().rss
 
-    @settings(max_examples=120, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow])
-    @given(ticketed=st.booleans(), blob=st.one_of(
-        st.binary(max_size=96),
-        st.builds(lambda kind, flags, n, a, b, c, tail:
-                  plane.REQUEST.pack(kind, flags, n, a, b, c) + tail,
-                  st.integers(0, 255), st.integers(0, 255), st.integers(0, 2**32 - 1),
-                  st.integers(0, 2**64 - 1),
-                  st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
-                  st.binary(max_size=64))))
+    @settings(
+        max_examples=120,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(
+        ticketed=st.booleans(),
+        blob=st.one_of(
+            st.binary(max_size=96),
+            st.builds(
+                lambda kind, flags, n, a, b, c, tail: (
+                    plane.REQUEST.pack(kind, flags, n, a, b, c) + tail
+                ),
+                st.integers(0, 255),
+                st.integers(0, 255),
+                st.integers(0, 2**32 - 1),
+                st.integers(0, 2**64 - 1),
+                st.integers(0, 2**64 - 1),
+                st.integers(0, 2**64 - 1),
+                st.binary(max_size=64),
+            ),
+        ),
+    )
     def probe(ticketed: bool, blob: bytes) -> None:
         with connect(granted.data_port) as sock:
             if ticketed:

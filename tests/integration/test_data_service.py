@@ -27,8 +27,9 @@ class Service:
         self.worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
 
     def distribute(self, ds: tf.data.Dataset, job_name: str | None = None) -> tf.data.Dataset:
-        return ds.apply(service.distribute("parallel_epochs", self.dispatcher.target,
-                                           job_name=job_name))
+        return ds.apply(
+            service.distribute("parallel_epochs", self.dispatcher.target, job_name=job_name)
+        )
 
     def stop(self) -> None:
         self.worker.stop()
@@ -52,7 +53,8 @@ def elements(ds: tf.data.Dataset) -> list[int]:
 
 
 def test_the_same_service_pipeline_with_a_new_dispatcher_reuses_its_cache(
-        cc, name, services) -> None:
+    cc, name, services
+) -> None:
     first = Service()
     services.append(first)
     expected = elements(first.distribute(source()).cache())
@@ -70,7 +72,8 @@ def test_the_same_service_pipeline_with_a_new_dispatcher_reuses_its_cache(
 
 
 def test_a_changed_pipeline_behind_the_service_side_ops_is_still_refused(
-        cc, name, services) -> None:
+    cc, name, services
+) -> None:
     """What runs after the service's dataset stays in the key."""
     s = Service()
     services.append(s)

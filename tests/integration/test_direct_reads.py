@@ -33,8 +33,8 @@ N = 600
 
 def source(n: int = N, offset: int = 0) -> tf.data.Dataset:
     return tf.data.Dataset.range(n).map(
-        lambda i: {"x": tf.fill([8], tf.cast(i + offset, tf.float32)), "i": i + offset})
-
+        lambda i: {"x": tf.fill([8], tf.cast(i + offset, tf.float32)), "i": i + offset}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,9 @@ def sharded(daemon: Daemon) -> str:
 
 def test_a_lease_of_shards_the_cache_lacks_is_refused_and_leaves_no_lease(cc, sharded) -> None:
     cache = cc._get(sharded)
-    request = pb.AcquireReadLeaseRequest(name=sharded, fingerprint=cache.fingerprint,
-                                         shards=[0, len(cache.shards)])
+    request = pb.AcquireReadLeaseRequest(
+        name=sharded, fingerprint=cache.fingerprint, shards=[0, len(cache.shards)]
+    )
     with pytest.raises(grpc.RpcError) as caught:
         cc._transport.stub.AcquireReadLease(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -58,12 +59,22 @@ def test_a_lease_of_shards_the_cache_lacks_is_refused_and_leaves_no_lease(cc, sh
 
 @pytest.mark.parametrize("shuffle", [False, True, "shards"])
 @pytest.mark.parametrize("num_workers,parallel", [(1, 1), (1, 3), (3, 2)])
-def test_direct_reads_yield_element_for_element_what_grpc_yields(cc, sharded, shuffle,
-                                                                 num_workers, parallel) -> None:
+def test_direct_reads_yield_element_for_element_what_grpc_yields(
+    cc, sharded, shuffle, num_workers, parallel
+) -> None:
     def epochs(direct: bool) -> list[list[int]]:
-        datasets = [cc.dataset(sharded, shuffle=shuffle, seed=5, worker_index=w,
-                               num_workers=num_workers, parallel_shards=parallel,
-                               direct=direct) for w in range(num_workers)]
+        datasets = [
+            cc.dataset(
+                sharded,
+                shuffle=shuffle,
+                seed=5,
+                worker_index=w,
+                num_workers=num_workers,
+                parallel_shards=parallel,
+                direct=direct,
+            )
+            for w in range(num_workers)
+        ]
         return [[i for ds in datasets for i in ids(ds)] for _epoch in range(2)]
 
     before = cc.info(sharded).direct_reads
@@ -78,8 +89,10 @@ def test_direct_reads_yield_element_for_element_what_grpc_yields(cc, sharded, sh
 
 def test_resuming_mid_epoch_directly_yields_the_same_rest_as_over_grpc(cc, sharded) -> None:
     state = cc.read_state(sharded, elements_seen=N + 123, shuffle=True, seed=3)
-    rests = [ids(cc.dataset(sharded, shuffle=True, seed=3, resume=state, direct=d).take(400))
-             for d in (False, True)]
+    rests = [
+        ids(cc.dataset(sharded, shuffle=True, seed=3, resume=state, direct=d).take(400))
+        for d in (False, True)
+    ]
     assert rests[0] == rests[1] and len(rests[0]) == 400
 
 
@@ -113,8 +126,7 @@ def test_the_environment_turns_direct_reads_off(cc, sharded, monkeypatch) -> Non
     assert cc.info(sharded).direct_reads == before
 
 
-def test_a_cache_deleted_and_rebuilt_mid_read_keeps_serving_the_leased_files(
-        daemon, name) -> None:
+def test_a_cache_deleted_and_rebuilt_mid_read_keeps_serving_the_leased_files(daemon, name) -> None:
     with CacheClient(daemon.unix_target) as cc:
         write_sharded(cc, source(), name, shard_bytes=1000, chunk_bytes=1000)
         it = cc.dataset(name, direct=True, prefetch_bytes=1).as_numpy_iterator()
@@ -145,7 +157,7 @@ def test_corrupt_record_bytes_raise_data_loss_naming_the_record(daemon, name) ->
         blob = bytearray(data.read_bytes())
         at = blob.find(b"\x28\xb5\x2f\xfd")  # a zstd frame: one stored record
         assert at > 0
-        blob[at + 12:at + 20] = bytes(8)
+        blob[at + 12 : at + 20] = bytes(8)
         data.write_bytes(bytes(blob))
         with pytest.raises(tf.errors.OpError, match=r"DataLossError: .* is corrupt"):
             ids(cc.dataset(name, direct=True))
@@ -153,7 +165,8 @@ def test_corrupt_record_bytes_raise_data_loss_naming_the_record(daemon, name) ->
 
 
 def test_a_daemon_killed_mid_epoch_lets_the_direct_pass_finish_from_local_files(
-        caplog, name) -> None:
+    caplog, name
+) -> None:
     d = Daemon(extra_args=("--lease-ttl", "0.3")).start()
     try:
         with CacheClient(d.unix_target) as cc:
@@ -190,8 +203,11 @@ def test_a_killed_readers_lease_expires_and_its_cache_becomes_evictable() -> Non
                 write_cache(ch, n, records(8, 128 << 10, i))
             cc.pin("b")
             cc.pin("c")
-            holder = subprocess.Popen([sys.executable, "-c", _HOLDER, d.unix_target, "a"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            holder = subprocess.Popen(
+                [sys.executable, "-c", _HOLDER, d.unix_target, "a"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
             assert holder.stdout is not None
             assert holder.stdout.readline() == b"leased\n"
             assert cc.info("a").direct_leases == 1
@@ -219,8 +235,17 @@ class _OtherNamespaceDaemon(Daemon):
 
     @property
     def command(self) -> list[str]:
-        return ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                'mount -t tmpfs tmpfs "$0" && exec "$@"', str(self.data_dir), *super().command]
+        return [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs tmpfs "$0" && exec "$@"',
+            str(self.data_dir),
+            *super().command,
+        ]
 
 
 @pytest.fixture
@@ -235,7 +260,8 @@ def elsewhere() -> Iterator[Daemon]:
 
 
 def test_a_daemon_whose_files_are_not_visible_here_is_read_over_grpc_or_refused(
-        elsewhere, caplog, name) -> None:
+    elsewhere, caplog, name
+) -> None:
     with CacheClient(elsewhere.unix_target) as cc:
         write_sharded(cc, source(), name, shard_bytes=1000, chunk_bytes=1000)
         assert not (elsewhere.data_dir / "caches").exists(), "the namespaces are not apart"
@@ -252,8 +278,12 @@ def test_a_daemon_whose_files_are_not_visible_here_is_read_over_grpc_or_refused(
 
 def test_a_data_dir_mounted_elsewhere_is_read_through_local_data_dir(daemon, name) -> None:
     mount = Path(tempfile.mkdtemp(prefix="sc-ro-", dir="/tmp"))
-    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(daemon.data_dir), str(mount)],
-                             capture_output=True).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "--bind", "-o", "ro", str(daemon.data_dir), str(mount)], capture_output=True
+        ).returncode
+        == 0
+    )
     if not mounted:  # not root: a symlink is another path to the same files too
         mount.rmdir()
         mount.symlink_to(daemon.data_dir)
@@ -261,10 +291,13 @@ def test_a_data_dir_mounted_elsewhere_is_read_through_local_data_dir(daemon, nam
         with CacheClient(daemon.unix_target, local_data_dir=mount) as cc:
             write_sharded(cc, source(), name, shard_bytes=1000, chunk_bytes=1000)
             assert ids(cc.dataset(name, direct=True, shuffle=True, seed=1)) == ids(
-                cc.dataset(name, direct=False, shuffle=True, seed=1))
+                cc.dataset(name, direct=False, shuffle=True, seed=1)
+            )
             assert cc.info(name).direct_reads == 1
-        with CacheClient(daemon.unix_target, local_data_dir=mount / "caches") as cc, \
-                pytest.raises(DirectReadUnavailableError, match="local_data_dir"):
+        with (
+            CacheClient(daemon.unix_target, local_data_dir=mount / "caches") as cc,
+            pytest.raises(DirectReadUnavailableError, match="local_data_dir"),
+        ):
             ids(cc.dataset(name, direct=True))
     finally:
         if mounted:
@@ -281,12 +314,18 @@ def test_a_finished_pass_leaves_no_shard_file_open_in_the_client(daemon, name) -
 
         def open_shard_files() -> list[str]:
             fds = Path("/proc/self/fd")
-            return [t for t in (os.readlink(fds / fd) for fd in os.listdir(fds)
-                                if (fds / fd).exists()) if t.startswith(str(shards))]
+            return [
+                t
+                for t in (os.readlink(fds / fd) for fd in os.listdir(fds) if (fds / fd).exists())
+                if t.startswith(str(shards))
+            ]
 
         def mapped() -> list[str]:
-            return [line for line in Path("/proc/self/maps").read_text().splitlines()
-                    if str(shards) in line]
+            return [
+                line
+                for line in Path("/proc/self/maps").read_text().splitlines()
+                if str(shards) in line
+            ]
 
         it = cc.dataset(name, direct=True, prefetch_bytes=1).as_numpy_iterator()
         next(it)
@@ -301,5 +340,9 @@ def test_a_finished_pass_leaves_no_shard_file_open_in_the_client(daemon, name) -
             tf.constant(0)
             return open_shard_files() == [] and mapped() == []
 
-        wait_until(released, 10, "a finished pass's shard files closed and unmapped (else a "
-                   "deleted cache's space would stay allocated)")
+        wait_until(
+            released,
+            10,
+            "a finished pass's shard files closed and unmapped (else a "
+            "deleted cache's space would stay allocated)",
+        )

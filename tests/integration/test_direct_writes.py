@@ -54,13 +54,27 @@ def random_records(n: int, size: int, seed: int) -> list[bytes]:
     return [rng.integers(0, 256, size, np.uint8).tobytes() for _ in range(n)]
 
 
-def local_writer(transport: Transport, name: str, size: int, shard_bytes: int = 0,
-                 mode: bool | str = True, local_data_dir: Path | None = None) -> LocalWriter:
+def local_writer(
+    transport: Transport,
+    name: str,
+    size: int,
+    shard_bytes: int = 0,
+    mode: bool | str = True,
+    local_data_dir: Path | None = None,
+) -> LocalWriter:
     layout = Layout((Leaf("uint8", (size,)),))
-    writer = LocalWriter(transport, pb.WriteBegin(name=name, fingerprint=f"fp-{name}",
-                                                  layout_json=layout.to_json(),
-                                                  shard_bytes=shard_bytes),
-                         mode, local_data_dir, chunk_bytes=4096)  # a transaction per add()
+    writer = LocalWriter(
+        transport,
+        pb.WriteBegin(
+            name=name,
+            fingerprint=f"fp-{name}",
+            layout_json=layout.to_json(),
+            shard_bytes=shard_bytes,
+        ),
+        mode,
+        local_data_dir,
+        chunk_bytes=4096,
+    )  # a transaction per add()
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     return writer
 
@@ -69,8 +83,12 @@ def local_writer(transport: Transport, name: str, size: int, shard_bytes: int = 
 def read_only_view(daemon: Daemon) -> Iterator[Path]:
     """The daemon's data dir, bind-mounted read-only at another path (a sidecar's mount)."""
     mount = Path(tempfile.mkdtemp(prefix="sc-ro-", dir="/tmp"))
-    if subprocess.run(["mount", "--bind", "-o", "ro", str(daemon.data_dir), str(mount)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "--bind", "-o", "ro", str(daemon.data_dir), str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
         mount.rmdir()
         pytest.skip("cannot bind-mount read-only here (needs root)")
     try:
@@ -81,7 +99,8 @@ def read_only_view(daemon: Daemon) -> Iterator[Path]:
 
 
 def test_a_same_host_write_through_commits_the_files_it_wrote_and_reads_back_equal(
-        daemon, cc, name) -> None:
+    daemon, cc, name
+) -> None:
     ds = cc.cache(labelled(1000), name=name)
     first = list(ds.as_numpy_iterator())
     assert [int(y) for _, y in first] == list(range(1000))
@@ -106,7 +125,7 @@ def test_a_local_write_of_several_shards_reads_back_record_for_record(daemon, cc
         writer = local_writer(transport, name, 16 << 10, shard_bytes=100 << 10)
         assert writer.local
         for i in range(0, 40, 3):
-            writer.add(values[i:i + 3], 3 * (16 << 10))
+            writer.add(values[i : i + 3], 3 * (16 << 10))
         cache = writer.finish()
     finally:
         transport.close()
@@ -118,7 +137,8 @@ def test_a_local_write_of_several_shards_reads_back_record_for_record(daemon, cc
 
 
 def test_flipped_bytes_in_a_staged_file_are_refused_at_commit_as_data_loss(
-        daemon, cc, name) -> None:
+    daemon, cc, name
+) -> None:
     values = [Compressor().pack(r) for r in random_records(8, 16 << 10, 2)]
     staging = daemon.data_dir / "caches" / name / "local"
     transport = Transport(daemon.unix_target)
@@ -175,9 +195,14 @@ SLOW_WRITER = textwrap.dedent("""
 
 
 def test_a_client_killed_mid_local_write_leaves_no_staging_dir_and_no_cache(
-        daemon, cc, name) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, daemon.unix_target, name],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon, cc, name
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITER, daemon.unix_target, name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     staged = daemon.data_dir / "caches" / name / "local" / "shard-00000" / "data.mdb"
     try:
         assert proc.stdout is not None
@@ -189,8 +214,9 @@ def test_a_client_killed_mid_local_write_leaves_no_staging_dir_and_no_cache(
         proc.communicate()
     wait_until(lambda: gone(cc, name))
     wait_until(lambda: not (daemon.data_dir / "caches" / name).exists())
-    wait_until(lambda: not any(p.name.startswith(name)
-                               for p in (daemon.data_dir / "trash").iterdir()))
+    wait_until(
+        lambda: not any(p.name.startswith(name) for p in (daemon.data_dir / "trash").iterdir())
+    )
 
 
 def test_a_daemon_restarted_mid_local_write_removes_the_staged_files(fresh_daemon) -> None:
@@ -212,9 +238,12 @@ def test_a_daemon_restarted_mid_local_write_removes_the_staged_files(fresh_daemo
 
 
 def test_a_read_only_data_dir_falls_back_to_streaming_under_auto(
-        daemon, read_only_view, name, caplog) -> None:
-    with CacheClient(daemon.unix_target, local_data_dir=read_only_view) as cc, \
-            caplog.at_level(logging.INFO, logger="client"):
+    daemon, read_only_view, name, caplog
+) -> None:
+    with (
+        CacheClient(daemon.unix_target, local_data_dir=read_only_view) as cc,
+        caplog.at_level(logging.INFO, logger="client"),
+    ):
         assert labels(cc.cache(labelled(200), name=name)) == list(range(200))
         assert cc.info(name).num_elements == 200
     assert f"writing cache {name!r} over gRPC, not directly" in caplog.text
@@ -224,24 +253,29 @@ def test_a_read_only_data_dir_falls_back_to_streaming_under_auto(
 
 
 def test_a_read_only_data_dir_raises_a_clear_error_under_direct_true(
-        daemon, read_only_view, name) -> None:
+    daemon, read_only_view, name
+) -> None:
     transport = Transport(daemon.unix_target)
     try:
-        with pytest.raises(DirectWriteUnavailableError,
-                           match=r"cannot write under .*Read-only file system.*direct='auto'"):
+        with pytest.raises(
+            DirectWriteUnavailableError,
+            match=r"cannot write under .*Read-only file system.*direct='auto'",
+        ):
             local_writer(transport, name, 4096, local_data_dir=read_only_view)
     finally:
         transport.close()
     with CacheClient(daemon.unix_target, local_data_dir=read_only_view) as cc:
-        with pytest.raises(tf.errors.UnknownError,
-                           match=r"DirectWriteUnavailableError: direct=True, .*Read-only"):
+        with pytest.raises(
+            tf.errors.UnknownError, match=r"DirectWriteUnavailableError: direct=True, .*Read-only"
+        ):
             labels(cc.cache(labelled(10), name=name, direct=True))
         wait_until(lambda: gone(cc, name))
     assert not (daemon.data_dir / "caches" / name).exists()
 
 
 def test_a_full_disk_during_a_local_write_warns_keeps_training_and_leaves_nothing(
-        small_disk: Path, caplog: pytest.LogCaptureFixture) -> None:
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     daemon = Daemon(data_dir=small_disk / "data").start()
     try:
         with CacheClient(daemon.unix_target) as cc:
@@ -249,7 +283,8 @@ def test_a_full_disk_during_a_local_write_warns_keeps_training_and_leaves_nothin
             free_before = shutil.disk_usage(small_disk).free
             rng = np.random.default_rng(0)
             big = tf.data.Dataset.from_tensor_slices(
-                rng.integers(0, 256, size=(400, 128 << 10), dtype=np.uint8))  # 50 MiB
+                rng.integers(0, 256, size=(400, 128 << 10), dtype=np.uint8)
+            )  # 50 MiB
             with caplog.at_level(logging.WARNING, logger="client"):
                 seen = sum(1 for _ in cc.cache(big, name="big", direct=True))
             assert seen == 400, "the epoch must go on from the source pipeline"
@@ -265,13 +300,15 @@ def test_a_full_disk_during_a_local_write_warns_keeps_training_and_leaves_nothin
 
 
 def test_a_local_write_over_the_capacity_limit_is_refused_at_commit_and_deleted(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     daemon = Daemon(extra_args=("--max-bytes", "3MiB")).start()
     try:
         with CacheClient(daemon.unix_target) as cc:
             rng = np.random.default_rng(1)
             big = tf.data.Dataset.from_tensor_slices(
-                rng.integers(0, 256, size=(32, 128 << 10), dtype=np.uint8))  # 4 MiB
+                rng.integers(0, 256, size=(32, 128 << 10), dtype=np.uint8)
+            )  # 4 MiB
             with caplog.at_level(logging.WARNING, logger="client"):
                 assert sum(1 for _ in cc.cache(big, name="big", direct=True)) == 32
             assert "no room for cache 'big'" in caplog.text, caplog.text
@@ -279,7 +316,8 @@ def test_a_local_write_over_the_capacity_limit_is_refused_at_commit_and_deleted(
             assert gone(cc, "big")
             assert not (daemon.data_dir / "caches" / "big").exists()
             small = tf.data.Dataset.from_tensor_slices(
-                rng.integers(0, 256, size=(8, 128 << 10), dtype=np.uint8))  # 1 MiB: fits
+                rng.integers(0, 256, size=(8, 128 << 10), dtype=np.uint8)
+            )  # 1 MiB: fits
             assert sum(1 for _ in cc.cache(small, name="small", direct=True)) == 8
             assert cc.info("small").num_elements == 8
         assert f"'small': checked and {ADOPTED}" in daemon.log()
@@ -288,7 +326,8 @@ def test_a_local_write_over_the_capacity_limit_is_refused_at_commit_and_deleted(
 
 
 def test_a_writer_that_cancels_right_after_write_begun_leaves_no_writing_cache(
-        daemon, cc, name) -> None:
+    daemon, cc, name
+) -> None:
     """A stream cancelled while the daemon's handler waits at its first yield (before any
     chunk) must still discard the cache: the handler is never resumed, so only an RPC
     callback can tell it (found with direct=True refusing a read-only data dir)."""
@@ -304,8 +343,9 @@ def test_a_writer_that_cancels_right_after_write_begun_leaves_no_writing_cache(
     with grpc.insecure_channel(daemon.unix_target) as ch:
         try:
             for n in names:
-                begin = pb.WriteCacheRequest(begin=pb.WriteBegin(name=n, fingerprint="f",
-                                                                 layout_json=LAYOUT))
+                begin = pb.WriteCacheRequest(
+                    begin=pb.WriteBegin(name=n, fingerprint="f", layout_json=LAYOUT)
+                )
                 call = stub(ch).WriteCache(requests(begin, stop))
                 assert next(call).begun.decision == pb.WRITE_DECISION_ACCEPTED
                 call.cancel()
@@ -321,9 +361,12 @@ def test_a_staging_dir_owned_by_another_user_is_not_written_into(daemon, cc, nam
         pytest.skip("needs root to chown")
     transport = Transport(daemon.unix_target)
     try:
-        writer = LocalWriter(transport, pb.WriteBegin(name=name, fingerprint="f",
-                                                      layout_json=LAYOUT_64.to_json()),
-                             True, None)
+        writer = LocalWriter(
+            transport,
+            pb.WriteBegin(name=name, fingerprint="f", layout_json=LAYOUT_64.to_json()),
+            True,
+            None,
+        )
         begun = CacheWriter.begin(writer)  # the lease and the staging dir, no local write yet
         staging = daemon.data_dir / begun.local_dir
         os.chown(staging, 65534, -1)
@@ -332,7 +375,9 @@ def test_a_staging_dir_owned_by_another_user_is_not_written_into(daemon, cc, nam
         writer.abort()
     finally:
         transport.close()
-    assert why == ("the daemon runs as uid 65534 and this process as uid 0: files written "
-                   "here could not be deleted by the daemon")
+    assert why == (
+        "the daemon runs as uid 65534 and this process as uid 0: files written "
+        "here could not be deleted by the daemon"
+    )
     assert created == [] and not writer.local
     wait_until(lambda: gone(cc, name))

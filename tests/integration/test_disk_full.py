@@ -18,7 +18,8 @@ def _free_bytes(path: Path) -> int:
 
 
 def test_a_full_disk_fails_the_write_keeps_training_and_loses_nothing(
-        small_disk: Path, caplog: pytest.LogCaptureFixture) -> None:
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from client import CacheClient
 
     daemon = Daemon(data_dir=small_disk / "data").start()
@@ -29,7 +30,8 @@ def test_a_full_disk_fails_the_write_keeps_training_and_loses_nothing(
             free_before = _free_bytes(small_disk)
             rng = np.random.default_rng(0)
             big = tf.data.Dataset.from_tensor_slices(
-                rng.integers(0, 256, size=(400, 128 << 10), dtype=np.uint8))  # 50 MiB
+                rng.integers(0, 256, size=(400, 128 << 10), dtype=np.uint8)
+            )  # 50 MiB
             with caplog.at_level(logging.WARNING, logger="client"):
                 seen = sum(1 for _ in cc.cache(big, name="big"))
             assert seen == 400, "the epoch must go on from the source pipeline"
@@ -43,7 +45,8 @@ def test_a_full_disk_fails_the_write_keeps_training_and_loses_nothing(
 
 
 def test_a_full_disk_is_a_typed_error_on_the_wire_and_frees_the_failed_write(
-        small_disk: Path) -> None:
+    small_disk: Path,
+) -> None:
     import grpc
     from wire import names, read_all, reason, records, write_cache
 
@@ -65,17 +68,16 @@ def test_a_full_disk_is_a_typed_error_on_the_wire_and_frees_the_failed_write(
 
 
 def test_a_free_space_floor_evicts_unpinned_caches_then_refuses_with_the_numbers(
-        small_disk: Path) -> None:
+    small_disk: Path,
+) -> None:
     import grpc
     from wire import names, read_all, reason, records, write_cache
 
     from client import CacheClient
 
-    daemon = Daemon(data_dir=small_disk / "data",
-                    extra_args=("--min-free-bytes", "12MiB")).start()
+    daemon = Daemon(data_dir=small_disk / "data", extra_args=("--min-free-bytes", "12MiB")).start()
     try:
-        with grpc.insecure_channel(daemon.unix_target) as ch, \
-                CacheClient(daemon.unix_target) as cc:
+        with grpc.insecure_channel(daemon.unix_target) as ch, CacheClient(daemon.unix_target) as cc:
             old, pinned = records(40, 128 << 10, 1), records(24, 128 << 10, 2)  # 5, 3 MiB
             write_cache(ch, "old", old)
             write_cache(ch, "pinned", pinned)
@@ -114,7 +116,8 @@ def _fill(disk: Path) -> Path:
 
 
 def test_a_daemon_starts_on_a_full_disk_serves_its_caches_and_writes_again_once_space_returns(
-        small_disk: Path) -> None:
+    small_disk: Path,
+) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from waits import wait_until
@@ -136,8 +139,10 @@ def test_a_daemon_starts_on_a_full_disk_serves_its_caches_and_writes_again_once_
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert reason(err.value) == "DISK_FULL"
             health = health_pb2_grpc.HealthStub(ch)
-            serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
-                                    health_pb2.HealthCheckResponse.NOT_SERVING)
+            serving, not_serving = (
+                health_pb2.HealthCheckResponse.SERVING,
+                health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
             assert health.Check(health_pb2.HealthCheckRequest()).status == serving  # reads
             writes = health_pb2.HealthCheckRequest(service="shardcache.writes")
             assert health.Check(writes).status == not_serving

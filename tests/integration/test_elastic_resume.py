@@ -35,33 +35,44 @@ PROGRAM = Path(__file__).resolve().parents[1] / "pipelines" / "elastic.py"
 
 
 def source(n: int = N) -> tf.data.Dataset:
-    return tf.data.Dataset.range(n).map(lambda i: {"x": tf.fill([8], tf.cast(i, tf.float32)),
-                                                   "i": i})
+    return tf.data.Dataset.range(n).map(
+        lambda i: {"x": tf.fill([8], tf.cast(i, tf.float32)), "i": i}
+    )
 
 
 @pytest.fixture(scope="module")
 def sharded(daemon) -> str:
     with CacheClient(daemon.unix_target) as cc:
-        cache = write_sharded(cc, source(), "elastic-sharded", shard_bytes=400,
-                              chunk_bytes=100, block_bytes=400)
+        cache = write_sharded(
+            cc, source(), "elastic-sharded", shard_bytes=400, chunk_bytes=100, block_bytes=400
+        )
     assert len(cache.shards) > 5
     return cache.name
 
 
-
-def stop_old_split(cc: CacheClient, read: Any, name: str, opts: dict[str, Any]
-                   ) -> tuple[list[int], list[Any]]:
+def stop_old_split(
+    cc: CacheClient, read: Any, name: str, opts: dict[str, Any]
+) -> tuple[list[int], list[Any]]:
     """The old workers read COUNTS of their shares and stop: (what they read, their states)."""
     seen, states = [], []
     for w, count in enumerate(COUNTS):
         seen += ids(read(worker_index=w, num_workers=len(COUNTS)).take(count))
-        states.append(cc.read_state(name, elements_seen=count, worker_index=w,
-                                    num_workers=len(COUNTS), **opts))
+        states.append(
+            cc.read_state(
+                name, elements_seen=count, worker_index=w, num_workers=len(COUNTS), **opts
+            )
+        )
     return seen, states
 
 
-def check_resumed(cc: CacheClient, name: str, seen: list[int], firsts: list[list[int]],
-                  seconds: list[list[int]], opts: dict[str, Any]) -> None:
+def check_resumed(
+    cc: CacheClient,
+    name: str,
+    seen: list[int],
+    firsts: list[list[int]],
+    seconds: list[list[int]],
+    opts: dict[str, Any],
+) -> None:
     """The resumed epoch plus what was read is every element once, split evenly; the next
     iteration is the normal split of the next epoch."""
     assert sorted(seen + [i for first in firsts for i in first]) == list(range(N))
@@ -69,21 +80,24 @@ def check_resumed(cc: CacheClient, name: str, seen: list[int], firsts: list[list
     assert max(sizes) - min(sizes) <= 1
     assert sum(sizes) == N - sum(COUNTS)
     for j, second in enumerate(seconds):
-        assert second == ids(cc.dataset(name, epoch=1, worker_index=j,
-                                        num_workers=len(seconds), **opts))
+        assert second == ids(
+            cc.dataset(name, epoch=1, worker_index=j, num_workers=len(seconds), **opts)
+        )
     assert sorted(i for second in seconds for i in second) == list(range(N))
 
 
 @pytest.mark.parametrize("shuffle", [True, False, "shards"])
 @pytest.mark.parametrize("new_workers", [3, 6])
-def test_four_stopped_workers_are_resumed_by_another_count_exactly(cc, sharded, shuffle,
-                                                                  new_workers) -> None:
+def test_four_stopped_workers_are_resumed_by_another_count_exactly(
+    cc, sharded, shuffle, new_workers
+) -> None:
     opts = {"shuffle": shuffle, "seed": 23}
-    seen, states = stop_old_split(cc, lambda **w: cc.dataset(sharded, **opts, **w), sharded,
-                                  opts)
+    seen, states = stop_old_split(cc, lambda **w: cc.dataset(sharded, **opts, **w), sharded, opts)
     states = [type(s).from_json(s.to_json()) for s in states]  # as a checkpoint keeps them
-    resumed = [cc.dataset(sharded, resume=states, worker_index=j, num_workers=new_workers,
-                          **opts) for j in range(new_workers)]
+    resumed = [
+        cc.dataset(sharded, resume=states, worker_index=j, num_workers=new_workers, **opts)
+        for j in range(new_workers)
+    ]
     assert all(int(ds.cardinality()) == tf.data.UNKNOWN_CARDINALITY for ds in resumed)
     firsts = [ids(ds) for ds in resumed]
     seconds = [ids(ds) for ds in resumed]
@@ -94,11 +108,11 @@ def test_four_stopped_workers_are_resumed_by_another_count_exactly(cc, sharded, 
 
 def test_a_resumed_worker_stopped_again_resumes_with_its_own_state(cc, sharded) -> None:
     opts = {"shuffle": True, "seed": 4}
-    seen, states = stop_old_split(cc, lambda **w: cc.dataset(sharded, **opts, **w), sharded,
-                                  opts)
+    seen, states = stop_old_split(cc, lambda **w: cc.dataset(sharded, **opts, **w), sharded, opts)
     first = ids(cc.dataset(sharded, resume=states, worker_index=1, num_workers=3, **opts))
-    again = cc.read_state(sharded, elements_seen=40, resume=states, worker_index=1,
-                          num_workers=3, **opts)
+    again = cc.read_state(
+        sharded, elements_seen=40, resume=states, worker_index=1, num_workers=3, **opts
+    )
     assert again.epoch == 0 and again.remaining is not None
     rest = ids(cc.dataset(sharded, resume=again, worker_index=1, num_workers=3, **opts))
     assert rest == first[40:]
@@ -107,8 +121,9 @@ def test_a_resumed_worker_stopped_again_resumes_with_its_own_state(cc, sharded) 
 
 def test_an_iterator_of_a_resumed_read_saves_and_restores(cc, sharded, tmp_path) -> None:
     opts = {"shuffle": "shards", "seed": 6, "prefetch_bytes": 16 << 10}
-    _, states = stop_old_split(cc, lambda **w: cc.dataset(sharded, **opts, **w), sharded,
-                               {"shuffle": "shards", "seed": 6})
+    _, states = stop_old_split(
+        cc, lambda **w: cc.dataset(sharded, **opts, **w), sharded, {"shuffle": "shards", "seed": 6}
+    )
 
     def resumed() -> tf.data.Dataset:
         return cc.dataset(sharded, resume=states, worker_index=2, num_workers=3, **opts)
@@ -137,13 +152,14 @@ def test_read_epochs_of_cc_cache_resume_elastically(cc, name) -> None:
     check_resumed(cc, name, seen, firsts, seconds, opts)
 
 
-def test_states_that_cannot_resume_this_read_are_refused_saying_what_to_pass(cc, name
-                                                                             ) -> None:
+def test_states_that_cannot_resume_this_read_are_refused_saying_what_to_pass(cc, name) -> None:
     opts = {"shuffle": True, "seed": 3}
     for _ in cc.cache(source(100), name=name, version="1"):
         pass
-    states = [cc.read_state(name, elements_seen=9, worker_index=w, num_workers=4, **opts)
-              for w in range(4)]
+    states = [
+        cc.read_state(name, elements_seen=9, worker_index=w, num_workers=4, **opts)
+        for w in range(4)
+    ]
     with pytest.raises(ResumeMismatchError, match="pass the states of all the old workers"):
         cc.dataset(name, resume=states[1], worker_index=1, num_workers=3, **opts)
     with pytest.raises(ResumeMismatchError, match=r"old workers \[2\] of 4 are missing"):
@@ -165,27 +181,49 @@ def test_states_that_cannot_resume_this_read_are_refused_saying_what_to_pass(cc,
 
 
 @pytest.mark.slow
-def test_checkpoints_of_four_worker_processes_are_resumed_by_three(daemon, sharded, tmp_path
-                                                                   ) -> None:
+def test_checkpoints_of_four_worker_processes_are_resumed_by_three(
+    daemon, sharded, tmp_path
+) -> None:
     """Each old worker saves tf.train.Checkpoint(step=count, iterator=it) and exits; each
     new one rebuilds the old ReadStates from the counters in their checkpoints."""
+
     def run_all(args: list[list[str]]) -> list[dict[str, Any]]:
         outs = [tmp_path / f"out-{a[0]}-{i}.json" for i, a in enumerate(args)]
-        procs = [subprocess.Popen([sys.executable, str(PROGRAM), *a[:5], *(
-            [*a[5:], str(out)] if a[0] == "read" else [str(out), *a[5:]])],
-            env=env_without_tf_noise(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            for a, out in zip(args, outs)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(PROGRAM),
+                    *a[:5],
+                    *([*a[5:], str(out)] if a[0] == "read" else [str(out), *a[5:]]),
+                ],
+                env=env_without_tf_noise(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            for a, out in zip(args, outs)
+        ]
         for proc in procs:
             log, _ = proc.communicate(timeout=240)
             assert proc.returncode == 0, log.decode(errors="replace")[-3000:]
         return [json.loads(out.read_text()) for out in outs]
 
     target = daemon.unix_target
-    old = run_all([["read", target, sharded, str(w), "4", str(count),
-                    str(tmp_path / f"old-{w}" / "ckpt")] for w, count in enumerate(COUNTS)])
+    old = run_all(
+        [
+            ["read", target, sharded, str(w), "4", str(count), str(tmp_path / f"old-{w}" / "ckpt")]
+            for w, count in enumerate(COUNTS)
+        ]
+    )
     checkpoints = [r["checkpoint"] for r in old]
     new = run_all([["resume", target, sharded, str(j), "3", *checkpoints] for j in range(3)])
     seen = [i for r in old for i in r["ids"]]
     with CacheClient(target) as cc:
-        check_resumed(cc, sharded, seen, [r["first"] for r in new], [r["second"] for r in new],
-                      {"shuffle": True, "seed": 17})
+        check_resumed(
+            cc,
+            sharded,
+            seen,
+            [r["first"] for r in new],
+            [r["second"] for r in new],
+            {"shuffle": True, "seed": 17},
+        )

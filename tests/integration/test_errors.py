@@ -36,16 +36,20 @@ def test_invalid_names_are_invalid_arguments(cc, bad) -> None:
 def test_an_unreachable_daemon_is_named_within_seconds() -> None:
     target = f"127.0.0.1:{free_port()}"
     start = time.monotonic()
-    with CacheClient(target, connect_timeout=2) as cc, \
-            pytest.raises(ServerUnavailableError, match=f"cannot reach cacheserver at {target}"):
+    with (
+        CacheClient(target, connect_timeout=2) as cc,
+        pytest.raises(ServerUnavailableError, match=f"cannot reach cacheserver at {target}"),
+    ):
         cc.list()
     assert time.monotonic() - start < 10
 
 
 def test_an_unreachable_daemon_fails_cache_before_any_tensorflow_iteration() -> None:
     tf = pytest.importorskip("tensorflow")
-    with CacheClient("unix:///tmp/shardcache-nowhere.sock", connect_timeout=1) as cc, \
-            pytest.raises(ServerUnavailableError, match=r"shardcache-nowhere\.sock"):
+    with (
+        CacheClient("unix:///tmp/shardcache-nowhere.sock", connect_timeout=1) as cc,
+        pytest.raises(ServerUnavailableError, match=r"shardcache-nowhere\.sock"),
+    ):
         cc.cache(tf.data.Dataset.range(3), name="x")
 
 

@@ -35,10 +35,12 @@ from fidelity import (  # noqa: E402
 def test_fixed_shape_elements_of_every_dtype_round_trip_exactly(cc, name, dtype) -> None:
     """Scalars and fixed shapes, sliced from tensors: the batched write path."""
     rng = rng_for(dtype)
-    src = tf.data.Dataset.from_tensor_slices({
-        "scalar": values(dtype, (7,), rng),
-        "matrix": values(dtype, (7, 2, 3), rng),
-    })
+    src = tf.data.Dataset.from_tensor_slices(
+        {
+            "scalar": values(dtype, (7,), rng),
+            "matrix": values(dtype, (7, 2, 3), rng),
+        }
+    )
     assert_faithful(cc, name, src)
 
 
@@ -46,16 +48,24 @@ def test_fixed_shape_elements_of_every_dtype_round_trip_exactly(cc, name, dtype)
 def test_variable_shape_elements_of_every_dtype_round_trip_exactly(cc, name, dtype) -> None:
     """Unknown dimensions that change from element to element, unknown rank, empties."""
     rng = rng_for(dtype + "var")
-    spec = (tf.TensorSpec((), tf.as_dtype(dtype)),
-            tf.TensorSpec((None,), tf.as_dtype(dtype)),
-            tf.TensorSpec((None, 4), tf.as_dtype(dtype)),
-            tf.TensorSpec((2, None), tf.as_dtype(dtype)),
-            tf.TensorSpec(None, tf.as_dtype(dtype)),
-            tf.TensorSpec((0,), tf.as_dtype(dtype)))
+    spec = (
+        tf.TensorSpec((), tf.as_dtype(dtype)),
+        tf.TensorSpec((None,), tf.as_dtype(dtype)),
+        tf.TensorSpec((None, 4), tf.as_dtype(dtype)),
+        tf.TensorSpec((2, None), tf.as_dtype(dtype)),
+        tf.TensorSpec(None, tf.as_dtype(dtype)),
+        tf.TensorSpec((0,), tf.as_dtype(dtype)),
+    )
     shapes = [(3, 0, 1, (2, 2)), (0, 2, 0, ()), (5, 1, 3, (1, 0, 2)), (1, 3, 2, (4,))]
     elements = [
-        (values(dtype, (), rng), values(dtype, (a,), rng), values(dtype, (b, 4), rng),
-         values(dtype, (2, c), rng), values(dtype, d, rng), values(dtype, (0,), rng))
+        (
+            values(dtype, (), rng),
+            values(dtype, (a,), rng),
+            values(dtype, (b, 4), rng),
+            values(dtype, (2, c), rng),
+            values(dtype, d, rng),
+            values(dtype, (0,), rng),
+        )
         for a, b, c, d in shapes
     ]
     runs = [0]
@@ -63,8 +73,9 @@ def test_variable_shape_elements_of_every_dtype_round_trip_exactly(cc, name, dty
 
 
 def test_bfloat16_elements_round_trip_exactly(cc, name) -> None:
-    bits = np.array([0x7FC0, 0x7FC1, 0xFFC0, 0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x3F80],
-                    np.uint16)
+    bits = np.array(
+        [0x7FC0, 0x7FC1, 0xFFC0, 0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x3F80], np.uint16
+    )
     src = tf.data.Dataset.from_tensor_slices(bits.view(ml_dtypes.bfloat16).reshape(3, 3))
     assert src.element_spec.dtype == tf.bfloat16
     assert_faithful(cc, name, src)
@@ -84,24 +95,31 @@ def test_strings_with_arbitrary_bytes_round_trip_exactly(cc, name) -> None:
 
 def test_scalars_round_trip_exactly(cc, name) -> None:
     src = tf.data.Dataset.range(5).map(
-        lambda i: (i, tf.cast(i, tf.float32) / 3, tf.strings.as_string(i), i > 2))
+        lambda i: (i, tf.cast(i, tf.float32) / 3, tf.strings.as_string(i), i > 2)
+    )
     assert_faithful(cc, name, src)
 
 
 def test_empty_tensors_round_trip_with_their_shapes(cc, name) -> None:
-    src = tf.data.Dataset.range(4).map(lambda i: {
-        "empty": tf.zeros((0,), tf.float32),
-        "rows": tf.zeros((3, 0), tf.int64),
-        "strings": tf.fill((0, 2), "x"),
-        "value": i,
-    })
+    src = tf.data.Dataset.range(4).map(
+        lambda i: {
+            "empty": tf.zeros((0,), tf.float32),
+            "rows": tf.zeros((3, 0), tf.int64),
+            "strings": tf.fill((0, 2), "x"),
+            "value": i,
+        }
+    )
     assert_faithful(cc, name, src)
 
 
 def test_an_element_of_only_zero_size_components_round_trips(cc, name) -> None:
     src = tf.data.Dataset.range(5).map(
-        lambda i: (tf.zeros((0,), tf.float32), tf.zeros((3, 0), tf.string),
-                   tf.zeros((0, 0, 2), tf.bool)))
+        lambda i: (
+            tf.zeros((0,), tf.float32),
+            tf.zeros((3, 0), tf.string),
+            tf.zeros((0, 0, 2), tf.bool),
+        )
+    )
     assert_faithful(cc, name, src)
 
 
@@ -113,7 +131,8 @@ def test_a_single_zero_size_component_round_trips(cc, name) -> None:
 def test_a_variable_shape_with_a_static_zero_dimension_round_trips(cc, name) -> None:
     # flattened inside TF, a (0, None) tensor has the static shape (0,): batches stay dense
     src = tf.data.Dataset.range(4).map(
-        lambda i: (tf.zeros((0, tf.cast(i, tf.int32)), tf.bool), tf.range(i)))
+        lambda i: (tf.zeros((0, tf.cast(i, tf.int32)), tf.bool), tf.range(i))
+    )
     src = src.map(lambda a, b: (tf.ensure_shape(a, (0, None)), b))
     assert_faithful(cc, name, src)
 
@@ -144,18 +163,23 @@ def test_elements_of_unknown_rank_round_trip(cc, name) -> None:
     assert_faithful(cc, name, src)
 
 
-
 # --------------------------------------------------------------------------- cardinality
 
 
-@pytest.mark.parametrize("make", [
-    lambda: tf.data.Dataset.range(0),
-    lambda: tf.data.Dataset.range(0).map(lambda i: {"s": tf.strings.as_string(i),
-                                                    "v": tf.range(i)}),
-    lambda: tf.data.Dataset.range(0).map(lambda i: tf.RaggedTensor.from_row_lengths(
-        tf.range(i), [i])),
-    lambda: tf.data.Dataset.range(5).filter(lambda i: i > 10),
-], ids=["range", "variable", "ragged", "filtered-out"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tf.data.Dataset.range(0),
+        lambda: tf.data.Dataset.range(0).map(
+            lambda i: {"s": tf.strings.as_string(i), "v": tf.range(i)}
+        ),
+        lambda: tf.data.Dataset.range(0).map(
+            lambda i: tf.RaggedTensor.from_row_lengths(tf.range(i), [i])
+        ),
+        lambda: tf.data.Dataset.range(5).filter(lambda i: i > 10),
+    ],
+    ids=["range", "variable", "ragged", "filtered-out"],
+)
 def test_a_dataset_of_zero_elements_caches_as_zero_elements(cc, name, make) -> None:
     src = make()
     assert assert_faithful(cc, name, src) == []
@@ -163,8 +187,7 @@ def test_a_dataset_of_zero_elements_caches_as_zero_elements(cc, name, make) -> N
 
 
 def test_unknown_cardinality_is_unknown_until_the_cache_is_ready(cc, name) -> None:
-    src = tf.data.Dataset.range(12).filter(lambda i: i % 3 != 0).map(
-        lambda i: (i, tf.range(i % 4)))
+    src = tf.data.Dataset.range(12).filter(lambda i: i % 3 != 0).map(lambda i: (i, tf.range(i % 4)))
     assert int(src.cache().cardinality()) == UNKNOWN
     ds = cc.cache(src, name=name)
     assert int(ds.cardinality()) == UNKNOWN
@@ -191,8 +214,12 @@ def test_a_pipeline_of_several_functions_gets_one_fingerprint(cc, name) -> None:
     from client.tf import graphs
 
     def build() -> tf.data.Dataset:
-        return (tf.data.Dataset.range(6).map(lambda i: i + 1).filter(lambda i: i > 2)
-                .map(tf.strings.as_string))
+        return (
+            tf.data.Dataset.range(6)
+            .map(lambda i: i + 1)
+            .filter(lambda i: i > 2)
+            .map(tf.strings.as_string)
+        )
 
     src = build()
     prints = {graphs.fingerprint_of(src, None) for _ in range(40)}
@@ -208,8 +235,12 @@ def test_pipelines_differing_inside_one_of_several_functions_are_told_apart(cc, 
     from client import FingerprintMismatchError
 
     def build(scale: int) -> tf.data.Dataset:
-        return (tf.data.Dataset.range(6).map(lambda i: i * scale).filter(lambda i: i >= 0)
-                .map(tf.strings.as_string))
+        return (
+            tf.data.Dataset.range(6)
+            .map(lambda i: i * scale)
+            .filter(lambda i: i >= 0)
+            .map(tf.strings.as_string)
+        )
 
     assert elements_of(cc.cache(build(2), name=name)) == elements_of(build(2))
     for _ in range(5):

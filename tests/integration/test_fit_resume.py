@@ -31,20 +31,40 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * DEADLINE_S)]
 
 @pytest.fixture(scope="module")
 def cache(daemon) -> str:
-    src = tf.data.Dataset.range(N).map(lambda i: {"x": tf.fill([8], tf.cast(i, tf.float32)),
-                                                  "i": i})
+    src = tf.data.Dataset.range(N).map(
+        lambda i: {"x": tf.fill([8], tf.cast(i, tf.float32)), "i": i}
+    )
     with CacheClient(daemon.unix_target) as cc:
         return write_sharded(cc, src, "fit-resume", shard_bytes=4000).name
 
 
-def fit(daemon, name: str, backup: Path, outs: list[Path], env: dict[str, str],
-        kill_at: tuple[int, int] | None = None) -> None:
+def fit(
+    daemon,
+    name: str,
+    backup: Path,
+    outs: list[Path],
+    env: dict[str, str],
+    kill_at: tuple[int, int] | None = None,
+) -> None:
     """Run the fit on len(outs) workers; with kill_at, worker 0 kills itself after that step
     and the others are killed once it is gone (they would wait in a collective)."""
-    argvs = [[str(PROGRAM), daemon.unix_target, name, str(backup), str(out), "--batch",
-              str(BATCH), "--epochs", str(EPOCHS), "--save-freq", str(SAVE_FREQ),
-              *(["--kill-at", f"{kill_at[0]},{kill_at[1]}"] if kill_at and rank == 0 else [])]
-             for rank, out in enumerate(outs)]
+    argvs = [
+        [
+            str(PROGRAM),
+            daemon.unix_target,
+            name,
+            str(backup),
+            str(out),
+            "--batch",
+            str(BATCH),
+            "--epochs",
+            str(EPOCHS),
+            "--save-freq",
+            str(SAVE_FREQ),
+            *(["--kill-at", f"{kill_at[0]},{kill_at[1]}"] if kill_at and rank == 0 else []),
+        ]
+        for rank, out in enumerate(outs)
+    ]
     logs = [out.with_suffix(".log") for out in outs]
 
     def tail(rank: int) -> str:
@@ -70,12 +90,17 @@ def by_epoch(records: list[dict[str, Any]]) -> dict[int, list[list[int]]]:
     return epochs
 
 
-@pytest.mark.parametrize("workers,env,kills", [
-    (1, {}, [(1, 6), (1, 8)]),
-    (2, {"TF_USE_LEGACY_KERAS": "1"}, [(1, 6)]),
-], ids=["keras3-killed-twice-in-an-epoch", "tf-keras-multi-worker"])
+@pytest.mark.parametrize(
+    "workers,env,kills",
+    [
+        (1, {}, [(1, 6), (1, 8)]),
+        (2, {"TF_USE_LEGACY_KERAS": "1"}, [(1, 6)]),
+    ],
+    ids=["keras3-killed-twice-in-an-epoch", "tf-keras-multi-worker"],
+)
 def test_a_killed_fit_run_again_trains_each_element_once_per_epoch(
-        daemon, cache, tmp_path, workers, env, kills) -> None:
+    daemon, cache, tmp_path, workers, env, kills
+) -> None:
     """Keras 3 numbers a resumed epoch's batches from 0: the second kill, in the same epoch,
     shows that the position still counts from the epoch's start."""
     backup = tmp_path / "backup"
@@ -91,19 +116,22 @@ def test_a_killed_fit_run_again_trains_each_element_once_per_epoch(
             if run:
                 assert min(epochs) == at[0] and len(epochs[at[0]]) < len(trained[w][0])
             for e, batches in epochs.items():  # keep what the backed-up weights trained
-                kept = batches if e < end[0] else batches[:end[1] - (at[1] if e == at[0]
-                                                                     else 0)]
+                kept = batches if e < end[0] else batches[: end[1] - (at[1] if e == at[0] else 0)]
                 trained[w].setdefault(e, []).extend(kept if e <= end[0] else [])
         at = end
 
     with CacheClient(daemon.unix_target) as cc:
         for w in range(workers):
             for e in range(EPOCHS):
-                uninterrupted = [int(x["i"]) for x in cc.dataset(
-                    cache, shuffle=True, seed=5, epoch=e, worker_index=w,
-                    num_workers=workers).as_numpy_iterator()]
-                assert [i for ids in trained[w][e] for i in ids] == uninterrupted, \
+                uninterrupted = [
+                    int(x["i"])
+                    for x in cc.dataset(
+                        cache, shuffle=True, seed=5, epoch=e, worker_index=w, num_workers=workers
+                    ).as_numpy_iterator()
+                ]
+                assert [i for ids in trained[w][e] for i in ids] == uninterrupted, (
                     f"worker {w}, epoch {e}"
+                )
 
 
 def test_resume_from_refuses_what_it_cannot_use(cc, cache, tmp_path) -> None:
@@ -114,12 +142,13 @@ def test_resume_from_refuses_what_it_cannot_use(cc, cache, tmp_path) -> None:
     with pytest.raises(InvalidArgumentError, match="either resume_from="):
         cc.dataset(cache, resume_from=tmp_path, batch_size=4, start=3)
     assert int(cc.dataset(cache, resume_from=tmp_path, batch_size=4).cardinality()) == N
-    (tmp_path / "shardcache_position.json").write_text("{\"epoch\": 1}")
+    (tmp_path / "shardcache_position.json").write_text('{"epoch": 1}')
     with pytest.raises(InvalidArgumentError, match="delete it to start"):
         cc.dataset(cache, resume_from=tmp_path, batch_size=4)
     (tmp_path / "shardcache_position.json").write_text('{"epoch": 1, "batches": 5}')
     ds = cc.dataset(cache, shuffle=True, seed=5, resume_from=tmp_path, batch_size=4)
     assert int(ds.cardinality()) == N  # a whole epoch's, for Keras's step count
-    epoch1 = [int(x["i"]) for x in cc.dataset(cache, shuffle=True, seed=5, epoch=1)
-              .as_numpy_iterator()]
+    epoch1 = [
+        int(x["i"]) for x in cc.dataset(cache, shuffle=True, seed=5, epoch=1).as_numpy_iterator()
+    ]
     assert [int(x["i"]) for x in ds.as_numpy_iterator()] == epoch1[20:]

@@ -59,15 +59,24 @@ def publish(store: Store, name: str, shard_bytes: int = 64 << 10) -> tuple[str, 
     """A cache of about 40 shards, written on a daemon of its own and published to the store;
     its name and shard count."""
     url, endpoint, env = store
-    builder = Daemon(extra_args=("--store", url, "--store-endpoint", endpoint),
-                     env={**os.environ, **env}).start()
+    builder = Daemon(
+        extra_args=("--store", url, "--store-endpoint", endpoint), env={**os.environ, **env}
+    ).start()
     try:
         with CacheClient(builder.unix_target) as cc:
-            cache = write_sharded(cc, source(), name, shard_bytes=shard_bytes,
-                                  chunk_bytes=min(32 << 10, shard_bytes),
-                                  batch_elements=min(64, shard_bytes >> 10))
-            wait_until(lambda: cc.info(name).store_state == "STORED", 60,
-                       lambda: f"cache {name} not stored: {cc.info(name)}")
+            cache = write_sharded(
+                cc,
+                source(),
+                name,
+                shard_bytes=shard_bytes,
+                chunk_bytes=min(32 << 10, shard_bytes),
+                batch_elements=min(64, shard_bytes >> 10),
+            )
+            wait_until(
+                lambda: cc.info(name).store_state == "STORED",
+                60,
+                lambda: f"cache {name} not stored: {cc.info(name)}",
+            )
         return name, len(cache.shards)
     finally:
         builder.close()
@@ -124,7 +133,8 @@ def test_every_shard_is_served_by_its_owner_only(published, fleet) -> None:
 
 
 def test_chunks_of_many_small_shards_stay_within_each_members_stream_limit(
-        fleet_store, name, fleet) -> None:
+    fleet_store, name, fleet
+) -> None:
     """A chunk spanning hundreds of shards sends their calls ahead, but never more than a
     member admits from one client (--max-streams-per-client, 48 by default)."""
     small, shards = publish(fleet_store, name, shard_bytes=8 << 10)
@@ -140,8 +150,7 @@ def test_a_member_killed_mid_epoch_loses_and_repeats_nothing(published, fleet) -
     for shuffle in (False, True):
         seen = []
         with CacheClient(targets=fleet.targets) as cc:
-            ds = cc.dataset(name, shuffle=shuffle, seed=5, **OVER_GRPC,
-                            parallel_shards=1)
+            ds = cc.dataset(name, shuffle=shuffle, seed=5, **OVER_GRPC, parallel_shards=1)
             for i, element in enumerate(ds):
                 seen.append(int(element[1]))
                 if i == N // 10 and victim.alive():
@@ -164,12 +173,16 @@ def test_a_member_that_comes_back_serves_its_shards_again(published, fleet) -> N
 
     def epoch(cc: CacheClient) -> dict[str, tuple[float, float]]:
         """Each live member's (bytes over its data plane, elements) served for one epoch."""
-        before = {d.tcp_target: [metric(d, m) for m in served]
-                  for d in fleet.members if d.alive()}
+        before = {d.tcp_target: [metric(d, m) for m in served] for d in fleet.members if d.alive()}
         assert ids(cc.dataset(name, **OVER_GRPC)) == list(range(N))
-        return {d.tcp_target: tuple(metric(d, m) - was  # type: ignore[misc]
-                                    for m, was in zip(served, before[d.tcp_target]))
-                for d in fleet.members if d.alive()}
+        return {
+            d.tcp_target: tuple(
+                metric(d, m) - was  # type: ignore[misc]
+                for m, was in zip(served, before[d.tcp_target])
+            )
+            for d in fleet.members
+            if d.alive()
+        }
 
     with CacheClient(targets=fleet.targets) as cc:
         healthy = epoch(cc)
@@ -179,8 +192,9 @@ def test_a_member_that_comes_back_serves_its_shards_again(published, fleet) -> N
         assert victim.tcp_target not in without
         # its bytes and elements, served by the others, and nothing twice: the calls sent ahead
         # to them when the victim's call failed are read, not cancelled and sent again
-        assert np.sum(list(without.values()), 0).tolist() == np.sum(
-            list(healthy.values()), 0).tolist()
+        assert (
+            np.sum(list(without.values()), 0).tolist() == np.sum(list(healthy.values()), 0).tolist()
+        )
         victim.start()
         time.sleep(DOWN_SECONDS + 0.5)  # then it is tried again
         assert epoch(cc) == healthy  # byte for byte, each member its own shards again
@@ -203,12 +217,15 @@ def test_members_on_this_host_are_read_from_their_files(published, fleet) -> Non
 
 @pytest.mark.skipif(not can_edit_hosts(), reason="needs to write /etc/hosts (root)")
 def test_a_member_added_mid_job_takes_only_the_shards_it_now_owns(
-        published, fleet, monkeypatch) -> None:
+    published, fleet, monkeypatch
+) -> None:
     name, shards = published
     monkeypatch.setenv("SHARDCACHE_RESOLVE_SECONDS", "0.5")
     dns = f"fleet-{os.getpid()}.shardcache.invalid"
-    with (hosts_name(dns, [t.rsplit(":", 1)[0] for t in fleet.targets]) as hosts,
-          CacheClient(targets=f"dns:///{dns}:{fleet.port}") as cc):
+    with (
+        hosts_name(dns, [t.rsplit(":", 1)[0] for t in fleet.targets]) as hosts,
+        CacheClient(targets=f"dns:///{dns}:{fleet.port}") as cc,
+    ):
         ds = cc.dataset(name, **OVER_GRPC)
         assert ids(ds) == list(range(N))
         before = {d.tcp_target: shards_on(d, name) for d in fleet.members}
@@ -223,8 +240,9 @@ def test_a_member_added_mid_job_takes_only_the_shards_it_now_owns(
     assert 0 < len(taken) < shards / 2
     for member, had in before.items():
         assert now[member] <= had  # nothing moved between the members already there
-        assert shards_on(next(d for d in fleet.members if d.tcp_target == member),
-                         name) == had  # and none of them pulled anything new
+        assert (
+            shards_on(next(d for d in fleet.members if d.tcp_target == member), name) == had
+        )  # and none of them pulled anything new
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +253,7 @@ def open_moto() -> Iterator[MotoServer]:
 
 
 @pytest.mark.skipif(not can_make_netns(), reason="needs root and `ip netns`")
-def test_a_member_whose_link_goes_down_mid_epoch_loses_and_repeats_nothing(
-        open_moto, name) -> None:
+def test_a_member_whose_link_goes_down_mid_epoch_loses_and_repeats_nothing(open_moto, name) -> None:
     store = open_moto.store()
     url, _, env = store
     fleet = NetnsFleet(open_moto.port, env, url)
@@ -250,8 +267,9 @@ def test_a_member_whose_link_goes_down_mid_epoch_loses_and_repeats_nothing(
             fleet.link(2, up=True)
             seen = []
             with CacheClient(targets=fleet.targets) as cc:
-                ds = cc.dataset(published_name, shuffle=shuffle, seed=9,
-                                **OVER_GRPC, parallel_shards=1)
+                ds = cc.dataset(
+                    published_name, shuffle=shuffle, seed=9, **OVER_GRPC, parallel_shards=1
+                )
                 for i, element in enumerate(ds):
                     seen.append(int(element[1]))
                     if i == N // 10:
@@ -283,15 +301,13 @@ def test_one_daemons_link_cut_mid_chunk_loses_and_repeats_nothing(open_moto, nam
         logging.getLogger("client").addHandler(watcher)
         seen: list[int] = []
         with CacheClient(fleet.targets[0]) as cc:
-            ds = cc.dataset(published_name, **OVER_GRPC, parallel_shards=1,
-                            reconnect_timeout=120)
+            ds = cc.dataset(published_name, **OVER_GRPC, parallel_shards=1, reconnect_timeout=120)
             assert ids(ds) == list(range(N))  # the member pulls everything it serves
             for i, element in enumerate(ds):
                 seen.append(int(element[1]))
                 if i == N // 10:
                     fleet.link(0, up=False)
-                    threading.Thread(target=_restore, args=(fleet, watcher), daemon=True
-                                     ).start()
+                    threading.Thread(target=_restore, args=(fleet, watcher), daemon=True).start()
         assert watcher.lost.is_set(), "the cut was never noticed"
         assert seen == list(range(N))
         assert metric(fleet.members[0], 'shardcache_read_bytes_total{plane="data"}') > 0

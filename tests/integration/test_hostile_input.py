@@ -25,13 +25,19 @@ BAD = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
 
 
 def _chunk(values: Sequence[bytes], raw_bytes: int | None = None) -> pb.WriteChunk:
-    return pb.WriteChunk(lengths=struct.pack(f"<{len(values)}I", *map(len, values)),
-                         data=b"".join(values),
-                         raw_bytes=sum(map(len, values)) if raw_bytes is None else raw_bytes)
+    return pb.WriteChunk(
+        lengths=struct.pack(f"<{len(values)}I", *map(len, values)),
+        data=b"".join(values),
+        raw_bytes=sum(map(len, values)) if raw_bytes is None else raw_bytes,
+    )
 
 
-def _write(channel: grpc.Channel, begin: pb.WriteBegin, chunks: Sequence[pb.WriteChunk] = (),
-           num_elements: int | None = None) -> list[pb.WriteCacheResponse]:
+def _write(
+    channel: grpc.Channel,
+    begin: pb.WriteBegin,
+    chunks: Sequence[pb.WriteChunk] = (),
+    num_elements: int | None = None,
+) -> list[pb.WriteCacheResponse]:
     def requests() -> Iterator[pb.WriteCacheRequest]:
         yield pb.WriteCacheRequest(begin=begin)
         for chunk in chunks:
@@ -70,14 +76,18 @@ def _refused(call, *args, **kwargs) -> grpc.RpcError:
 
 
 def test_a_write_whose_raw_bytes_overflow_is_refused_and_commits_nothing(
-        fresh_daemon: Daemon) -> None:
+    fresh_daemon: Daemon,
+) -> None:
     with grpc.insecure_channel(fresh_daemon.unix_target) as ch:
         write_cache(ch, "kept", records(3, 64))
         log = _LogWindow(fresh_daemon)
         values = records(2, 64)
-        err = _refused(_write, ch, pb.WriteBegin(name="overflow", fingerprint="f",
-                                                 layout_json=LAYOUT),
-                       [_chunk(values, U64_MAX), _chunk(values, U64_MAX)])
+        err = _refused(
+            _write,
+            ch,
+            pb.WriteBegin(name="overflow", fingerprint="f", layout_json=LAYOUT),
+            [_chunk(values, U64_MAX), _chunk(values, U64_MAX)],
+        )
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
         assert reason(err) == "INVALID_ARGUMENT"
         assert "raw_bytes" in err.details()
@@ -88,36 +98,55 @@ def test_a_write_whose_raw_bytes_overflow_is_refused_and_commits_nothing(
         assert names(ch) == ["kept"]
 
 
-def test_a_write_declaring_more_raw_bytes_than_its_data_can_hold_is_refused(daemon: Daemon,
-                                                                              name: str) -> None:
+def test_a_write_declaring_more_raw_bytes_than_its_data_can_hold_is_refused(
+    daemon: Daemon, name: str
+) -> None:
     with grpc.insecure_channel(daemon.unix_target) as ch:
-        err = _refused(_write, ch, pb.WriteBegin(name=name, fingerprint="f", layout_json=LAYOUT),
-                       [_chunk([b"x" * 10], 1 << 40)])
+        err = _refused(
+            _write,
+            ch,
+            pb.WriteBegin(name=name, fingerprint="f", layout_json=LAYOUT),
+            [_chunk([b"x" * 10], 1 << 40)],
+        )
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "raw_bytes" in err.details()
         assert name not in names(ch)
 
 
-@pytest.mark.parametrize("layout_json, what", [
-    ("[" * 100_000 + "]" * 100_000, "nested"),
-    ('{"format": 1, "leaves": ' + "[" * 5000 + "]" * 5000 + "}", "nested"),
-    ('{"format":2,"block_elements":2,"block_shuffle":1,'
-     '"leaves":[{"dtype":"uint8","shape":[1099511627776, 8]}]}', "bytes"),
-    ('{"format":1,"leaves":[{"dtype":"uint8","shape":[' + str(10**30) + ']}]}', "dimension"),
-    ('{"format":1,"leaves":[{"dtype":"float32","shape":[65536, 65536, 65536]}]}', "bytes"),
-    ('{"format":2,"block_elements":' + str(1 << 62) + ',"block_shuffle":1,'
-     '"leaves":[{"dtype":"int64","shape":[]}]}', "bytes"),
-    ('{"format":1,"leaves":[{"dtype":"object","shape":[]}]}', "dtype"),
-    ('{"format":1,"leaves":[{"dtype":"int8","shape":[1e400]}]}', "shape"),
-    ('{"format":1,"leaves":[{"dtype":"int8","shape":[' + "9" * 5000 + ']}]}', "layout"),
-    ('{"format":1,"leaves":[' + '{"dtype":"int8","shape":[]},' * 20_000
-     + '{"dtype":"int8","shape":[]}]}', "leaves"),
-    ("{}", "format"),
-    ("", "layout"),
-    ("\ud800", "layout"),
-])
+@pytest.mark.parametrize(
+    "layout_json, what",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested"),
+        ('{"format": 1, "leaves": ' + "[" * 5000 + "]" * 5000 + "}", "nested"),
+        (
+            '{"format":2,"block_elements":2,"block_shuffle":1,'
+            '"leaves":[{"dtype":"uint8","shape":[1099511627776, 8]}]}',
+            "bytes",
+        ),
+        ('{"format":1,"leaves":[{"dtype":"uint8","shape":[' + str(10**30) + "]}]}", "dimension"),
+        ('{"format":1,"leaves":[{"dtype":"float32","shape":[65536, 65536, 65536]}]}', "bytes"),
+        (
+            '{"format":2,"block_elements":' + str(1 << 62) + ',"block_shuffle":1,'
+            '"leaves":[{"dtype":"int64","shape":[]}]}',
+            "bytes",
+        ),
+        ('{"format":1,"leaves":[{"dtype":"object","shape":[]}]}', "dtype"),
+        ('{"format":1,"leaves":[{"dtype":"int8","shape":[1e400]}]}', "shape"),
+        ('{"format":1,"leaves":[{"dtype":"int8","shape":[' + "9" * 5000 + "]}]}", "layout"),
+        (
+            '{"format":1,"leaves":['
+            + '{"dtype":"int8","shape":[]},' * 20_000
+            + '{"dtype":"int8","shape":[]}]}',
+            "leaves",
+        ),
+        ("{}", "format"),
+        ("", "layout"),
+        ("\ud800", "layout"),
+    ],
+)
 def test_a_write_with_a_bad_layout_is_refused_and_commits_nothing(
-        daemon: Daemon, name: str, layout_json: str, what: str) -> None:
+    daemon: Daemon, name: str, layout_json: str, what: str
+) -> None:
     with grpc.insecure_channel(daemon.unix_target) as ch:
         log = _LogWindow(daemon)
         try:
@@ -133,26 +162,43 @@ def test_a_write_with_a_bad_layout_is_refused_and_commits_nothing(
 
 
 def test_a_cache_of_an_absurd_layout_never_exists_so_reads_cannot_allocate_for_it(
-        daemon: Daemon, name: str) -> None:
-    absurd = ('{"format":2,"block_elements":2,"block_shuffle":1,'
-              '"leaves":[{"dtype":"uint8","shape":[1099511627776, 8]}]}')
+    daemon: Daemon, name: str
+) -> None:
+    absurd = (
+        '{"format":2,"block_elements":2,"block_shuffle":1,'
+        '"leaves":[{"dtype":"uint8","shape":[1099511627776, 8]}]}'
+    )
     with grpc.insecure_channel(daemon.unix_target) as ch:
-        _refused(_write, ch, pb.WriteBegin(name=name, fingerprint="f", layout_json=absurd),
-                 [_chunk([b"abc"])], 2)
-        err = _refused(stub(ch).ReadElements, pb.ReadElementsRequest(
-            name=name, indices=struct.pack("<Q", 0)), timeout=10)
+        _refused(
+            _write,
+            ch,
+            pb.WriteBegin(name=name, fingerprint="f", layout_json=absurd),
+            [_chunk([b"abc"])],
+            2,
+        )
+        err = _refused(
+            stub(ch).ReadElements,
+            pb.ReadElementsRequest(name=name, indices=struct.pack("<Q", 0)),
+            timeout=10,
+        )
         assert err.code() == grpc.StatusCode.NOT_FOUND
 
 
-@pytest.mark.parametrize("begin, what", [
-    (pb.WriteBegin(fingerprint="f", layout_json=LAYOUT, shard_bytes=U64_MAX), "shard_bytes"),
-    (pb.WriteBegin(fingerprint="f" * 10_000, layout_json=LAYOUT), "fingerprint"),
-    (pb.WriteBegin(fingerprint="f\nINFO forged", layout_json=LAYOUT), "fingerprint"),
-    (pb.WriteBegin(fingerprint="f", layout_json=LAYOUT, element_spec=b"s" * (2 << 20)),
-     "element_spec"),
-])
+@pytest.mark.parametrize(
+    "begin, what",
+    [
+        (pb.WriteBegin(fingerprint="f", layout_json=LAYOUT, shard_bytes=U64_MAX), "shard_bytes"),
+        (pb.WriteBegin(fingerprint="f" * 10_000, layout_json=LAYOUT), "fingerprint"),
+        (pb.WriteBegin(fingerprint="f\nINFO forged", layout_json=LAYOUT), "fingerprint"),
+        (
+            pb.WriteBegin(fingerprint="f", layout_json=LAYOUT, element_spec=b"s" * (2 << 20)),
+            "element_spec",
+        ),
+    ],
+)
 def test_write_begins_out_of_bounds_are_refused_with_what_is_allowed(
-        daemon: Daemon, name: str, begin: pb.WriteBegin, what: str) -> None:
+    daemon: Daemon, name: str, begin: pb.WriteBegin, what: str
+) -> None:
     begin.name = name
     with grpc.insecure_channel(daemon.unix_target) as ch:
         log = _LogWindow(daemon)
@@ -165,24 +211,39 @@ def test_write_begins_out_of_bounds_are_refused_with_what_is_allowed(
 
 
 def test_a_finish_counting_more_elements_than_a_u64_total_allows_is_refused(
-        daemon: Daemon, name: str) -> None:
+    daemon: Daemon, name: str
+) -> None:
     with grpc.insecure_channel(daemon.unix_target) as ch:
-        err = _refused(_write, ch, pb.WriteBegin(name=name, fingerprint="f", layout_json=LAYOUT),
-                       [_chunk([b"abc"])], U64_MAX)
+        err = _refused(
+            _write,
+            ch,
+            pb.WriteBegin(name=name, fingerprint="f", layout_json=LAYOUT),
+            [_chunk([b"abc"])],
+            U64_MAX,
+        )
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert name not in names(ch)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("ttl_seconds", float("inf")), ("ttl_seconds", float("nan")), ("ttl_seconds", -1.0),
-    ("ttl_seconds", 1e308),
-])
-def test_a_retention_out_of_range_is_refused(daemon: Daemon, name: str, field: str,
-                                             value: float) -> None:
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("ttl_seconds", float("inf")),
+        ("ttl_seconds", float("nan")),
+        ("ttl_seconds", -1.0),
+        ("ttl_seconds", 1e308),
+    ],
+)
+def test_a_retention_out_of_range_is_refused(
+    daemon: Daemon, name: str, field: str, value: float
+) -> None:
     with grpc.insecure_channel(daemon.unix_target) as ch:
         write_cache(ch, name, records(1, 16))
-        err = _refused(stub(ch).SetCacheRetention,
-                       pb.SetCacheRetentionRequest(name=name, **{field: value}), timeout=10)
+        err = _refused(
+            stub(ch).SetCacheRetention,
+            pb.SetCacheRetentionRequest(name=name, **{field: value}),
+            timeout=10,
+        )
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
         assert "ttl_seconds" in err.details()
         assert stub(ch).GetCache(pb.GetCacheRequest(name=name), timeout=10).cache.ttl_seconds == 0
@@ -191,25 +252,32 @@ def test_a_retention_out_of_range_is_refused(daemon: Daemon, name: str, field: s
 @pytest.mark.parametrize("interval", [float("nan"), float("inf"), -1.0, 1e308])
 def test_a_watch_interval_out_of_range_is_refused(daemon: Daemon, interval: float) -> None:
     with grpc.insecure_channel(daemon.unix_target) as ch:
-        err = _refused(stub(ch).WatchOperation, pb.WatchOperationRequest(
-            name="materialize/x", interval=interval), timeout=10)
+        err = _refused(
+            stub(ch).WatchOperation,
+            pb.WatchOperationRequest(name="materialize/x", interval=interval),
+            timeout=10,
+        )
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
         assert "interval" in err.details()
 
 
-@pytest.mark.parametrize("call, request_", [
-    ("GetOperation", pb.GetOperationRequest(name="o" * 10_000)),
-    ("CancelOperation", pb.CancelOperationRequest(name="materialize/\n")),
-    ("RenewReadLease", pb.RenewReadLeaseRequest(lease_id="l" * 10_000)),
-    ("ReleaseReadLease", pb.ReleaseReadLeaseRequest(lease_id="l" * 10_000)),
-    ("AcquireReadLease", pb.AcquireReadLeaseRequest(name="c", fingerprint="f" * 10_000)),
-    ("ReadShard", pb.ReadShardRequest(name="c", fingerprint="f" * 10_000)),
-    ("ReadElements", pb.ReadElementsRequest(name="c", indices=b"\0" * 7)),
-    ("ReadElements", pb.ReadElementsRequest(name="c", indices=b"\0" * 8 * 65537)),
-    ("DeleteCache", pb.DeleteCacheRequest(name="../etc")),
-])
+@pytest.mark.parametrize(
+    "call, request_",
+    [
+        ("GetOperation", pb.GetOperationRequest(name="o" * 10_000)),
+        ("CancelOperation", pb.CancelOperationRequest(name="materialize/\n")),
+        ("RenewReadLease", pb.RenewReadLeaseRequest(lease_id="l" * 10_000)),
+        ("ReleaseReadLease", pb.ReleaseReadLeaseRequest(lease_id="l" * 10_000)),
+        ("AcquireReadLease", pb.AcquireReadLeaseRequest(name="c", fingerprint="f" * 10_000)),
+        ("ReadShard", pb.ReadShardRequest(name="c", fingerprint="f" * 10_000)),
+        ("ReadElements", pb.ReadElementsRequest(name="c", indices=b"\0" * 7)),
+        ("ReadElements", pb.ReadElementsRequest(name="c", indices=b"\0" * 8 * 65537)),
+        ("DeleteCache", pb.DeleteCacheRequest(name="../etc")),
+    ],
+)
 def test_control_requests_out_of_bounds_are_refused_at_the_edge(
-        daemon: Daemon, call: str, request_: object) -> None:
+    daemon: Daemon, call: str, request_: object
+) -> None:
     with grpc.insecure_channel(daemon.unix_target) as ch:
         log = _LogWindow(daemon)
         err = _refused(getattr(stub(ch), call), request_, timeout=10)
@@ -222,11 +290,13 @@ def test_an_unparseable_request_is_invalid_argument_without_a_traceback(daemon: 
     with grpc.insecure_channel(daemon.unix_target) as ch:
         log = _LogWindow(daemon)
         for garbage in (b"\xff\xff\xff", b"\x0a\x02\xff\xfe"):  # corrupt; bad UTF-8
-            err = _refused(ch.unary_unary("/cacheserver.v1.CacheService/GetCache"), garbage,
-                           timeout=10)
+            err = _refused(
+                ch.unary_unary("/cacheserver.v1.CacheService/GetCache"), garbage, timeout=10
+            )
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
-        err = _refused(ch.unary_stream("/cacheserver.v1.CacheService/ReadShard"), b"\xff",
-                       timeout=10)
+        err = _refused(
+            ch.unary_stream("/cacheserver.v1.CacheService/ReadShard"), b"\xff", timeout=10
+        )
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
         assert names(ch) is not None  # still serving
         assert "Traceback" not in log.text(until="ReadShard cache=")
@@ -247,7 +317,8 @@ def _break_manifest(daemon: Daemon, name: str, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["unencodable", "unparseable"])
 def test_a_cache_whose_manifest_is_broken_is_skipped_by_list_reported_by_info_and_removable(
-        fresh_daemon: Daemon, how: str) -> None:
+    fresh_daemon: Daemon, how: str
+) -> None:
     from client import CacheClient
     from client.errors import DataLossError
 
@@ -277,7 +348,8 @@ def test_a_cache_whose_manifest_is_broken_is_skipped_by_list_reported_by_info_an
         write_cache(ch, "bad", records(1, 8))  # the name is free again
         assert names(ch) == ["bad", "good"]
     assert not (fresh_daemon.data_dir / "trash").exists() or not any(
-        (fresh_daemon.data_dir / "trash").iterdir())
+        (fresh_daemon.data_dir / "trash").iterdir()
+    )
 
 
 # ------------------------------------------------------------ logs
@@ -289,10 +361,13 @@ def test_a_huge_or_multiline_name_adds_a_bounded_escaped_line_to_the_log(daemon:
         for size in (10 << 20, 20_000, 50):
             name = "x\n2099-01-01 00:00:00,000 INFO forged: " + "y" * size
             err = _refused(stub(ch).GetCache, pb.GetCacheRequest(name=name), timeout=30)
-            assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT,
-                                  grpc.StatusCode.RESOURCE_EXHAUSTED)
-            err = _refused(_write, ch, pb.WriteBegin(name=name, fingerprint="f",
-                                                     layout_json=LAYOUT))
+            assert err.code() in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            )
+            err = _refused(
+                _write, ch, pb.WriteBegin(name=name, fingerprint="f", layout_json=LAYOUT)
+            )
         text = log.text(until="GetCache cache=")
     assert len(text.encode()) < 8 * 1024, len(text)
     assert not any(line.startswith("2099-") for line in text.splitlines()), text
@@ -304,7 +379,7 @@ def test_json_logs_carry_client_strings_as_truncated_fields() -> None:
     try:
         with grpc.insecure_channel(d.unix_target) as ch:
             log = _LogWindow(d)
-            name = "x\n{\"level\": \"ERROR\"}" + "y" * 20_000
+            name = 'x\n{"level": "ERROR"}' + "y" * 20_000
             _refused(stub(ch).GetCache, pb.GetCacheRequest(name=name), timeout=10)
             text = log.text(until='"GetCache')
         lines = [json.loads(line) for line in text.splitlines() if line.strip()]

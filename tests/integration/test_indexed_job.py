@@ -46,22 +46,41 @@ def aws_env(store: Store, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 def _env(credentials: dict[str, str], **extra: str) -> dict[str, str]:
     env = env_without_tf_noise() | credentials | extra
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PIPELINES), str(ROOT),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(PIPELINES), str(ROOT), env.get("PYTHONPATH")])
+    )
     return env
 
 
 def _argv(index: int, url: str, endpoint: str, name: str, entry: str = ENTRY) -> list[str]:
-    return [str(BIN / "cacheserver"), "materialize", entry, "--name", name, "--shards",
-            str(SHARDS), "--index", str(index), "--indexes", str(INDEXES), "--store", url,
-            "--store-endpoint", endpoint]
+    return [
+        str(BIN / "cacheserver"),
+        "materialize",
+        entry,
+        "--name",
+        name,
+        "--shards",
+        str(SHARDS),
+        "--index",
+        str(index),
+        "--indexes",
+        str(INDEXES),
+        "--store",
+        url,
+        "--store-endpoint",
+        endpoint,
+    ]
 
 
 def _index(index: int, store: Store, name: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(_argv(index, store.url, store.endpoint, name),
-                            env=_env(store.env, **env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    return subprocess.Popen(
+        _argv(index, store.url, store.endpoint, name),
+        env=_env(store.env, **env),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
@@ -74,10 +93,10 @@ def _listing(store: Store) -> dict[str, tuple[int, str, object]]:
     bucket = Bucket(store.url, store.endpoint)
     out = {}
     for page in bucket.client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket.url.bucket, Prefix=f"{bucket.url.prefix}/"):
+        Bucket=bucket.url.bucket, Prefix=f"{bucket.url.prefix}/"
+    ):
         for o in page.get("Contents", []):
-            out[o["Key"][len(bucket.url.prefix) + 1:]] = (o["Size"], o["ETag"],
-                                                          o["LastModified"])
+            out[o["Key"][len(bucket.url.prefix) + 1 :]] = (o["Size"], o["ETag"], o["LastModified"])
     return out
 
 
@@ -88,22 +107,38 @@ def _markers(bucket: Bucket, name: str) -> dict[int, stored.ShardMarker]:
 
 
 def _expected() -> list[dict[str, np.ndarray]]:
-    return [{k: v.numpy() for k, v in e.items()}
-            for s in range(SHARDS) for e in mat_pipelines.records(s, SHARDS)]
+    return [
+        {k: v.numpy() for k, v in e.items()}
+        for s in range(SHARDS)
+        for e in mat_pipelines.records(s, SHARDS)
+    ]
 
 
 def test_an_indexed_job_with_an_index_killed_mid_shard_publishes_one_cache_a_daemon_serves(
-        store: Store, aws_env: dict[str, str], tmp_path: Path, name: str) -> None:
+    store: Store, aws_env: dict[str, str], tmp_path: Path, name: str
+) -> None:
     bucket = Bucket(store.url, store.endpoint)
     hold = tmp_path / "hold"
     hold.mkdir()
     # The Job's three pods: index 1 (shards 1 and 4) is caught part way through shard 4.
-    procs = {i: _index(i, store, name, **({mat_pipelines.HOLD_DIR_ENV: str(hold),
-                                                     mat_pipelines.HOLD_SHARDS_ENV: "4"}
-                                                    if i == 1 else {}))
-             for i in range(INDEXES)}
-    wait_until(lambda: (hold / "holding-4").exists() or procs[1].poll() is not None, 240,
-               "index 1 holding in shard 4")
+    procs = {
+        i: _index(
+            i,
+            store,
+            name,
+            **(
+                {mat_pipelines.HOLD_DIR_ENV: str(hold), mat_pipelines.HOLD_SHARDS_ENV: "4"}
+                if i == 1
+                else {}
+            ),
+        )
+        for i in range(INDEXES)
+    }
+    wait_until(
+        lambda: (hold / "holding-4").exists() or procs[1].poll() is not None,
+        240,
+        "index 1 holding in shard 4",
+    )
     assert procs[1].poll() is None, _finish(procs[1])[1]
     os.killpg(procs[1].pid, signal.SIGKILL)
     code, killed_log = _finish(procs[1])
@@ -154,9 +189,18 @@ def test_an_indexed_job_with_an_index_killed_mid_shard_publishes_one_cache_a_dae
 
     # A daemon with --store serves it, element for element in shard order, and agrees it is
     # what materializing the same entry point would build (no worker runs: resume finds it).
-    daemon = Daemon(extra_args=("--store", store.url, "--store-endpoint", store.endpoint,
-                                "--pythonpath",
-                                str(PIPELINES), "--materialize-allow", "mat_pipelines")).start()
+    daemon = Daemon(
+        extra_args=(
+            "--store",
+            store.url,
+            "--store-endpoint",
+            store.endpoint,
+            "--pythonpath",
+            str(PIPELINES),
+            "--materialize-allow",
+            "mat_pipelines",
+        )
+    ).start()
     try:
         with CacheClient(daemon.unix_target) as cc:
             got = [{k: v.numpy() for k, v in e.items()} for e in cc.dataset(name)]
@@ -174,7 +218,8 @@ def test_an_indexed_job_with_an_index_killed_mid_shard_publishes_one_cache_a_dae
 
 
 def test_two_attempts_of_one_index_racing_on_a_shard_publish_it_once_and_the_loser_cleans_up(
-        store: Store, aws_env: dict[str, str], tmp_path: Path, name: str) -> None:
+    store: Store, aws_env: dict[str, str], tmp_path: Path, name: str
+) -> None:
     """Two pods of one index (a replacement started while the old pod still runs), both
     holding in shard 0 until both have built most of it: one marker per shard, and the
     attempt whose marker create lost deletes its object."""
@@ -182,17 +227,29 @@ def test_two_attempts_of_one_index_racing_on_a_shard_publish_it_once_and_the_los
     procs = []
     for hold in holds:
         hold.mkdir()
-        procs.append(_index(0, store, name, **{mat_pipelines.HOLD_DIR_ENV: str(hold),
-                                                         mat_pipelines.HOLD_SHARDS_ENV: "0"}))
-    wait_until(lambda: all((h / "holding-0").exists() or p.poll() is not None
-                           for h, p in zip(holds, procs)), 240, "both attempts in shard 0")
+        procs.append(
+            _index(
+                0,
+                store,
+                name,
+                **{mat_pipelines.HOLD_DIR_ENV: str(hold), mat_pipelines.HOLD_SHARDS_ENV: "0"},
+            )
+        )
+    wait_until(
+        lambda: all(
+            (h / "holding-0").exists() or p.poll() is not None for h, p in zip(holds, procs)
+        ),
+        240,
+        "both attempts in shard 0",
+    )
     for hold in holds:
         (hold / "release").touch()
     logs = [_finish(p) for p in procs]
     assert [code for code, _ in logs] == [0, 0], logs
     assert sum("shard 0: published" in log for _, log in logs) == 1, logs
-    assert sum("shard 0: skipped, another attempt published it first" in log
-               for _, log in logs) == 1, logs
+    assert (
+        sum("shard 0: skipped, another attempt published it first" in log for _, log in logs) == 1
+    ), logs
     bucket = Bucket(store.url, store.endpoint)
     markers = _markers(bucket, name)
     assert sorted(markers) == [0, 3]
@@ -200,45 +257,84 @@ def test_two_attempts_of_one_index_racing_on_a_shard_publish_it_once_and_the_los
     assert objects == {m.object.key for m in markers.values()}
 
 
-@pytest.mark.parametrize("endpoint,bucket,expected,code", [
-    ("closed-port", "jobs", "cannot be reached", 1),
-    ("moto", "no-such-bucket-here", "create the bucket", 3),
-], ids=["store-unreachable", "no-such-bucket"])
+@pytest.mark.parametrize(
+    "endpoint,bucket,expected,code",
+    [
+        ("closed-port", "jobs", "cannot be reached", 1),
+        ("moto", "no-such-bucket-here", "create the bucket", 3),
+    ],
+    ids=["store-unreachable", "no-such-bucket"],
+)
 def test_a_store_that_cannot_be_used_fails_the_index_saying_what_to_do(
-        moto_server: MotoServer, endpoint: str, bucket: str, expected: str, code: int,
-        name: str) -> None:
-    url = moto_server.start().endpoint if endpoint == "moto" else \
-        f"http://127.0.0.1:{free_port()}"
-    result = subprocess.run(_argv(0, f"s3://{bucket}/p", url, name),
-                            env=_env(moto_server.env()), text=True,
-                            capture_output=True, timeout=240)
+    moto_server: MotoServer, endpoint: str, bucket: str, expected: str, code: int, name: str
+) -> None:
+    url = moto_server.start().endpoint if endpoint == "moto" else f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        _argv(0, f"s3://{bucket}/p", url, name),
+        env=_env(moto_server.env()),
+        text=True,
+        capture_output=True,
+        timeout=240,
+    )
     assert result.returncode == code, result.stderr
     assert expected in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_entry_point_outside_its_module_is_refused_as_the_daemons_workers_refuse_it(
-        store: Store, aws_env: dict[str, str], name: str) -> None:
-    result = subprocess.run(_argv(0, store.url, store.endpoint, name,
-                                  entry="mat_pipelines:os.kill"),
-                            env=_env(store.env), text=True, capture_output=True, timeout=240)
+    store: Store, aws_env: dict[str, str], name: str
+) -> None:
+    result = subprocess.run(
+        _argv(0, store.url, store.endpoint, name, entry="mat_pipelines:os.kill"),
+        env=_env(store.env),
+        text=True,
+        capture_output=True,
+        timeout=240,
+    )
     assert result.returncode == 3, result.stderr
     assert "not defined in an allowed module" in result.stderr
     assert _listing(store) == {}  # refused before anything was written
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--index", "0"], "only work with --store"),
-    (["--store", "s3://jobs/p"], "--store needs --index"),
-    (["--store", "s3://jobs/p", "--index", "0", "--workers", "2"], "--workers talk to a daemon"),
-    (["--store", "s3://jobs/p", "--index", "3", "--indexes", "3"], "--index is 3"),
-    (["--store", "s3://jobs/p", "--index", "0", "--indexes", "7"], "--indexes is 7"),
-    (["--store", "jobs/p", "--index", "0"], "must look like s3://BUCKET/PREFIX"),
-], ids=["index-without-store", "store-without-index", "daemon-flag", "index-out-of-range",
-        "more-indexes-than-shards", "bad-url"])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--index", "0"], "only work with --store"),
+        (["--store", "s3://jobs/p"], "--store needs --index"),
+        (
+            ["--store", "s3://jobs/p", "--index", "0", "--workers", "2"],
+            "--workers talk to a daemon",
+        ),
+        (["--store", "s3://jobs/p", "--index", "3", "--indexes", "3"], "--index is 3"),
+        (["--store", "s3://jobs/p", "--index", "0", "--indexes", "7"], "--indexes is 7"),
+        (["--store", "jobs/p", "--index", "0"], "must look like s3://BUCKET/PREFIX"),
+    ],
+    ids=[
+        "index-without-store",
+        "store-without-index",
+        "daemon-flag",
+        "index-out-of-range",
+        "more-indexes-than-shards",
+        "bad-url",
+    ],
+)
 def test_job_mode_arguments_that_cannot_work_are_refused_before_anything_runs(
-        args: list[str], expected: str) -> None:
-    result = subprocess.run([str(BIN / "cacheserver"), "materialize", ENTRY, "--name", "n",
-                             "--shards", str(SHARDS), *args], env=_env({}), text=True,
-                            capture_output=True, timeout=120)
+    args: list[str], expected: str
+) -> None:
+    result = subprocess.run(
+        [
+            str(BIN / "cacheserver"),
+            "materialize",
+            ENTRY,
+            "--name",
+            "n",
+            "--shards",
+            str(SHARDS),
+            *args,
+        ],
+        env=_env({}),
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr  # click's usage error
     assert expected in result.stderr and "Traceback" not in result.stderr

@@ -35,14 +35,19 @@ def scalars(log_dir: Path, tag: str) -> dict[int, float]:
 
 
 def test_keras_fit_reports_the_input_stall_per_epoch_to_logs_and_tensorboard(
-        daemon, name, tmp_path) -> None:
+    daemon, name, tmp_path
+) -> None:
     with CacheClient(daemon.unix_target, report=False) as cc:
         list(cc.cache(source(), name))  # written
         model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-        history = model.fit(cc.timed(cc.dataset(name).batch(32)), epochs=2, verbose=0,
-                            shuffle=False,
-                            callbacks=[client.InputStallCallback(tmp_path, every_n_batches=8)])
+        history = model.fit(
+            cc.timed(cc.dataset(name).batch(32)),
+            epochs=2,
+            verbose=0,
+            shuffle=False,
+            callbacks=[client.InputStallCallback(tmp_path, every_n_batches=8)],
+        )
     stall = history.history["input_stall"]
     assert len(stall) == 2 and all(0 <= s <= 1 for s in stall)
     assert stall[0] > 0  # the epoch's first batch is asked for before it is ready
@@ -66,6 +71,7 @@ def test_a_custom_loop_times_its_own_waits_with_timed(daemon, name) -> None:
 
 def gated(ds: tf.data.Dataset, at: int, gate: threading.Event) -> tf.data.Dataset:
     """ds, its element at index `at` held back until gate is set."""
+
     def hold(i: np.int64) -> np.int64:
         if i == at:
             assert gate.wait(30)
@@ -74,6 +80,7 @@ def gated(ds: tf.data.Dataset, at: int, gate: threading.Event) -> tf.data.Datase
     def held(i: tf.Tensor, element: Any) -> Any:
         with tf.control_dependencies([tf.numpy_function(hold, [i], tf.int64)]):
             return tf.nest.map_structure(tf.identity, element)
+
     return ds.enumerate().map(held)
 
 

@@ -40,20 +40,27 @@ def gated_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, Path]]:
 
 def start_gated(cc: CacheClient, name: str, resume: bool = False) -> MaterializeOperation:
     """gated() over 4 shards in 2 workers: shards 2 and 3 hold until the gate file exists."""
-    return cc.materialize("mat_pipelines:gated", name=name, num_shards=4, workers=2,
-                          wait=False, resume=resume)
+    return cc.materialize(
+        "mat_pipelines:gated", name=name, num_shards=4, workers=2, wait=False, resume=resume
+    )
 
 
 def test_a_daemon_killed_mid_materialization_resumes_and_builds_the_same_cache(
-        gated_daemon: tuple[Daemon, Path]) -> None:
+    gated_daemon: tuple[Daemon, Path],
+) -> None:
     daemon, gate = gated_daemon
     with CacheClient(daemon.unix_target) as cc:
         op = start_gated(cc, "crashed")
         cache_dir = daemon.data_dir / "caches" / "crashed"
-        wait_until(lambda: op.progress().shards_done == 2
-                   and (cache_dir / "shard-00002").is_dir()
-                   and (cache_dir / "shard-00003").is_dir(),
-                   120, "two shards committed, two being written")
+        wait_until(
+            lambda: (
+                op.progress().shards_done == 2
+                and (cache_dir / "shard-00002").is_dir()
+                and (cache_dir / "shard-00003").is_dir()
+            ),
+            120,
+            "two shards committed, two being written",
+        )
         workers = workers_of(daemon.proc.pid)
     daemon.kill()  # SIGKILL: nothing gets to clean up
     _, alive = psutil.wait_procs(workers, timeout=60)
@@ -70,14 +77,14 @@ def test_a_daemon_killed_mid_materialization_resumes_and_builds_the_same_cache(
         assert (progress.state, progress.shards_resumed) == ("SUCCEEDED", 2)
         assert "resuming materialization of cache 'crashed': 2 of 4" in daemon.log()
         resumed = elements(cc.dataset("crashed"))
-        cc.materialize("mat_pipelines:gated", name="uninterrupted", num_shards=4,
-                       workers=2)
+        cc.materialize("mat_pipelines:gated", name="uninterrupted", num_shards=4, workers=2)
         assert_same_elements(resumed, elements(cc.dataset("uninterrupted")))
         assert_same_elements(resumed, expected_records(4))
 
 
 def test_a_sigterm_stops_the_workers_keeps_committed_shards_and_the_restart_resumes(
-        gated_daemon: tuple[Daemon, Path]) -> None:
+    gated_daemon: tuple[Daemon, Path],
+) -> None:
     daemon, gate = gated_daemon
     with CacheClient(daemon.unix_target) as cc:
         op = start_gated(cc, "stopped")
@@ -99,7 +106,8 @@ def test_a_sigterm_stops_the_workers_keeps_committed_shards_and_the_restart_resu
 
 
 def test_a_full_disk_fails_the_operation_releases_its_space_and_keeps_other_caches(
-        small_disk: Path, tmp_path: Path) -> None:
+    small_disk: Path, tmp_path: Path
+) -> None:
     daemon = materializing_daemon(tmp_path / "gate", data_dir=small_disk / "data")
     try:
         with CacheClient(daemon.unix_target) as cc:
@@ -108,8 +116,9 @@ def test_a_full_disk_fails_the_operation_releases_its_space_and_keeps_other_cach
             with pytest.raises(DiskFullError, match=r"shard \d: disk full under .*free space"):
                 cc.materialize("mat_pipelines:big", name="big", num_shards=4, workers=2)
             assert [c.name for c in cc.list()] == ["small"]
-            assert shutil.disk_usage(small_disk).free >= free_before - (1 << 20), \
+            assert shutil.disk_usage(small_disk).free >= free_before - (1 << 20), (
                 "the failed shards' space must be released"
+            )
             assert_records(cc.dataset("small"), 1)
         assert "DISK_FULL" in daemon.log() or "disk full" in daemon.log()
     finally:
@@ -117,12 +126,15 @@ def test_a_full_disk_fails_the_operation_releases_its_space_and_keeps_other_cach
 
 
 def test_materialization_counts_against_max_bytes_evicts_to_fit_and_shows_in_metrics(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from client import CapacityExceededError
 
     url = f"http://127.0.0.1:{free_port()}/metrics"
-    daemon = materializing_daemon(tmp_path / "gate", extra_args=(
-        "--max-bytes", "20MiB", "--metrics-listen", url.split("/")[2]))
+    daemon = materializing_daemon(
+        tmp_path / "gate",
+        extra_args=("--max-bytes", "20MiB", "--metrics-listen", url.split("/")[2]),
+    )
 
     def metric(name: str, **labels: str) -> float:
         return scrape(url)[(name, tuple(sorted(labels.items())))]
@@ -148,5 +160,3 @@ def test_materialization_counts_against_max_bytes_evicts_to_fit_and_shows_in_met
             assert metric("shardcache_disk_bytes") <= 20 << 20
     finally:
         daemon.close()
-
-

@@ -68,13 +68,17 @@ def allowing() -> Iterator[Daemon]:
 
 # --------------------------------------------------------------------------- allow list
 
+
 def test_by_default_every_entry_point_is_refused_and_the_message_says_which_flag_to_set(
-        closed: Daemon, name: str) -> None:
+    closed: Daemon, name: str
+) -> None:
     with CacheClient(closed.unix_target) as cc:
-        with pytest.raises(MaterializeNotAllowedError,
-                           match=r"'mat_pipelines:records' is not allowed.*"
-                                 r"--materialize-allow mat_pipelines.*"
-                                 r"CACHESERVER_MATERIALIZE_ALLOW") as err:
+        with pytest.raises(
+            MaterializeNotAllowedError,
+            match=r"'mat_pipelines:records' is not allowed.*"
+            r"--materialize-allow mat_pipelines.*"
+            r"CACHESERVER_MATERIALIZE_ALLOW",
+        ) as err:
             cc.materialize("mat_pipelines:records", name=name, num_shards=1)
         assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
         with pytest.raises(CacheNotFoundError):
@@ -84,7 +88,8 @@ def test_by_default_every_entry_point_is_refused_and_the_message_says_which_flag
 
 
 def test_os_kill_as_an_entry_point_is_refused_before_anything_is_imported_or_started(
-        closed: Daemon, allowing: Daemon, name: str) -> None:
+    closed: Daemon, allowing: Daemon, name: str
+) -> None:
     for daemon in (closed, allowing):
         with CacheClient(daemon.unix_target) as cc:
             with pytest.raises(MaterializeNotAllowedError, match=r"'os:kill' is not allowed"):
@@ -94,25 +99,34 @@ def test_os_kill_as_an_entry_point_is_refused_before_anything_is_imported_or_sta
 
 
 def test_an_entry_point_outside_the_allow_list_is_refused_with_permission_denied(
-        allowing: Daemon, name: str) -> None:
+    allowing: Daemon, name: str
+) -> None:
     with CacheClient(allowing.unix_target) as cc:
         # a module that only shares the allowed one's prefix is another module
-        with pytest.raises(MaterializeNotAllowedError,
-                           match=r"'mat_pipelines_evil:fn' is not allowed.*"
-                                 r"allowed: mat_pipelines"):
+        with pytest.raises(
+            MaterializeNotAllowedError,
+            match=r"'mat_pipelines_evil:fn' is not allowed.*"
+            r"allowed: mat_pipelines",
+        ):
             cc.materialize("mat_pipelines_evil:fn", name=name, num_shards=1)
         # a submodule of an allowed one passes the check (and here fails to import)
-        with pytest.raises(InvalidArgumentError, match=r"cannot import entry point "
-                                                       r"'mat_pipelines.sub:fn'"):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"cannot import entry point "
+            r"'mat_pipelines.sub:fn'",
+        ):
             cc.materialize("mat_pipelines.sub:fn", name=name, num_shards=1, workers=1)
 
 
 def test_an_allowed_module_cannot_be_used_to_reach_a_function_of_another_module(
-        allowing: Daemon, name: str) -> None:
+    allowing: Daemon, name: str
+) -> None:
     with CacheClient(allowing.unix_target) as cc:
-        with pytest.raises(MaterializeNotAllowedError,
-                           match=r"'mat_pipelines:os.kill' resolves to .*kill, which is not "
-                                 r"defined in an allowed module"):
+        with pytest.raises(
+            MaterializeNotAllowedError,
+            match=r"'mat_pipelines:os.kill' resolves to .*kill, which is not "
+            r"defined in an allowed module",
+        ):
             cc.materialize("mat_pipelines:os.kill", name=name, num_shards=1, workers=1)
         with pytest.raises(MaterializeNotAllowedError, match=r"dunder"):
             cc.materialize("mat_pipelines:records.__globals__", name=name, num_shards=1)
@@ -123,25 +137,29 @@ def test_an_allowed_module_cannot_be_used_to_reach_a_function_of_another_module(
 
 # --------------------------------------------------------------------------- shipped pipelines
 
+
 def test_a_shipped_pipeline_is_refused_unless_the_daemon_allows_shipped_pipelines(
-        closed: Daemon, allowing: Daemon, name: str) -> None:
+    closed: Daemon, allowing: Daemon, name: str
+) -> None:
     ds = tf.data.Dataset.range(10)
     for daemon in (closed, allowing):
         with CacheClient(daemon.unix_target) as cc:
-            with pytest.raises(MaterializeNotAllowedError,
-                               match=r"does not run shipped pipelines.*"
-                                     r"--allow-shipped-pipelines.*reads? any file"):
+            with pytest.raises(
+                MaterializeNotAllowedError,
+                match=r"does not run shipped pipelines.*"
+                r"--allow-shipped-pipelines.*reads? any file",
+            ):
                 cc.materialize(ds, name=name, num_shards=2)
             assert workers_of(daemon.proc.pid) == []
 
 
 def test_with_shipped_pipelines_allowed_a_graph_runs_but_entry_points_stay_refused(
-        name: str) -> None:
+    name: str,
+) -> None:
     daemon = _daemon(env={"CACHESERVER_ALLOW_SHIPPED_PIPELINES": "true"})
     try:
         with CacheClient(daemon.unix_target) as cc:
-            info = cc.materialize(tf.data.Dataset.range(10), name=name, num_shards=2,
-                                  workers=1)
+            info = cc.materialize(tf.data.Dataset.range(10), name=name, num_shards=2, workers=1)
             assert info.num_elements == 10
             with pytest.raises(MaterializeNotAllowedError, match="--materialize-allow"):
                 cc.materialize("mat_pipelines:records", name=name + "-e", num_shards=1)
@@ -151,8 +169,10 @@ def test_with_shipped_pipelines_allowed_a_graph_runs_but_entry_points_stay_refus
 
 # --------------------------------------------------------------------------- worker isolation
 
+
 def test_workers_run_in_a_session_and_process_group_of_their_own(
-        allowing: Daemon, name: str) -> None:
+    allowing: Daemon, name: str
+) -> None:
     with CacheClient(allowing.unix_target) as cc:
         cc.materialize("mat_pipelines:reports_its_session", name=name, num_shards=1, workers=1)
         [(pid, sid, pgid, ppid)] = [tuple(e) for e in cc.dataset(name).as_numpy_iterator()]
@@ -162,14 +182,18 @@ def test_workers_run_in_a_session_and_process_group_of_their_own(
     assert pgid != os.getpgid(daemon_pid) and sid != os.getsid(daemon_pid)
 
 
-@pytest.mark.parametrize("entry", ["mat_pipelines:kills_its_process_group",
-                                   "mat_pipelines:kills_process_group_zero"])
+@pytest.mark.parametrize(
+    "entry", ["mat_pipelines:kills_its_process_group", "mat_pipelines:kills_process_group_zero"]
+)
 def test_a_pipeline_that_kills_its_process_group_fails_its_operation_and_the_daemon_lives(
-        allowing: Daemon, name: str, entry: str) -> None:
+    allowing: Daemon, name: str, entry: str
+) -> None:
     with CacheClient(allowing.unix_target) as cc:
-        with pytest.raises(PipelineError,
-                           match=r"worker process 0 was killed by SIGKILL .*the pipeline "
-                                 r"may have killed it"):
+        with pytest.raises(
+            PipelineError,
+            match=r"worker process 0 was killed by SIGKILL .*the pipeline "
+            r"may have killed it",
+        ):
             cc.materialize(entry, name=name, num_shards=1, workers=1)
         assert_healthy(allowing, cc)
         with pytest.raises(CacheNotFoundError):
@@ -180,15 +204,19 @@ def test_a_pipeline_that_kills_its_process_group_fails_its_operation_and_the_dae
 
 # --------------------------------------------------------------------------- resumption
 
+
 def test_an_interrupted_materialization_no_longer_allowed_fails_at_start_and_is_not_run(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     gate = tmp_path / "gate"  # never opened: shards >= 2 wait part way
-    daemon = _daemon("--materialize-allow", "mat_pipelines",
-                     env={mat_pipelines.GATE_ENV: str(gate)})
+    daemon = _daemon(
+        "--materialize-allow", "mat_pipelines", env={mat_pipelines.GATE_ENV: str(gate)}
+    )
     try:
         with CacheClient(daemon.unix_target) as cc:
-            op = cc.materialize("mat_pipelines:gated", name="interrupted", num_shards=4,
-                                workers=2, wait=False)
+            op = cc.materialize(
+                "mat_pipelines:gated", name="interrupted", num_shards=4, workers=2, wait=False
+            )
             cache_dir = daemon.data_dir / "caches" / "interrupted"
             wait_until(lambda: op.progress().shards_done == 2, 120, "two shards committed")
             workers = workers_of(daemon.proc.pid)
@@ -200,8 +228,11 @@ def test_an_interrupted_materialization_no_longer_allowed_fails_at_start_and_is_
         daemon.extra_args = ("--pythonpath", str(PIPELINES))  # the operator withdrew it
         daemon.start()
         with grpc.insecure_channel(daemon.unix_target) as channel:
-            got = stub(channel).GetOperation(
-                pb.GetOperationRequest(name="materialize/interrupted"), timeout=10).operation
+            got = (
+                stub(channel)
+                .GetOperation(pb.GetOperationRequest(name="materialize/interrupted"), timeout=10)
+                .operation
+            )
         assert got.done and got.state == pb.OPERATION_STATE_FAILED
         assert got.error.reason == MaterializeNotAllowedError.reason
         assert "--materialize-allow mat_pipelines" in got.error.message

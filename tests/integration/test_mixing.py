@@ -32,7 +32,8 @@ COUNTS = dict(zip(sorted(SIZES), apportion([1, 2, 1], TOTAL)))  # 118, 235, 117
 
 def source(offset: int, n: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(offset, offset + n).map(
-        lambda i: {"x": tf.fill([4], tf.cast(i, tf.float32)), "i": i})
+        lambda i: {"x": tf.fill([4], tf.cast(i, tf.float32)), "i": i}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +42,18 @@ def caches(daemon) -> dict[str, str]:
     names = {}
     with CacheClient(daemon.unix_target) as cc:
         for k, (key, n) in enumerate(sorted(SIZES.items())):
-            cache = write_sharded(cc, source(10000 * k, n), f"mixing-{key}", shard_bytes=500,
-                                  chunk_bytes=100, block_bytes=200 if k == 1 else None,
-                                  batch_elements=16)
+            cache = write_sharded(
+                cc,
+                source(10000 * k, n),
+                f"mixing-{key}",
+                shard_bytes=500,
+                chunk_bytes=100,
+                block_bytes=200 if k == 1 else None,
+                batch_elements=16,
+            )
             assert len(cache.shards) > 1
             names[key] = cache.name
     return {names[key]: w for key, w in WEIGHTS.items()}
-
 
 
 def by_source(epoch: list[int]) -> dict[str, int]:
@@ -56,8 +62,7 @@ def by_source(epoch: list[int]) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("shuffle", [False, True, "shards"])
-def test_each_epoch_holds_exact_counts_and_draws_every_element_evenly(cc, caches,
-                                                                        shuffle) -> None:
+def test_each_epoch_holds_exact_counts_and_draws_every_element_evenly(cc, caches, shuffle) -> None:
     ds = cc.mix(caches, seed=5, shuffle=shuffle)
     assert int(ds.cardinality()) == TOTAL
     drawn: collections.Counter[int] = collections.Counter()
@@ -90,11 +95,18 @@ def test_size_sets_the_epoch_and_counts_follow_the_weights(cc, caches) -> None:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("num_workers", [3, 4])
-def test_worker_shares_are_disjoint_runs_of_the_whole_epoch(cc, caches, shuffle,
-                                                             num_workers) -> None:
+def test_worker_shares_are_disjoint_runs_of_the_whole_epoch(
+    cc, caches, shuffle, num_workers
+) -> None:
     whole = ids(cc.mix(caches, seed=3, shuffle=shuffle, epoch=2))
-    shares = [ids(cc.mix(caches, seed=3, shuffle=shuffle, epoch=2, worker_index=w,
-                         num_workers=num_workers)) for w in range(num_workers)]
+    shares = [
+        ids(
+            cc.mix(
+                caches, seed=3, shuffle=shuffle, epoch=2, worker_index=w, num_workers=num_workers
+            )
+        )
+        for w in range(num_workers)
+    ]
     assert [i for share in shares for i in share] == whole
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
@@ -124,10 +136,13 @@ def test_elastic_resume_of_a_mix_reads_what_the_old_split_left(cc, caches) -> No
     seen, states = [], []
     for w, count in enumerate([30, 0, 117, 71]):  # 117 or 118 each: one read it all
         seen += ids(cc.mix(caches, worker_index=w, num_workers=4, **opts).take(count))
-        states.append(cc.mix_read_state(caches, elements_seen=count, worker_index=w,
-                                        num_workers=4, **opts))
-    rest = [ids(cc.mix(caches, resume=states, worker_index=j, num_workers=3, **opts).take(
-        TOTAL)) for j in range(3)]
+        states.append(
+            cc.mix_read_state(caches, elements_seen=count, worker_index=w, num_workers=4, **opts)
+        )
+    rest = [
+        ids(cc.mix(caches, resume=states, worker_index=j, num_workers=3, **opts).take(TOTAL))
+        for j in range(3)
+    ]
     assert sorted(seen + [i for share in rest for i in share]) == sorted(whole)
     assert max(map(len, rest)) - min(map(len, rest)) <= 1
 
@@ -188,8 +203,9 @@ def test_a_mix_of_32_small_caches(cc, name) -> None:
 
 def test_ragged_and_string_elements_come_back_in_the_mixed_order(cc, name) -> None:
     def ragged(offset: int) -> tf.data.Dataset:
-        return tf.data.Dataset.range(offset, offset + 40).map(lambda i: {
-            "v": tf.range(i % 7), "s": tf.strings.as_string(i), "i": i})
+        return tf.data.Dataset.range(offset, offset + 40).map(
+            lambda i: {"v": tf.range(i % 7), "s": tf.strings.as_string(i), "i": i}
+        )
 
     names = {f"{name}-{k}": k + 1 for k in range(2)}
     for k, cache in enumerate(names):

@@ -38,9 +38,16 @@ def write_cache(cc: Any, name: str, n: int) -> None:
     assert cc.info(name).state == "READY" and cc.info(name).num_elements == n
 
 
-def run_program(mode: str, target: str, name: str, tmp_path: Path, elements: int,
-                batch: int, workers: int = 1, env: dict[str, str] | None = None
-                ) -> list[dict[str, Any]]:
+def run_program(
+    mode: str,
+    target: str,
+    name: str,
+    tmp_path: Path,
+    elements: int,
+    batch: int,
+    workers: int = 1,
+    env: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Run the program as `workers` processes (a TF_CONFIG cluster when more than one).
 
     Returns each process's result; fails with the logs when any process fails or
@@ -48,14 +55,29 @@ def run_program(mode: str, target: str, name: str, tmp_path: Path, elements: int
     """
     outs = [tmp_path / f"{mode}-{i}.json" for i in range(workers)]
     logs = [tmp_path / f"{mode}-{i}.log" for i in range(workers)]
-    argvs = [[str(PROGRAM), mode, target, name, str(out), "--seed", str(SEED), "--batch",
-              str(batch), "--elements", str(elements)] for out in outs]
+    argvs = [
+        [
+            str(PROGRAM),
+            mode,
+            target,
+            name,
+            str(out),
+            "--seed",
+            str(SEED),
+            "--batch",
+            str(batch),
+            "--elements",
+            str(elements),
+        ]
+        for out in outs
+    ]
     with cluster.workers(argvs, logs, env) as procs:
         failure = cluster.wait_all(procs, time.monotonic() + DEADLINE_S)
     if failure:
-        tails = "\n".join(f"--- worker {i} (rc {p.returncode}):\n"
-                          + logs[i].read_text(errors="replace")[-3000:]
-                          for i, p in enumerate(procs))
+        tails = "\n".join(
+            f"--- worker {i} (rc {p.returncode}):\n" + logs[i].read_text(errors="replace")[-3000:]
+            for i, p in enumerate(procs)
+        )
         pytest.fail(f"{failure}\n{tails}")
     return [json.loads(out.read_text()) for out in outs]
 
@@ -67,11 +89,11 @@ def reference_orders(cc: Any, name: str, epochs: int) -> list[list[int]]:
 
 
 def test_multi_worker_custom_loop_sees_each_element_once_per_epoch_in_a_new_order(
-        cc: Any, daemon: Daemon, name: str, tmp_path: Path) -> None:
+    cc: Any, daemon: Daemon, name: str, tmp_path: Path
+) -> None:
     n = 101  # uneven shares: the last step gives worker 0 an empty batch
     write_cache(cc, name, n)
-    results = run_program("loop", daemon.tcp_target, name, tmp_path, n, batch=10,
-                          workers=WORKERS)
+    results = run_program("loop", daemon.tcp_target, name, tmp_path, n, batch=10, workers=WORKERS)
 
     assert [r["shares"] for r in results] == [[50], [51]]
     orders = []
@@ -88,13 +110,22 @@ def test_multi_worker_custom_loop_sees_each_element_once_per_epoch_in_a_new_orde
 
 
 def test_keras_fit_multi_worker_trains_each_workers_share(
-        cc: Any, daemon: Daemon, name: str, tmp_path: Path) -> None:
+    cc: Any, daemon: Daemon, name: str, tmp_path: Path
+) -> None:
     n, batch = 96, 8
     write_cache(cc, name, n)
     # Keras 3 fails under MultiWorkerMirroredStrategy even on a plain tf.data pipeline
     # (README, "Multi-worker training"); tf-keras runs it.
-    results = run_program("fit", daemon.tcp_target, name, tmp_path, n, batch=batch,
-                          workers=WORKERS, env={"TF_USE_LEGACY_KERAS": "1"})
+    results = run_program(
+        "fit",
+        daemon.tcp_target,
+        name,
+        tmp_path,
+        n,
+        batch=batch,
+        workers=WORKERS,
+        env={"TF_USE_LEGACY_KERAS": "1"},
+    )
 
     share = n // WORKERS
     for r in results:
@@ -103,13 +134,14 @@ def test_keras_fit_multi_worker_trains_each_workers_share(
         assert len(r["history"]["loss"]) == 2
     reference = reference_orders(cc, name, 2)
     for epoch in range(2):
-        produced = [r["produced"][epoch * share:(epoch + 1) * share] for r in results]
+        produced = [r["produced"][epoch * share : (epoch + 1) * share] for r in results]
         assert produced[0] + produced[1] == reference[epoch], f"epoch {epoch}"
     assert all(len(r["produced"]) >= 2 * share for r in results)
 
 
 def test_mirrored_strategy_writes_the_cache_in_epoch_one_and_reads_it_in_epoch_two(
-        cc: Any, daemon: Daemon, name: str, tmp_path: Path) -> None:
+    cc: Any, daemon: Daemon, name: str, tmp_path: Path
+) -> None:
     n = 100
     (result,) = run_program("mirrored", daemon.tcp_target, name, tmp_path, n, batch=10)
 

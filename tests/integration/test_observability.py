@@ -47,8 +47,9 @@ def test_metrics_move_with_reads_writes_errors_and_disk_use(observed: Daemon) ->
     assert after[("shardcache_cache_misses_total", ())] == 1
     assert after[("shardcache_cache_hits_total", ())] == 1
     assert after[("shardcache_disk_bytes", ())] == disk > 0
-    assert after[("shardcache_rpc_errors_total", (("code", "NOT_FOUND"),
-                                                  ("method", "GetCache")))] == 1
+    assert (
+        after[("shardcache_rpc_errors_total", (("code", "NOT_FOUND"), ("method", "GetCache")))] == 1
+    )
     assert after[("shardcache_active_streams", (("kind", "read"),))] == 0
     assert after[("shardcache_evictions_total", (("reason", "capacity"),))] == 0
     assert not any("shard" in dict(labels) for _, labels in after), "no per-shard labels"
@@ -88,13 +89,15 @@ def test_every_request_outcome_is_one_json_log_line(observed: Daemon) -> None:
 
 
 def test_sigterm_turns_health_not_serving_while_still_serving_then_drains_and_exits(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     daemon = Daemon(extra_args=("--shutdown-delay", "3", "--grace", "5")).start()
     try:
         channel = grpc.insecure_channel(daemon.unix_target)
         statuses: queue.Queue[int] = queue.Queue()
         watch = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(service="cacheserver.v1.CacheService"))
+            health_pb2.HealthCheckRequest(service="cacheserver.v1.CacheService")
+        )
 
         def follow() -> None:
             try:

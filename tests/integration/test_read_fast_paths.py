@@ -29,10 +29,13 @@ assert MIN_RECORD_BYTES <= SIDE * SIDE * 4
 
 def source(n: int = N, offset: int = 0) -> tf.data.Dataset:
     """Large elements whose pixels are a function of their index (checkable), a dict."""
-    return tf.data.Dataset.range(n).map(lambda i: {
-        "x": tf.cast(i + offset, tf.float32) + tf.reshape(tf.range(SIDE * SIDE, dtype=tf.float32),
-                                                          (SIDE, SIDE)),
-        "i": i + offset})
+    return tf.data.Dataset.range(n).map(
+        lambda i: {
+            "x": tf.cast(i + offset, tf.float32)
+            + tf.reshape(tf.range(SIDE * SIDE, dtype=tf.float32), (SIDE, SIDE)),
+            "i": i + offset,
+        }
+    )
 
 
 PIXELS = np.arange(SIDE * SIDE, dtype=np.float32).reshape(SIDE, SIDE)
@@ -47,22 +50,25 @@ def ids(ds: tf.data.Dataset) -> list[int]:
 
 
 def mapped(shards: Path) -> list[str]:
-    return [line for line in Path("/proc/self/maps").read_text().splitlines()
-            if str(shards) in line]
+    return [
+        line for line in Path("/proc/self/maps").read_text().splitlines() if str(shards) in line
+    ]
 
 
 @pytest.fixture(scope="module")
 def large(daemon) -> str:
     with CacheClient(daemon.unix_target) as cc:
-        cache = write_sharded(cc, source(), "fast-large", shard_bytes=1_000_000,
-                              chunk_bytes=300_000)
+        cache = write_sharded(
+            cc, source(), "fast-large", shard_bytes=1_000_000, chunk_bytes=300_000
+        )
     assert len(cache.shards) > 2
     return cache.name
 
 
 @pytest.mark.parametrize("shuffle", [False, True, "shards"])
 def test_large_elements_read_directly_equal_what_grpc_yields_in_every_order(
-        cc, large, shuffle) -> None:
+    cc, large, shuffle
+) -> None:
     def epochs(direct: bool) -> list[list[int]]:
         ds = cc.dataset(large, shuffle=shuffle, seed=9, parallel_shards=2, direct=direct)
         return [ids(ds) for _epoch in range(2)]
@@ -83,7 +89,8 @@ def test_large_elements_keep_the_sources_spec_and_cardinality_batched_or_not(cc,
 
 
 def test_a_direct_pass_stopped_early_unmaps_its_shards_and_the_next_pass_is_whole(
-        daemon, cc, large) -> None:
+    daemon, cc, large
+) -> None:
     shards = daemon.data_dir / "caches" / large
     it = iter(cc.dataset(large, direct=True, prefetch_bytes=1))
     first = next(it)
@@ -95,15 +102,15 @@ def test_a_direct_pass_stopped_early_unmaps_its_shards_and_the_next_pass_is_whol
 
 
 def test_a_large_element_cache_deleted_and_rebuilt_mid_pass_keeps_serving_the_leased_files(
-        daemon, name) -> None:
+    daemon, name
+) -> None:
     """The views point into the map of files the cache no longer has: still valid."""
     with CacheClient(daemon.unix_target) as cc:
         write_sharded(cc, source(), name, shard_bytes=1_000_000, chunk_bytes=300_000)
         it = cc.dataset(name, direct=True, prefetch_bytes=1).as_numpy_iterator()
         got = [int(next(it)["i"]) for _ in range(5)]
         cc.delete(name)
-        write_sharded(cc, source(offset=10_000), name, shard_bytes=1_000_000,
-                      chunk_bytes=300_000)
+        write_sharded(cc, source(offset=10_000), name, shard_bytes=1_000_000, chunk_bytes=300_000)
         for element in it:
             np.testing.assert_array_equal(element["x"], np.float32(element["i"]) + PIXELS)
             got.append(int(element["i"]))

@@ -22,6 +22,7 @@ SMALL_PREFETCH = 64 << 10
 
 def source(n: int = N, offset: int = 0) -> tf.data.Dataset:
     """Element i: (i + offset, then 1023 random floats: incompressible), i."""
+
     def element(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         noise = tf.random.stateless_uniform([1023], seed=tf.stack([i, 0]))
         return tf.concat([[tf.cast(i + offset, tf.float32)], noise], 0), i
@@ -46,11 +47,17 @@ def target(daemon: Daemon, via: str) -> str:
 @VIA
 @pytest.mark.parametrize("parallel", [1, 3])
 def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_order(
-        fresh_daemon, parallel, via) -> None:
+    fresh_daemon, parallel, via
+) -> None:
     with CacheClient(target(fresh_daemon, via)) as cc:
         write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
-        options = {"shuffle": True, "seed": 3, "parallel_shards": parallel,
-                   "prefetch_bytes": SMALL_PREFETCH, "direct": False}  # gRPC's reconnect
+        options = {
+            "shuffle": True,
+            "seed": 3,
+            "parallel_shards": parallel,
+            "prefetch_bytes": SMALL_PREFETCH,
+            "direct": False,
+        }  # gRPC's reconnect
         expected = [check(e) for e in cc.dataset("big", **options).as_numpy_iterator()]
         it = cc.dataset("big", **options).as_numpy_iterator()
         got = [check(next(it)) for _ in range(500)]
@@ -79,18 +86,23 @@ def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_orde
 
 
 @VIA
-def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon,
-                                                                  no_thread_leak, via) -> None:
+def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(
+    fresh_daemon, no_thread_leak, via
+) -> None:
     with CacheClient(target(fresh_daemon, via)) as cc:
         write_sharded(cc, source(), "big", shard_bytes=1 << 20, chunk_bytes=256 << 10)
-        ds = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, reconnect_timeout=1,
-                        direct=False)  # a direct pass needs no daemon once leased
+        ds = cc.dataset(
+            "big", prefetch_bytes=SMALL_PREFETCH, reconnect_timeout=1, direct=False
+        )  # a direct pass needs no daemon once leased
         it = ds.as_numpy_iterator()
         for _ in range(100):
             next(it)
         fresh_daemon.kill()
-        with pytest.raises(Exception, match=r"ReconnectTimeoutError.*could not reconnect "
-                                            r"within reconnect_timeout=1s") as info:
+        with pytest.raises(
+            Exception,
+            match=r"ReconnectTimeoutError.*could not reconnect "
+            r"within reconnect_timeout=1s",
+        ) as info:
             for _ in it:
                 pass
     assert isinstance(info.value, tf.errors.OpError)  # TF wraps what the generator raised
@@ -98,7 +110,8 @@ def test_a_daemon_that_stays_down_ends_the_read_with_a_clear_error(fresh_daemon,
 
 @VIA
 def test_a_cache_replaced_while_the_daemon_was_down_is_an_error_not_mixed_data(
-        fresh_daemon, no_thread_leak, via) -> None:
+    fresh_daemon, no_thread_leak, via
+) -> None:
     other = Daemon().start()  # a data dir holding another "big": same name, other fingerprint
     try:
         with CacheClient(other.unix_target) as cc:
@@ -106,8 +119,7 @@ def test_a_cache_replaced_while_the_daemon_was_down_is_an_error_not_mixed_data(
         other.kill()
         with CacheClient(target(fresh_daemon, via)) as cc:
             write_sharded(cc, source(), "big", shard_bytes=1 << 20)
-            it = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH,
-                            direct=False).as_numpy_iterator()
+            it = cc.dataset("big", prefetch_bytes=SMALL_PREFETCH, direct=False).as_numpy_iterator()
             got = [check(next(it)) for _ in range(100)]
             fresh_daemon.kill()
             fresh_daemon.data_dir = other.data_dir

@@ -18,7 +18,8 @@ from client.wire.v1 import cache_service_pb2 as pb
 
 
 def test_a_daemon_killed_mid_write_restarts_with_intact_caches_and_says_what_it_found(
-        fresh_daemon: Daemon) -> None:
+    fresh_daemon: Daemon,
+) -> None:
     kept = records(8, 64 << 10, 1)
     with grpc.insecure_channel(fresh_daemon.unix_target) as ch:
         write_cache(ch, "kept", kept)
@@ -40,7 +41,8 @@ def test_a_daemon_killed_mid_write_restarts_with_intact_caches_and_says_what_it_
 
 
 def test_a_second_daemon_on_the_same_data_dir_refuses_to_start_and_touches_nothing(
-        fresh_daemon: Daemon) -> None:
+    fresh_daemon: Daemon,
+) -> None:
     with grpc.insecure_channel(fresh_daemon.unix_target) as ch:
         data = records(4, 4096)
         write_cache(ch, "mine", data)
@@ -54,8 +56,10 @@ def test_a_second_daemon_on_the_same_data_dir_refuses_to_start_and_touches_nothi
             second.close()
         assert result.returncode != 0
         lock = fresh_daemon.data_dir / LOCK_FILE
-        assert f"in use by another cacheserver (pid {fresh_daemon.proc.pid}, lock {lock})" \
-            in result.stderr, result.stderr
+        assert (
+            f"in use by another cacheserver (pid {fresh_daemon.proc.pid}, lock {lock})"
+            in result.stderr
+        ), result.stderr
         assert (fresh_daemon.data_dir / "caches" / "in-progress").is_dir()
         call.cancel()
         assert read_all(ch, "mine") == data
@@ -68,10 +72,22 @@ def read_only_dir() -> Iterator[Path]:
 
 
 def test_a_data_dir_on_a_read_only_filesystem_fails_at_start_with_the_reason(
-        read_only_dir: Path) -> None:
+    read_only_dir: Path,
+) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(read_only_dir),
-         "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "cacheserver",
+            "serve",
+            "--data-dir",
+            str(read_only_dir),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
-    assert f"data dir {read_only_dir} is on a read-only filesystem" in result.stderr, \
-        result.stderr
+    assert f"data dir {read_only_dir} is on a read-only filesystem" in result.stderr, result.stderr

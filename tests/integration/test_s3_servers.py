@@ -52,7 +52,9 @@ def test_objects_come_back_as_they_were_put_with_boto3(server: S3Server, tmp_pat
     assert client.get_object(Bucket=bucket, Key="tier/a b/big")["Body"].read() == big.read_bytes()
     listed = client.list_objects_v2(Bucket=bucket, Prefix="tier/")["Contents"]
     assert sorted((o["Key"], o["Size"]) for o in listed) == [
-        ("tier/a b/big", 9 << 20), ("tier/a b/small", 1000)]
+        ("tier/a b/big", 9 << 20),
+        ("tier/a b/small", 1000),
+    ]
 
 
 def test_if_none_match_refuses_a_second_create_with_412(server: S3Server) -> None:
@@ -60,8 +62,7 @@ def test_if_none_match_refuses_a_second_create_with_412(server: S3Server) -> Non
     client = server.client()
     client.put_object(Bucket=bucket, Key="tier/manifest.json", Body=b"first", IfNoneMatch="*")
     with pytest.raises(ClientError) as refused:
-        client.put_object(Bucket=bucket, Key="tier/manifest.json", Body=b"second",
-                          IfNoneMatch="*")
+        client.put_object(Bucket=bucket, Key="tier/manifest.json", Body=b"second", IfNoneMatch="*")
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     assert refused.value.response["Error"]["Code"] == "PreconditionFailed"
     body = client.get_object(Bucket=bucket, Key="tier/manifest.json")["Body"].read()
@@ -73,26 +74,40 @@ def test_requests_lists_one_key_per_request_from_the_servers_own_log(server: S3S
     client = server.client()
     for key in ("c/objects/u1/shard-00000", "c/objects/u1/shard-00001", "other/x"):
         client.put_object(Bucket=bucket, Key=f"tier/{key}", Body=b"data")
-    for key in ("c/objects/u1/shard-00000", "c/objects/u1/shard-00001",
-                "c/objects/u1/shard-00001", "other/x"):
+    for key in (
+        "c/objects/u1/shard-00000",
+        "c/objects/u1/shard-00001",
+        "c/objects/u1/shard-00001",
+        "other/x",
+    ):
         client.get_object(Bucket=bucket, Key=f"tier/{key}")
     client.head_object(Bucket=bucket, Key="tier/c/objects/u1/shard-00000")
     with pytest.raises(ClientError):
         client.get_object(Bucket=bucket, Key="tier/c/objects/u1/missing")
 
     # the server writes its log behind the responses: wait for the last request's line
-    wait_until(lambda: "c/objects/u1/missing" in server.requests("GET", "c/objects/",
-                                                                  bucket=bucket),
-               10, "the last GET in the server's log")
+    wait_until(
+        lambda: "c/objects/u1/missing" in server.requests("GET", "c/objects/", bucket=bucket),
+        10,
+        "the last GET in the server's log",
+    )
     gets = server.requests("GET", "c/objects/", bucket=bucket)
-    assert gets == ["c/objects/u1/shard-00000", "c/objects/u1/shard-00001",
-                    "c/objects/u1/shard-00001", "c/objects/u1/missing"]
+    assert gets == [
+        "c/objects/u1/shard-00000",
+        "c/objects/u1/shard-00001",
+        "c/objects/u1/shard-00001",
+        "c/objects/u1/missing",
+    ]
     assert server.requests("GET", "c/objects/", bucket=bucket, status=200) == gets[:3]
     assert server.requests("PUT", bucket=bucket) == [
-        "c/objects/u1/shard-00000", "c/objects/u1/shard-00001", "other/x"]
+        "c/objects/u1/shard-00000",
+        "c/objects/u1/shard-00001",
+        "other/x",
+    ]
     assert server.requests("HEAD", bucket=bucket) == ["c/objects/u1/shard-00000"]
     assert ("GET", bucket, "tier/other/x", 200) in {
-        (r.method, r.bucket, r.key, r.status) for r in server.access_log()}
+        (r.method, r.bucket, r.key, r.status) for r in server.access_log()
+    }
 
 
 def test_env_is_all_a_process_needs_besides_the_endpoint(server: S3Server) -> None:
@@ -101,15 +116,27 @@ def test_env_is_all_a_process_needs_besides_the_endpoint(server: S3Server) -> No
     server.client().put_object(Bucket=bucket, Key="tier/seen", Body=b"1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | store.env
     listing = subprocess.run(
-        [sys.executable, "-c", "import boto3, json, sys; c = boto3.client('s3', "
-         "endpoint_url=sys.argv[1]); print(json.dumps([o['Key'] for o in "
-         "c.list_objects_v2(Bucket=sys.argv[2])['Contents']]))", store.endpoint, bucket],
-        env=env, capture_output=True, text=True, timeout=60, check=True)
+        [
+            sys.executable,
+            "-c",
+            "import boto3, json, sys; c = boto3.client('s3', "
+            "endpoint_url=sys.argv[1]); print(json.dumps([o['Key'] for o in "
+            "c.list_objects_v2(Bucket=sys.argv[2])['Contents']]))",
+            store.endpoint,
+            bucket,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert json.loads(listing.stdout) == ["tier/seen"]
 
 
 def test_a_stopped_server_refuses_connections_and_starts_again_on_the_same_port(
-        server: S3Server) -> None:
+    server: S3Server,
+) -> None:
     bucket = bucket_of(server.bucket())
     client = server.client(retries={"max_attempts": 1}, connect_timeout=2)
     client.put_object(Bucket=bucket, Key="tier/before", Body=b"kept?")
@@ -130,6 +157,9 @@ def test_a_stopped_server_refuses_connections_and_starts_again_on_the_same_port(
         assert client.get_object(Bucket=bucket, Key="tier/before")["Body"].read() == b"kept?"
     client.put_object(Bucket=bucket, Key="tier/after", Body=b"new")
     # the server writes its log on its own schedule: the line may come a moment later
-    wait_until(lambda: server.requests("PUT", "after", bucket=bucket) == ["after"], 40,
-               "the PUT after the restart in the server's log")
+    wait_until(
+        lambda: server.requests("PUT", "after", bucket=bucket) == ["after"],
+        40,
+        "the PUT after the restart in the server's log",
+    )
     assert server.requests("PUT", "before", bucket=bucket) == ["before"]  # counts span it

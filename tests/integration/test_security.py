@@ -43,35 +43,51 @@ def tls_daemon(pki: Pki) -> Iterator[Daemon]:
 
 @pytest.fixture
 def mtls_daemon(pki: Pki) -> Iterator[Daemon]:
-    yield from started("--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
-                       "--tls-client-ca", str(pki.ca_pem))
+    yield from started(
+        "--tls-cert", str(pki.cert), "--tls-key", str(pki.key), "--tls-client-ca", str(pki.ca_pem)
+    )
 
 
 def test_tls_serves_a_client_that_trusts_the_ca_and_refuses_plaintext(
-        tls_daemon: Daemon, pki: Pki) -> None:
+    tls_daemon: Daemon, pki: Pki
+) -> None:
     with CacheClient(tls_daemon.tcp_target, tls_ca=pki.ca_pem) as cc:
         assert cc.list() == []
-    with CacheClient(tls_daemon.tcp_target, connect_timeout=2) as plain, \
-            pytest.raises(ServerUnavailableError):
+    with (
+        CacheClient(tls_daemon.tcp_target, connect_timeout=2) as plain,
+        pytest.raises(ServerUnavailableError),
+    ):
         plain.list()
-    with CacheClient(tls_daemon.tcp_target, tls_ca=pki.ca.cert_pem.bytes(),
-                     connect_timeout=2) as cc, pytest.raises(CacheNotFoundError):
+    with (
+        CacheClient(tls_daemon.tcp_target, tls_ca=pki.ca.cert_pem.bytes(), connect_timeout=2) as cc,
+        pytest.raises(CacheNotFoundError),
+    ):
         cc.info("nothing")
 
 
 def test_mutual_tls_refuses_the_handshake_without_a_client_certificate(
-        mtls_daemon: Daemon, pki: Pki) -> None:
-    with CacheClient(mtls_daemon.tcp_target, tls_ca=pki.ca_pem, connect_timeout=2) as cc, \
-            pytest.raises(ServerUnavailableError, match="tls_cert/tls_key"):
+    mtls_daemon: Daemon, pki: Pki
+) -> None:
+    with (
+        CacheClient(mtls_daemon.tcp_target, tls_ca=pki.ca_pem, connect_timeout=2) as cc,
+        pytest.raises(ServerUnavailableError, match="tls_cert/tls_key"),
+    ):
         cc.list()
-    with CacheClient(mtls_daemon.tcp_target, tls_ca=pki.ca_pem, tls_cert=pki.client_cert,
-                     tls_key=pki.client_key) as cc:
+    with CacheClient(
+        mtls_daemon.tcp_target, tls_ca=pki.ca_pem, tls_cert=pki.client_cert, tls_key=pki.client_key
+    ) as cc:
         assert cc.list() == []
     stranger = trustme.CA().issue_cert("intruder.example")
-    with CacheClient(mtls_daemon.tcp_target, tls_ca=pki.ca_pem, connect_timeout=2,
-                     tls_cert=stranger.cert_chain_pems[0].bytes(),
-                     tls_key=stranger.private_key_pem.bytes()) as cc, \
-            pytest.raises(ServerUnavailableError):
+    with (
+        CacheClient(
+            mtls_daemon.tcp_target,
+            tls_ca=pki.ca_pem,
+            connect_timeout=2,
+            tls_cert=stranger.cert_chain_pems[0].bytes(),
+            tls_key=stranger.private_key_pem.bytes(),
+        ) as cc,
+        pytest.raises(ServerUnavailableError),
+    ):
         cc.list()
 
 
@@ -83,14 +99,16 @@ def token_daemon(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def test_a_token_daemon_refuses_missing_and_wrong_tokens_but_answers_health(
-        token_daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    token_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CACHESERVER_TOKEN", raising=False)
     for target in (token_daemon.unix_target, token_daemon.tcp_target):
-        with CacheClient(target) as cc, pytest.raises(UnauthenticatedError,
-                                                       match="requires a bearer token"):
+        with (
+            CacheClient(target) as cc,
+            pytest.raises(UnauthenticatedError, match="requires a bearer token"),
+        ):
             cc.list()
-        with CacheClient(target, token="s3cret-tokem") as cc, \
-                pytest.raises(UnauthenticatedError):
+        with CacheClient(target, token="s3cret-tokem") as cc, pytest.raises(UnauthenticatedError):
             cc.list()
         with CacheClient(target, token="s3cret-token") as cc:
             assert cc.list() == []
@@ -104,23 +122,51 @@ def test_a_token_daemon_refuses_missing_and_wrong_tokens_but_answers_health(
         assert reason(err.value) == "UNAUTHENTICATED"
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (("--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"),
-     "cannot read --tls-cert /nonexistent/cert.pem: No such file or directory"),
-    (("--tls-cert", "{garbage}", "--tls-key", "{garbage}"), "holds no PEM certificate"),
-    (("--tls-cert", "{cert}", "--tls-key", "{garbage}"), "holds no unencrypted PEM private key"),
-    (("--tls-cert", "{cert}",), "--tls-key is missing"),
-    (("--auth-token-file", "{empty}"), "is empty"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ("--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"),
+            "cannot read --tls-cert /nonexistent/cert.pem: No such file or directory",
+        ),
+        (("--tls-cert", "{garbage}", "--tls-key", "{garbage}"), "holds no PEM certificate"),
+        (
+            ("--tls-cert", "{cert}", "--tls-key", "{garbage}"),
+            "holds no unencrypted PEM private key",
+        ),
+        (
+            (
+                "--tls-cert",
+                "{cert}",
+            ),
+            "--tls-key is missing",
+        ),
+        (("--auth-token-file", "{empty}"), "is empty"),
+    ],
+)
 def test_unreadable_or_malformed_security_files_stop_the_daemon_at_start(
-        tmp_path: Path, pki: Pki, flags: tuple[str, ...], message: str) -> None:
+    tmp_path: Path, pki: Pki, flags: tuple[str, ...], message: str
+) -> None:
     (tmp_path / "garbage").write_text("not a pem\n")
     (tmp_path / "empty").write_text("\n")
     paths = {"garbage": tmp_path / "garbage", "empty": tmp_path / "empty", "cert": pki.cert}
     args = [f.format(**paths) for f in flags]
     result = subprocess.run(
-        [sys.executable, "-m", "cacheserver", "serve", "--data-dir", str(tmp_path / "data"),
-         "--listen", "127.0.0.1:0", *args], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "cacheserver",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--listen",
+            "127.0.0.1:0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
     assert not (tmp_path / "data").exists(), "the daemon touched its data dir"
@@ -141,8 +187,9 @@ def test_a_client_host_gets_at_most_its_share_of_streams() -> None:
         with grpc.insecure_channel(d.unix_target) as ch:
             data = records(64, 4096)
             write_cache(ch, "shared", data)
-            held = stub(ch).ReadShard(pb.ReadShardRequest(name="shared", chunk_bytes=4096),
-                                      timeout=60)
+            held = stub(ch).ReadShard(
+                pb.ReadShardRequest(name="shared", chunk_bytes=4096), timeout=60
+            )
             first = next(held)
             with pytest.raises(grpc.RpcError) as err:
                 list(stub(ch).ReadShard(pb.ReadShardRequest(name="shared"), timeout=10))
@@ -152,14 +199,14 @@ def test_a_client_host_gets_at_most_its_share_of_streams() -> None:
             rest = [r for chunk in held for r in split(chunk)]
             assert split(first) + rest == data
             # the stream ended, so its slot is free again
-            assert len(list(stub(ch).ReadShard(pb.ReadShardRequest(name="shared"),
-                                               timeout=10))) >= 1
+            assert (
+                len(list(stub(ch).ReadShard(pb.ReadShardRequest(name="shared"), timeout=10))) >= 1
+            )
     finally:
         d.close()
 
 
-def test_oversized_messages_and_names_that_escape_the_data_dir_are_refused(
-        tmp_path: Path) -> None:
+def test_oversized_messages_and_names_that_escape_the_data_dir_are_refused(tmp_path: Path) -> None:
     d = Daemon(extra_args=("--max-message-bytes", "1MiB")).start()
     try:
         with grpc.insecure_channel(d.unix_target) as ch:
@@ -172,7 +219,11 @@ def test_oversized_messages_and_names_that_escape_the_data_dir_are_refused(
                     cc.info(bad)
             assert cc.list() == []
         assert sorted(p.name for p in d.data_dir.iterdir()) == [
-            "caches", "cacheserver.lock", "instance.token", "trash"]
+            "caches",
+            "cacheserver.lock",
+            "instance.token",
+            "trash",
+        ]
     finally:
         d.close()
 
@@ -187,12 +238,21 @@ _BIG = {"options": [("grpc.max_send_message_length", -1), ("grpc.max_receive_mes
 
 
 def test_requests_without_a_token_are_refused_before_their_bodies_are_received(
-        token_daemon: Daemon) -> None:
+    token_daemon: Daemon,
+) -> None:
     """Four concurrent 100 MB bodies without a token used to raise the RSS by ~760 MB."""
     body = pb.GetCacheRequest(name="x" * (100 << 20)).SerializeToString()
     with grpc.insecure_channel(token_daemon.tcp_target, **_BIG) as ch:  # type: ignore[arg-type]
-        assert stub(ch).ListCaches(pb.ListCachesRequest(), timeout=10, metadata=(
-            ("authorization", "Bearer s3cret-token"),)).caches == []
+        assert (
+            stub(ch)
+            .ListCaches(
+                pb.ListCachesRequest(),
+                timeout=10,
+                metadata=(("authorization", "Bearer s3cret-token"),),
+            )
+            .caches
+            == []
+        )
         before = _rss(token_daemon)
         get = ch.unary_unary("/cacheserver.v1.CacheService/GetCache", **_RAW)
         write = ch.stream_stream("/cacheserver.v1.CacheService/WriteCache", **_RAW)
@@ -237,13 +297,21 @@ def test_unparseable_requests_are_invalid_argument_without_a_traceback() -> None
     try:
         garbage = b"\xff\xff\xff\xff"  # a truncated field key: not a protobuf message
         with grpc.insecure_channel(d.unix_target) as ch:
-            for method in ("GetCache", "ListCaches", "ReadShard", "WriteCache",
-                           "StartMaterialize", "ReadElements"):
+            for method in (
+                "GetCache",
+                "ListCaches",
+                "ReadShard",
+                "WriteCache",
+                "StartMaterialize",
+                "ReadElements",
+            ):
                 call = ch.stream_stream(f"/cacheserver.v1.CacheService/{method}", **_RAW)
                 with pytest.raises(grpc.RpcError) as err:
                     list(call(iter([garbage]), timeout=10))
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (
-                    method, err.value.details())
+                    method,
+                    err.value.details(),
+                )
         assert "Traceback" not in d.log() and "deserializing" not in d.log()
     finally:
         d.close()

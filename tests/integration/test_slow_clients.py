@@ -35,7 +35,8 @@ def _pause(channels: list[grpc.Channel], n: int) -> tuple[list[Iterator], int]:
     held, refused = [], 0
     for i in range(n):
         call = stub(channels[i % len(channels)]).ReadShard(
-            pb.ReadShardRequest(name="big", chunk_bytes=256 << 10), timeout=60)
+            pb.ReadShardRequest(name="big", chunk_bytes=256 << 10), timeout=60
+        )
         try:
             next(call)
             held.append(call)
@@ -59,17 +60,18 @@ def daemon() -> Iterator[Daemon]:
 
 
 def test_health_and_control_calls_answer_within_a_second_while_readers_are_paused(
-        daemon: Daemon) -> None:
+    daemon: Daemon,
+) -> None:
     _cache(daemon)
-    channels = [grpc.insecure_channel(daemon.tcp_target, options=_PAUSED_READER)
-                for _ in range(8)]
+    channels = [grpc.insecure_channel(daemon.tcp_target, options=_PAUSED_READER) for _ in range(8)]
     try:
         held, refused = _pause(channels, PAUSED_READERS)
         assert held and refused, "the stream limits cap one host's streams below the threads"
         with grpc.insecure_channel(daemon.unix_target) as ch:
             for _ in range(5):
-                _answers_within(1.0, health_pb2_grpc.HealthStub(ch).Check,
-                                health_pb2.HealthCheckRequest())
+                _answers_within(
+                    1.0, health_pb2_grpc.HealthStub(ch).Check, health_pb2.HealthCheckRequest()
+                )
                 _answers_within(1.0, stub(ch).GetCache, pb.GetCacheRequest(name="big"))
                 _answers_within(1.0, stub(ch).ListCaches, pb.ListCachesRequest())
         for call in held:
@@ -94,9 +96,13 @@ def test_a_reader_that_stops_reading_is_ended_after_the_idle_timeout() -> None:
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "--stream-idle-timeout" in err.value.details()
             # a reader that keeps reading is not idle, however long the stream
-            got = [r for chunk in stub(ch).ReadShard(
-                pb.ReadShardRequest(name="big", chunk_bytes=256 << 10), timeout=60)
-                for r in split(chunk)]
+            got = [
+                r
+                for chunk in stub(ch).ReadShard(
+                    pb.ReadShardRequest(name="big", chunk_bytes=256 << 10), timeout=60
+                )
+                for r in split(chunk)
+            ]
             assert got == data
         assert "Traceback" not in d.log()
     finally:

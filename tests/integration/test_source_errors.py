@@ -34,6 +34,7 @@ BATCH = 4
 
 def source(shape, counter: list[int] | None = None) -> tf.data.Dataset:
     """range(N) with element BAD failing an assertion; counter counts elements computed."""
+
     def count(x):
         if counter is not None:
             counter[0] += 1
@@ -78,8 +79,7 @@ def catching(ds: tf.data.Dataset, limit: int = 5) -> tuple[list[object], list[st
 
 
 @SHAPES
-def test_without_batch_a_source_error_loses_the_elements_batched_with_it(
-        cc, name, shape) -> None:
+def test_without_batch_a_source_error_loses_the_elements_batched_with_it(cc, name, shape) -> None:
     """The known difference (README, "Differences from ds.cache()"): the write epoch reads
     its source in batches of ~4 MiB, here all 20 elements; ds.cache() yields the 7 before
     the error. tf.data's batch drops a batch whose input raised (docs/writing.md)."""
@@ -109,12 +109,14 @@ def test_batches_before_and_after_a_source_error_are_ds_caches(cc, name) -> None
     assert seen == expected == [list(range(BATCH))]
     assert type(error) is type(expected_error)
     assert catching(cc.cache(source(fixed), name=name).batch(BATCH)) == catching(
-        source(fixed).cache().batch(BATCH))
+        source(fixed).cache().batch(BATCH)
+    )
 
 
 @SHAPES
 def test_a_source_error_commits_nothing_and_the_next_epoch_runs_the_source(
-        cc, name, shape, no_thread_leak) -> None:
+    cc, name, shape, no_thread_leak
+) -> None:
     counter = [0]
     ds = cc.cache(source(shape, counter), name=name)
     until_error(ds)
@@ -129,7 +131,8 @@ def test_a_source_error_commits_nothing_and_the_next_epoch_runs_the_source(
 @SHAPES
 @pytest.mark.timeout(120)
 def test_ignore_errors_after_the_cache_yields_what_ds_cache_yields_on_every_epoch_and_ends(
-        cc, name, shape) -> None:
+    cc, name, shape
+) -> None:
     expected = [value(x) for x in source(shape).cache().ignore_errors()]
     ds = cc.cache(source(shape), name=name).ignore_errors()
     for _ in range(2):
@@ -146,8 +149,7 @@ def test_ignore_errors_then_batch_yields_ds_caches_batches(cc, name) -> None:
 
 @SHAPES
 @pytest.mark.timeout(120)
-def test_a_loop_that_catches_the_error_and_goes_on_sees_it_once_and_ends(
-        cc, name, shape) -> None:
+def test_a_loop_that_catches_the_error_and_goes_on_sees_it_once_and_ends(cc, name, shape) -> None:
     expected, _ = catching(source(shape).cache())
     seen, errors = catching(cc.cache(source(shape), name=name))
     assert errors == ["InvalidArgumentError"]

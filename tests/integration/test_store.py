@@ -38,7 +38,7 @@ def keys(store, prefix: str) -> list[str]:
     """Keys under prefix (relative to the store's prefix), listed with boto3."""
     client, bucket, base = s3(store)
     listed = client.list_objects_v2(Bucket=bucket, Prefix=base + prefix).get("Contents", [])
-    return [o["Key"][len(base):] for o in listed]
+    return [o["Key"][len(base) :] for o in listed]
 
 
 def flip_byte(store, key: str, offset: int) -> None:
@@ -60,7 +60,8 @@ def store_down(server) -> Iterator[None]:
 
 
 def test_a_cache_built_once_is_read_on_a_daemon_that_never_saw_the_pipeline(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     publish(store, daemons, name)
     b = store_daemon(store)
     daemons.append(b)
@@ -82,7 +83,8 @@ def test_a_cache_built_once_is_read_on_a_daemon_that_never_saw_the_pipeline(
 
 
 def test_the_store_sees_one_get_per_shard_object_however_many_readers(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     publish(store, daemons, name)
     b = store_daemon(store)
     daemons.append(b)
@@ -107,7 +109,8 @@ def test_the_store_sees_one_get_per_shard_object_however_many_readers(
 
 
 def test_cc_cache_on_a_second_daemon_reads_the_stored_cache_without_running_the_pipeline(
-        store, daemons, name, tmp_path: Path) -> None:
+    store, daemons, name, tmp_path: Path
+) -> None:
     a = store_daemon(store)
     daemons.append(a)
     runs = tmp_path / "runs"
@@ -117,9 +120,11 @@ def test_cc_cache_on_a_second_daemon_reads_the_stored_cache_without_running_the_
             f.write(".")
         return i
 
-    ds = tf.data.Dataset.range(500).map(
-        lambda i: tf.numpy_function(counted, [i], tf.int64, stateful=True)).map(
-        lambda i: tf.ensure_shape(i, []))
+    ds = (
+        tf.data.Dataset.range(500)
+        .map(lambda i: tf.numpy_function(counted, [i], tf.int64, stateful=True))
+        .map(lambda i: tf.ensure_shape(i, []))
+    )
     with CacheClient(a.unix_target) as cc:
         first = [int(x) for x in cc.cache(ds, name, version="v1")]
         wait_for(cc, name, "STORED")
@@ -134,7 +139,8 @@ def test_cc_cache_on_a_second_daemon_reads_the_stored_cache_without_running_the_
 
 
 def test_two_publishers_of_one_name_leave_exactly_one_cache(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     a, b = store_daemon(store), store_daemon(store)
     daemons += [a, b]
 
@@ -161,7 +167,8 @@ def test_two_publishers_of_one_name_leave_exactly_one_cache(
 
 
 def test_a_different_cache_of_the_same_name_is_not_published_over_the_stored_one(
-        store, daemons, name) -> None:
+    store, daemons, name
+) -> None:
     publish(store, daemons, name)
     b = store_daemon(store, "--store-endpoint", "http://127.0.0.1:9")  # cannot look first
     daemons.append(b)
@@ -177,14 +184,16 @@ def test_a_different_cache_of_the_same_name_is_not_published_over_the_stored_one
 
 
 def test_kill_9_mid_upload_never_shows_a_partial_cache_and_the_restart_finishes(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     a = store_daemon(store)
     daemons.append(a)
     big = 40_000  # 80 MB: one multipart shard and several smaller ones
     with CacheClient(a.unix_target) as cc:
         write_sharded(cc, source(big), name, shard_bytes=24 << 20, chunk_bytes=1 << 20)
-        wait_until(lambda: cc.info(name).store_done_bytes >= (8 << 20), 60,
-                   "8 MiB of the cache uploaded")
+        wait_until(
+            lambda: cc.info(name).store_done_bytes >= (8 << 20), 60, "8 MiB of the cache uploaded"
+        )
     a.kill()
     assert not [k for k in keys(store, f"{name}/") if k.endswith("manifest.json")]
     other = store_daemon(store)
@@ -201,7 +210,8 @@ def test_kill_9_mid_upload_never_shows_a_partial_cache_and_the_restart_finishes(
 
 
 def test_kill_9_mid_pull_discards_the_partial_copy_and_the_restart_pulls_again(
-        store, daemons, name) -> None:
+    store, daemons, name
+) -> None:
     publish(store, daemons, name, shard_bytes=4 << 20, n=40_000)
     b = store_daemon(store)
     daemons.append(b)
@@ -221,7 +231,8 @@ def test_kill_9_mid_pull_discards_the_partial_copy_and_the_restart_pulls_again(
 
 
 def test_a_flipped_byte_in_a_stored_object_is_data_loss_never_served(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     publish(store, daemons, name)
     key = sorted(keys(store, f"{name}/objects/"))[2]
     flip_byte(store, key, 4096 + 17)
@@ -236,7 +247,8 @@ def test_a_flipped_byte_in_a_stored_object_is_data_loss_never_served(
 
 
 def test_an_unreachable_store_does_not_stop_local_caches_and_publishing_resumes(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     with store_down(moto_server):
         a = store_daemon(store)
         daemons.append(a)
@@ -251,7 +263,8 @@ def test_an_unreachable_store_does_not_stop_local_caches_and_publishing_resumes(
 
 
 def test_eviction_keeps_the_only_copy_until_the_store_holds_it(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     with store_down(moto_server):
         first = store_daemon(store)
         daemons.append(first)
@@ -290,4 +303,3 @@ def test_round_trip_through_seaweedfs(seaweedfs, daemons, name) -> None:
     daemons.append(b)
     with CacheClient(b.unix_target) as cc:
         assert elements(cc.dataset(name)) == elements(source())
-

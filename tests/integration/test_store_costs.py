@@ -32,8 +32,12 @@ def logged(moto_server: Any, bucket: str, name: str) -> Counter[str]:
         lists_ours = not r.key and f"prefix=tier%2F{name}%2F" in r.query
         if not (key_is_ours or lists_ours or ("delete" in r.query and not r.key)):
             continue
-        kinds[{"GET": "LIST" if lists_ours else "GET", "POST": "DELETE" if "delete" in r.query
-               else "PUT"}.get(r.method, r.method)] += 1
+        kinds[
+            {
+                "GET": "LIST" if lists_ours else "GET",
+                "POST": "DELETE" if "delete" in r.query else "PUT",
+            }.get(r.method, r.method)
+        ] += 1
     return kinds
 
 
@@ -92,8 +96,10 @@ def test_the_daemon_exports_its_totals_by_kind_and_direction(built) -> None:
     got = scrape(b.metrics_url)
     with CacheClient(b.unix_target) as cc:
         info = cc.info(name)
-    by_op = {op: got[("shardcache_store_requests_total", (("op", op),))]
-             for op in ("GET", "PUT", "HEAD", "LIST", "DELETE")}
+    by_op = {
+        op: got[("shardcache_store_requests_total", (("op", op),))]
+        for op in ("GET", "PUT", "HEAD", "LIST", "DELETE")
+    }
     # the daemon's own HEAD of the bucket at startup is no cache's
     assert by_op == {"GET": info.num_shards + 1, "PUT": 0, "HEAD": 1, "LIST": 0, "DELETE": 0}
     assert got[("shardcache_store_bytes_total", (("direction", "in"),))] == info.store_bytes_in

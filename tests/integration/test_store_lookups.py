@@ -35,9 +35,11 @@ def manifest_gets(server: S3Server, store: Any, name: str, status: int | None = 
     mark = f"{STORE_PREFIX}/log-mark-{uuid.uuid4().hex}"
     with pytest.raises(client.exceptions.NoSuchKey):
         client.get_object(Bucket=bucket, Key=mark)
-    wait_until(lambda: mark.split("/", 1)[1] in server.requests("GET", "log-mark-",
-                                                                 bucket=bucket),
-               10, "the mark in the server's log")
+    wait_until(
+        lambda: mark.split("/", 1)[1] in server.requests("GET", "log-mark-", bucket=bucket),
+        10,
+        "the mark in the server's log",
+    )
     return len(server.requests("GET", f"{name}/manifest.json", bucket=bucket, status=status))
 
 
@@ -60,14 +62,16 @@ def at_once(target: str, ask: Callable[[CacheClient], Any]) -> list[Any]:
 def move(store: Any, src: str, dst: str) -> None:
     """Rename an object in the store (copy and delete: no GET)."""
     client, bucket, base = s3(store)
-    client.copy_object(Bucket=bucket, Key=base + dst,
-                       CopySource={"Bucket": bucket, "Key": base + src})
+    client.copy_object(
+        Bucket=bucket, Key=base + dst, CopySource={"Bucket": bucket, "Key": base + src}
+    )
     client.delete_object(Bucket=bucket, Key=base + src)
 
 
 @pytest.mark.slow
 def test_readers_asking_at_once_for_a_stored_cache_cost_one_get_of_its_manifest(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     pytest.importorskip("tensorflow")
     publish(store, daemons, name)
     before = manifest_gets(moto_server, store, name)
@@ -84,7 +88,8 @@ def test_readers_asking_at_once_for_a_stored_cache_cost_one_get_of_its_manifest(
 
 @pytest.mark.slow
 def test_a_name_the_store_lacks_is_looked_up_once_then_again_after_a_few_seconds(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     pytest.importorskip("tensorflow")
     publish(store, daemons, name)
     move(store, f"{name}/manifest.json", f"{name}/manifest.aside")  # the store lacks it
@@ -111,7 +116,8 @@ def test_a_name_the_store_lacks_is_looked_up_once_then_again_after_a_few_seconds
 
 @pytest.mark.slow
 def test_a_store_that_cannot_be_reached_fails_every_reader_and_is_asked_again(
-        store, moto_server, daemons, name) -> None:
+    store, moto_server, daemons, name
+) -> None:
     b = store_daemon(store)
     daemons.append(b)
     moto_server.stop()
@@ -155,8 +161,11 @@ def test_callers_waiting_on_a_lookup_share_its_answer_and_its_error() -> None:
     for expected in (ValueError, type(None)):  # the error is not kept: asked again
         with ThreadPoolExecutor(8) as pool:
             waiting = [pool.submit(ask, i) for i in range(8)]
-            wait_until(lambda: len(fetched) == 1 and waiters(lookups, "x") == 7, 10,
-                       "one fetch, seven callers waiting for it")
+            wait_until(
+                lambda: len(fetched) == 1 and waiters(lookups, "x") == 7,
+                10,
+                "one fetch, seven callers waiting for it",
+            )
             release.set()
             assert all(isinstance(w.result(), expected) for w in waiting)
         release.clear()

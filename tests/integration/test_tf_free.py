@@ -36,31 +36,52 @@ PROGRAM = Path(__file__).parents[1] / "pipelines" / "tf_free.py"
 
 def dense_source() -> tf.data.Dataset:
     return tf.data.Dataset.range(N).map(
-        lambda i: {"x": tf.fill([8], tf.cast(i, tf.float32)), "i": i})
+        lambda i: {"x": tf.fill([8], tf.cast(i, tf.float32)), "i": i}
+    )
 
 
 def mixed_source() -> tf.data.Dataset:
-    return tf.data.Dataset.range(MIXED).map(lambda i: (i, {
-        "s": tf.strings.as_string(i), "v": tf.range(i % 5),
-        "m": tf.fill(tf.stack([2, i % 3]), tf.cast(i, tf.float16)),
-        "t": tf.fill([3], tf.strings.as_string(i * 7))}))
+    return tf.data.Dataset.range(MIXED).map(
+        lambda i: (
+            i,
+            {
+                "s": tf.strings.as_string(i),
+                "v": tf.range(i % 5),
+                "m": tf.fill(tf.stack([2, i % 3]), tf.cast(i, tf.float16)),
+                "t": tf.fill([3], tf.strings.as_string(i * 7)),
+            },
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def run(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The caches, and what the TF-free process read and wrote."""
     with CacheClient(daemon.unix_target) as cc:
-        written = write_sharded(cc, dense_source(), "tf-free-dense", shard_bytes=1000,
-                                chunk_bytes=1000)
+        written = write_sharded(
+            cc, dense_source(), "tf-free-dense", shard_bytes=1000, chunk_bytes=1000
+        )
         assert len(written.shards) > 5
         dense = written.name
         mixed = "tf-free-mixed"
         for _ in cc.cache(mixed_source(), mixed, version="1"):
             pass
     out = tmp_path_factory.mktemp("tf-free") / "results.pickle"
-    done = subprocess.run([sys.executable, str(PROGRAM), daemon.unix_target, dense, mixed,
-                           "tf-free-written", str(out)], env=env_without_tf_noise(),
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(PROGRAM),
+            daemon.unix_target,
+            dense,
+            mixed,
+            "tf-free-written",
+            str(out),
+        ],
+        env=env_without_tf_noise(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     with open(out, "rb") as f:
         results = pickle.load(f)
@@ -72,10 +93,22 @@ def test_the_reading_process_never_imported_tensorflow(run) -> None:
 
 
 def test_worker_shares_of_shuffled_epochs_match_tf_data_remote_and_direct(cc, run) -> None:
-    expected = [[ids(cc.dataset(run["dense"], shuffle=True, seed=5, worker_index=w,
-                                num_workers=3)) for w in range(3)]]
-    expected.append([ids(cc.dataset(run["dense"], shuffle=True, seed=5, worker_index=w,
-                                    num_workers=3, epoch=1)) for w in range(3)])
+    expected = [
+        [
+            ids(cc.dataset(run["dense"], shuffle=True, seed=5, worker_index=w, num_workers=3))
+            for w in range(3)
+        ]
+    ]
+    expected.append(
+        [
+            ids(
+                cc.dataset(
+                    run["dense"], shuffle=True, seed=5, worker_index=w, num_workers=3, epoch=1
+                )
+            )
+            for w in range(3)
+        ]
+    )
     assert run["shares", False] == expected
     assert run["shares", True] == expected
     for epoch in expected:
@@ -95,8 +128,14 @@ def test_a_numpy_read_state_resumes_in_numpy_and_in_tf_data(cc, run) -> None:
     assert first + rest == share
     state = ReadState.from_json(state_json)
     assert (state.epoch, state.start) == (0, 100)
-    assert ids(cc.dataset(run["dense"], shuffle=True, seed=7, worker_index=0, num_workers=2,
-                          resume=state)) == rest
+    assert (
+        ids(
+            cc.dataset(
+                run["dense"], shuffle=True, seed=7, worker_index=0, num_workers=2, resume=state
+            )
+        )
+        == rest
+    )
 
 
 def test_an_elastic_resume_reads_what_three_workers_left_with_two_exactly_once(run) -> None:
@@ -144,11 +183,17 @@ def test_a_cache_written_by_numpy_reads_back_in_tf_element_for_element(cc, run) 
     assert count == len(elements) == 150
     assert [canon(e) for e in read_back] == [canon(e) for e in elements]
     ds = cc.dataset(run["written"])
-    want = {"image": tf.TensorSpec((4, 5, 3), tf.uint8), "label": tf.TensorSpec((), tf.int64),
-            "text": tf.TensorSpec((), tf.string), "values": tf.TensorSpec((None,), tf.float32),
-            "pair": ("Pair", {"count": tf.TensorSpec((), tf.int32),
-                              "name": tf.TensorSpec((3,), tf.string)}),
-            "tuple": (tf.TensorSpec((), tf.float64), tf.TensorSpec((2, None), tf.bool))}
+    want = {
+        "image": tf.TensorSpec((4, 5, 3), tf.uint8),
+        "label": tf.TensorSpec((), tf.int64),
+        "text": tf.TensorSpec((), tf.string),
+        "values": tf.TensorSpec((None,), tf.float32),
+        "pair": (
+            "Pair",
+            {"count": tf.TensorSpec((), tf.int32), "name": tf.TensorSpec((3,), tf.string)},
+        ),
+        "tuple": (tf.TensorSpec((), tf.float64), tf.TensorSpec((2, None), tf.bool)),
+    }
     assert plain(ds.element_spec) == want
     assert [canon(plain(e)) for e in ds.as_numpy_iterator()] == [canon(e) for e in elements]
     assert cc.info(run["written"]).num_elements == 150
@@ -159,14 +204,23 @@ def test_a_cache_written_by_numpy_reads_back_in_tf_element_for_element(cc, run) 
 Point = collections.namedtuple("Point", ["x", "label"])
 
 
-@pytest.mark.parametrize("element_spec", [
-    tf.TensorSpec((2, None), tf.uint8),
-    {"b": tf.TensorSpec((), tf.string), "a": (tf.TensorSpec(None, tf.float32),)},
-    Point(tf.TensorSpec((), tf.int64), [tf.TensorSpec((3,), tf.bfloat16)]),
-    (tf.TensorSpec((), tf.bool), {"z": tf.TensorSpec((1, 0, 3), tf.complex128),
-                                  "y": tf.TensorSpec((None, None), tf.uint64)}),
-    {},
-], ids=["tensor", "dict", "namedtuple", "nested", "empty"])
+@pytest.mark.parametrize(
+    "element_spec",
+    [
+        tf.TensorSpec((2, None), tf.uint8),
+        {"b": tf.TensorSpec((), tf.string), "a": (tf.TensorSpec(None, tf.float32),)},
+        Point(tf.TensorSpec((), tf.int64), [tf.TensorSpec((3,), tf.bfloat16)]),
+        (
+            tf.TensorSpec((), tf.bool),
+            {
+                "z": tf.TensorSpec((1, 0, 3), tf.complex128),
+                "y": tf.TensorSpec((None, None), tf.uint64),
+            },
+        ),
+        {},
+    ],
+    ids=["tensor", "dict", "namedtuple", "nested", "empty"],
+)
 def test_the_numpy_spec_coder_makes_tensorflows_bytes(element_spec) -> None:
     from client.tf import convert
 
@@ -196,11 +250,18 @@ def both(node: Any) -> tuple[Any, Any]:
 def specs() -> st.SearchStrategy[Any]:
     dims = st.lists(st.none() | st.integers(0, 5), max_size=3)
     leaves = st.tuples(st.just("leaf"), st.tuples(st.sampled_from(DTYPES), st.none() | dims))
-    return st.recursive(leaves, lambda inner: st.one_of(
-        st.tuples(st.just("dict"), st.dictionaries(st.text("abc_", min_size=1, max_size=3),
-                                                    inner, max_size=3)),
-        st.tuples(st.just("tuple"), st.lists(inner, max_size=3)),
-        st.tuples(st.just("named"), st.lists(inner, min_size=2, max_size=2))), max_leaves=6)
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.tuples(
+                st.just("dict"),
+                st.dictionaries(st.text("abc_", min_size=1, max_size=3), inner, max_size=3),
+            ),
+            st.tuples(st.just("tuple"), st.lists(inner, max_size=3)),
+            st.tuples(st.just("named"), st.lists(inner, min_size=2, max_size=2)),
+        ),
+        max_leaves=6,
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -229,8 +290,9 @@ def test_a_stopped_numpy_read_ends_its_threads_and_lease(cc, run, no_thread_leak
 
 
 def test_ragged_caches_are_refused_by_name(cc, name) -> None:
-    ds = tf.data.Dataset.range(4).map(lambda i: {"r": tf.RaggedTensor.from_row_lengths(
-        tf.range(i), [i])})
+    ds = tf.data.Dataset.range(4).map(
+        lambda i: {"r": tf.RaggedTensor.from_row_lengths(tf.range(i), [i])}
+    )
     for _ in cc.cache(ds, name, version="1"):
         pass
     with pytest.raises(InvalidArgumentError, match=r"\['r'\] is a RaggedTensorSpec"):

@@ -37,12 +37,20 @@ ALL = list(range(N))
 def run(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What the TF-free process read."""
     with CacheClient(daemon.unix_target) as cc:
-        cc.write("torch-loaders", ({"x": np.full(8, i, np.float32), "i": np.int64(i)}
-                                   for i in range(N)), version="1", block_bytes=1024)
+        cc.write(
+            "torch-loaders",
+            ({"x": np.full(8, i, np.float32), "i": np.int64(i)} for i in range(N)),
+            version="1",
+            block_bytes=1024,
+        )
     out = tmp_path_factory.mktemp("torch") / "results.pickle"
-    done = subprocess.run([sys.executable, str(PROGRAM), daemon.unix_target, "torch-loaders",
-                           str(out)], env=env_without_tf_noise(), capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), daemon.unix_target, "torch-loaders", str(out)],
+        env=env_without_tf_noise(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     with open(out, "rb") as f:
         return pickle.load(f)
@@ -123,8 +131,11 @@ def test_a_loaded_state_holds_for_its_epoch_and_yields_to_a_later_one(cc, name) 
     in the loader's process: set_epoch() past the state's epoch must drop it there."""
     cc.write(name, ({"i": np.int64(i)} for i in range(10)))
     ds = cc.torch(name, shuffle=True, seed=2)
-    state = {"read_state": ReadState(name, cc.info(name).fingerprint, "elements", 2, 0, 1, 3,
-                                     4).to_json()}
+    state = {
+        "read_state": ReadState(
+            name, cc.info(name).fingerprint, "elements", 2, 0, 1, 3, 4
+        ).to_json()
+    }
     ds.load_state_dict(state)
     ds.set_epoch(3)
     assert ds.state_dict() == state

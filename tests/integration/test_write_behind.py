@@ -20,12 +20,12 @@ from client.write.write_behind import WriteBehind  # noqa: E402
 
 def _big_elements(n: int) -> tf.data.Dataset:
     """n elements of 256 KiB each (several write chunks), label i."""
-    return tf.data.Dataset.range(n).map(
-        lambda i: (tf.fill([64 << 10], tf.cast(i, tf.float32)), i))
+    return tf.data.Dataset.range(n).map(lambda i: (tf.fill([64 << 10], tf.cast(i, tf.float32)), i))
 
 
 def test_a_daemon_killed_mid_first_epoch_leaves_training_running_from_the_source(
-        fresh_daemon, caplog, no_thread_leak) -> None:
+    fresh_daemon, caplog, no_thread_leak
+) -> None:
     with CacheClient(fresh_daemon.unix_target) as cc:
         ds = cc.cache(_big_elements(120), name="killed")
         seen = []
@@ -42,18 +42,21 @@ def test_a_daemon_killed_mid_first_epoch_leaves_training_running_from_the_source
             cc.info("killed")
 
 
-def _begun_writer(target: str, name: str, layout: Layout, spec: bytes = b""
-                  ) -> tuple[Transport, CacheWriter]:
+def _begun_writer(
+    target: str, name: str, layout: Layout, spec: bytes = b""
+) -> tuple[Transport, CacheWriter]:
     transport = Transport(target)
-    writer = CacheWriter(transport, pb.WriteBegin(name=name, fingerprint="f",
-                                                  layout_json=layout.to_json(),
-                                                  element_spec=spec))
+    writer = CacheWriter(
+        transport,
+        pb.WriteBegin(name=name, fingerprint="f", layout_json=layout.to_json(), element_spec=spec),
+    )
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     return transport, writer
 
 
 def test_an_element_the_codec_refuses_reaches_the_epoch_and_the_write_is_discarded(
-        daemon, cc, name, no_thread_leak) -> None:
+    daemon, cc, name, no_thread_leak
+) -> None:
     layout = Layout((Leaf("float32", (4,)),))
     transport, writer = _begun_writer(daemon.unix_target, name, layout)
     behind = WriteBehind(writer, layout)
@@ -70,7 +73,8 @@ def test_an_element_the_codec_refuses_reaches_the_epoch_and_the_write_is_discard
 
 
 def test_after_an_element_the_codec_refuses_later_batches_and_finish_commit_nothing(
-        daemon, cc, name, no_thread_leak) -> None:
+    daemon, cc, name, no_thread_leak
+) -> None:
     """A tapped epoch goes on asking for batches after the error reached the consumer:
     the write lost a batch, so it must not take the next ones and commit short."""
     layout = Layout((Leaf("float32", (4,)),))
@@ -93,7 +97,8 @@ def test_after_an_element_the_codec_refuses_later_batches_and_finish_commit_noth
 
 
 def test_closing_before_finish_cancels_the_write_and_joins_the_thread(
-        daemon, cc, name, no_thread_leak) -> None:
+    daemon, cc, name, no_thread_leak
+) -> None:
     layout = Layout((Leaf("uint8", (1 << 20,)),))
     transport, writer = _begun_writer(daemon.unix_target, name, layout)
     behind = WriteBehind(writer, layout)
@@ -110,8 +115,9 @@ def test_a_finished_write_commits_every_element_in_order(daemon, cc, name) -> No
     from client.tf.convert import encode_spec
 
     layout = Layout((Leaf("int64", ()),))
-    transport, writer = _begun_writer(daemon.unix_target, name, layout,
-                                      encode_spec(tf.TensorSpec((), tf.int64)))
+    transport, writer = _begun_writer(
+        daemon.unix_target, name, layout, encode_spec(tf.TensorSpec((), tf.int64))
+    )
     behind = WriteBehind(writer, layout)
     try:
         for start in range(0, 1000, 100):
@@ -125,7 +131,8 @@ def test_a_finished_write_commits_every_element_in_order(daemon, cc, name) -> No
 
 
 def test_finish_after_the_daemon_ended_the_stream_raises_instead_of_waiting_forever(
-        fresh_daemon, no_thread_leak) -> None:
+    fresh_daemon, no_thread_leak
+) -> None:
     """The request queue is full and nothing reads it once the call is over.
 
     finish() used to block forever putting its end-of-stream marker there; a

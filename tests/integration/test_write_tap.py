@@ -32,8 +32,11 @@ def graph_ops(ds: tf.data.Dataset) -> set[str]:
     from tensorflow.core.framework import graph_pb2
 
     graph = graph_pb2.GraphDef()
-    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
-        input_dataset=ds._variant_tensor, external_state_policy=1).numpy())
+    graph.ParseFromString(
+        tf.raw_ops.DatasetToGraphV2(
+            input_dataset=ds._variant_tensor, external_state_policy=1
+        ).numpy()
+    )
     ops = {n.op for n in graph.node}
     for function in graph.library.function:
         ops |= {n.op for n in function.node_def}
@@ -42,7 +45,8 @@ def graph_ops(ds: tf.data.Dataset) -> set[str]:
 
 @pytest.mark.parametrize(("tap", "inside"), [("1", True), ("0", False)], ids=["tap", "generator"])
 def test_a_fixed_shape_source_runs_inside_the_cached_datasets_graph_unless_the_tap_is_off(
-        cc, name, monkeypatch, tap, inside) -> None:
+    cc, name, monkeypatch, tap, inside
+) -> None:
     monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     src = tf.data.Dataset.range(10).map(lambda x: tf.bitwise.left_shift(x, 3))
     ds = cc.cache(src, name=name)
@@ -63,22 +67,30 @@ def test_a_source_of_unknown_cardinality_keeps_the_generator_path(cc, name) -> N
 
 @pytest.mark.parametrize(("tap", "inside"), [("1", True), ("0", False)], ids=["tap", "generator"])
 def test_ragged_sparse_and_variable_shape_sources_are_tapped_too(
-        cc, name, monkeypatch, tap, inside) -> None:
+    cc, name, monkeypatch, tap, inside
+) -> None:
     """Flattened and ragged_batch'ed in tf.data, handed to the tap as their wire form."""
     monkeypatch.setenv(settings.WRITE_TAP.name, tap)
 
     def element(x: tf.Tensor) -> dict[str, object]:
-        return {"ragged": tf.ragged.range(x),  # shape (1, None)
-                "sparse": tf.sparse.from_dense(tf.reshape(tf.range(x), [1, -1])),
-                "var": tf.fill(tf.stack([x % 3, 2]), x), "empty": tf.zeros([0, 4])}
+        return {
+            "ragged": tf.ragged.range(x),  # shape (1, None)
+            "sparse": tf.sparse.from_dense(tf.reshape(tf.range(x), [1, -1])),
+            "var": tf.fill(tf.stack([x % 3, 2]), x),
+            "empty": tf.zeros([0, 4]),
+        }
 
     src = tf.data.Dataset.range(6).map(element)
     ds = cc.cache(src, name=name)
     assert ("RaggedRange" in graph_ops(ds)) is inside
 
     def values(d: dict[str, object]) -> list[object]:
-        return [d["ragged"].numpy().tolist(), tf.sparse.to_dense(d["sparse"]).numpy().tolist(),
-                d["var"].numpy().tolist(), d["empty"].shape.as_list()]
+        return [
+            d["ragged"].numpy().tolist(),
+            tf.sparse.to_dense(d["sparse"]).numpy().tolist(),
+            d["var"].numpy().tolist(),
+            d["empty"].shape.as_list(),
+        ]
 
     expected = [values(x) for x in src]
     assert [values(x) for x in ds] == expected
@@ -88,7 +100,8 @@ def test_ragged_sparse_and_variable_shape_sources_are_tapped_too(
 
 @PATHS
 def test_the_cached_dataset_has_the_sources_options_as_ds_cache_has(
-        cc, name, monkeypatch, tap) -> None:
+    cc, name, monkeypatch, tap
+) -> None:
     monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     options = tf.data.Options()
     options.deterministic = False
@@ -101,13 +114,15 @@ def test_the_cached_dataset_has_the_sources_options_as_ds_cache_has(
         # with ds.cache() (test_checkpoints.py); the generator path's from_generator needs
         # IGNORE for its read epochs to save (client/tf/iterations.py)
         assert ds.options().experimental_external_state_policy == (
-            None if tap == "1" else tf.data.experimental.ExternalStatePolicy.IGNORE)
+            None if tap == "1" else tf.data.experimental.ExternalStatePolicy.IGNORE
+        )
     assert [int(x) for x in cc.cache(src, name=name)] == list(range(10))
 
 
 @PATHS
 def test_a_second_iterator_started_during_the_write_streams_the_source_and_one_write_commits(
-        cc, name, monkeypatch, tap, no_thread_leak) -> None:
+    cc, name, monkeypatch, tap, no_thread_leak
+) -> None:
     monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     ds = cc.cache(tf.data.Dataset.range(3000).map(lambda x: (tf.fill([16], x), x)), name=name)
     writing = iter(ds)
@@ -125,7 +140,8 @@ def test_a_second_iterator_started_during_the_write_streams_the_source_and_one_w
 
 @PATHS
 def test_a_source_error_mid_write_reaches_the_caller_and_commits_nothing(
-        cc, name, monkeypatch, tap, no_thread_leak) -> None:
+    cc, name, monkeypatch, tap, no_thread_leak
+) -> None:
     monkeypatch.setenv(settings.WRITE_TAP.name, tap)
 
     def check(x: tf.Tensor) -> tf.Tensor:
@@ -155,7 +171,8 @@ def test_a_source_error_mid_write_reaches_the_caller_and_commits_nothing(
 
 @PATHS
 def test_take_of_fewer_elements_than_the_source_discards_the_write_then_a_full_epoch_commits(
-        cc, name, monkeypatch, tap, no_thread_leak) -> None:
+    cc, name, monkeypatch, tap, no_thread_leak
+) -> None:
     monkeypatch.setenv(settings.WRITE_TAP.name, tap)
     ds = cc.cache(tf.data.Dataset.range(5000), name=name)
     assert [int(x) for x in ds.take(300)] == list(range(300))
@@ -167,7 +184,8 @@ def test_take_of_fewer_elements_than_the_source_discards_the_write_then_a_full_e
 @PATHS
 @pytest.mark.parametrize("drop", [False, True], ids=["remainder", "drop_remainder"])
 def test_batch_in_the_write_epoch_gives_tf_datas_batches_and_writes_every_element(
-        cc, name, monkeypatch, tap, drop, no_thread_leak) -> None:
+    cc, name, monkeypatch, tap, drop, no_thread_leak
+) -> None:
     """batch() on a writing iteration taps the consumer's own batches (no rebatch copy);
     drop_remainder drops the short last batch only after the tap has written it."""
     monkeypatch.setenv(settings.WRITE_TAP.name, tap)
@@ -193,15 +211,20 @@ class _CountingWriter(CacheWriter):
 
 
 def test_a_batch_larger_than_a_slice_is_packed_and_written_a_slice_at_a_time(
-        daemon, cc, name, monkeypatch, no_thread_leak) -> None:
+    daemon, cc, name, monkeypatch, no_thread_leak
+) -> None:
     """A tapped batch() hands over the consumer's batches (256 images are 154 MB): their
     stored values are made and written SLICE_BYTES at a time, not all before the first."""
     monkeypatch.setattr(write_behind, "SLICE_BYTES", 64 << 10)
     layout = Layout((Leaf("float32", (4096,)), Leaf("int64", ())))  # 16 KiB + 8 per element
     transport = Transport(daemon.unix_target)
     spec = (tf.TensorSpec((4096,), tf.float32), tf.TensorSpec((), tf.int64))
-    writer = _CountingWriter(transport, pb.WriteBegin(
-        name=name, fingerprint="f", layout_json=layout.to_json(), element_spec=encode_spec(spec)))
+    writer = _CountingWriter(
+        transport,
+        pb.WriteBegin(
+            name=name, fingerprint="f", layout_json=layout.to_json(), element_spec=encode_spec(spec)
+        ),
+    )
     writer.adds = []
     assert writer.begin().decision == pb.WRITE_DECISION_ACCEPTED
     features = np.arange(40 * 4096, dtype=np.float32).reshape(40, 4096)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def counted_source(n: int, counter: list[int]) -> tf.data.Dataset:
     """A pipeline that counts how many elements its Python generator produced."""
+
     def gen():
         for i in range(n):
             counter[0] += 1
@@ -116,12 +117,17 @@ SLOW_WRITER = textwrap.dedent("""
 
 
 def run_writer(target: str, name: str, n: int, delay: float) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", SLOW_WRITER, target, name, str(n), str(delay)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITER, target, name, str(n), str(delay)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_killing_the_writer_mid_epoch_leaves_nothing_and_the_next_run_rebuilds(
-        daemon, cc, name) -> None:
+    daemon, cc, name
+) -> None:
     proc = run_writer(daemon.unix_target, name, 100_000, 0.001)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "STARTED"
@@ -138,7 +144,8 @@ def test_killing_the_writer_mid_epoch_leaves_nothing_and_the_next_run_rebuilds(
 
 
 def test_two_processes_caching_one_name_at_once_both_succeed_and_one_writes(
-        daemon, cc, name) -> None:
+    daemon, cc, name
+) -> None:
     procs = [run_writer(daemon.tcp_target, name, 400, 0.002) for _ in range(2)]
     outputs = [p.communicate(timeout=180) for p in procs]
     for out, err in outputs:
@@ -158,9 +165,15 @@ def test_two_processes_read_the_same_cache_at_once(daemon, cc, name) -> None:
             xs = [int(x) for x in cc.dataset(sys.argv[2]).as_numpy_iterator()]
         print("RESULT", xs == list(range(5000)))
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", script, t, name], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for t in (daemon.unix_target, daemon.tcp_target)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, t, name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for t in (daemon.unix_target, daemon.tcp_target)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert "RESULT True" in out, err
@@ -187,8 +200,12 @@ def test_the_same_pipeline_built_in_another_process_reuses_the_cache(daemon, cc,
             ds = cc.cache(src, name=sys.argv[2])
             print("CARD", int(ds.cardinality()), sum(1 for _ in ds))
     """)
-    out = subprocess.run([sys.executable, "-c", script, daemon.unix_target, name],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script, daemon.unix_target, name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "CARD 100 100" in out.stdout, out.stderr
 
 
@@ -212,8 +229,7 @@ def _flip_byte_in_record(data_dir: Path, name: str, needle: bytes) -> None:
 
 
 @pytest.mark.parametrize("kind", ["raw", "zstd"])
-def test_a_flipped_byte_in_a_stored_record_is_reported_as_data_loss(daemon, cc, name,
-                                                                     kind) -> None:
+def test_a_flipped_byte_in_a_stored_record_is_reported_as_data_loss(daemon, cc, name, kind) -> None:
     rng = np.random.default_rng(1)
     if kind == "raw":  # incompressible: stored raw with a CRC-32
         data = rng.integers(0, 256, size=(20, 4096), dtype=np.uint8)
@@ -228,14 +244,15 @@ def test_a_flipped_byte_in_a_stored_record_is_reported_as_data_loss(daemon, cc, 
     else:
         with open(daemon.data_dir / "caches" / name / "shard-00000" / "data.mdb", "rb") as f:
             raw = f.read()
-        needle = raw[raw.find(b"\x28\xb5\x2f\xfd", len(raw) // 3):][:24]  # a zstd frame
+        needle = raw[raw.find(b"\x28\xb5\x2f\xfd", len(raw) // 3) :][:24]  # a zstd frame
     _flip_byte_in_record(daemon.data_dir, name, needle)
     with pytest.raises(tf.errors.OpError, match=rf"DataLossError: cache '{name}' shard 0"):
         list(cc.dataset(name))
 
 
 def test_an_epoch_that_starts_while_the_daemon_is_down_runs_the_source(
-        fresh_daemon, caplog) -> None:
+    fresh_daemon, caplog
+) -> None:
     import logging
 
     with CacheClient(fresh_daemon.unix_target, connect_timeout=2) as cc:

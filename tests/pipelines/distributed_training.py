@@ -49,8 +49,9 @@ def labels(ids: tf.Tensor) -> tf.Tensor:
     return tf.cast(ids % 2, tf.float32)[:, None]
 
 
-def train_step(strategy: tf.distribute.Strategy, weights: tf.Variable,
-               global_batch: int, spec: Any) -> Any:
+def train_step(
+    strategy: tf.distribute.Strategy, weights: tf.Variable, global_batch: int, spec: Any
+) -> Any:
     """One synchronous step: gradients summed over all replicas, counts all-reduced.
 
     A replica whose share has run out gets an empty batch (the strategy's
@@ -63,7 +64,8 @@ def train_step(strategy: tf.distribute.Strategy, weights: tf.Variable,
             loss = tf.reduce_sum(error**2) / global_batch
         weights.assign_sub(0.01 * tape.gradient(loss, weights))  # SUM over replicas
         count = tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, tf.shape(batch["id"])[0])
+            tf.distribute.ReduceOp.SUM, tf.shape(batch["id"])[0]
+        )
         return batch["id"], count
 
     @tf.function(input_signature=[spec])
@@ -73,8 +75,9 @@ def train_step(strategy: tf.distribute.Strategy, weights: tf.Variable,
     return step
 
 
-def run_epochs(strategy: tf.distribute.Strategy, dist: Any, step: Any,
-               after_epoch: Any = None) -> list[dict[str, Any]]:
+def run_epochs(
+    strategy: tf.distribute.Strategy, dist: Any, step: Any, after_epoch: Any = None
+) -> list[dict[str, Any]]:
     epochs = []
     for _ in range(EPOCHS):
         ids: list[int] = []
@@ -93,14 +96,17 @@ def summed_weights(strategy: tf.distribute.Strategy) -> tf.Variable:
         return tf.Variable(tf.zeros([FEATURES, 1]), aggregation=tf.VariableAggregation.SUM)
 
 
-def worker_datasets(cc: CacheClient, args: argparse.Namespace,
-                    shares: list[int]) -> Any:
+def worker_datasets(cc: CacheClient, args: argparse.Namespace, shares: list[int]) -> Any:
     """dataset_fn for distribute_datasets_from_function: this worker's share of the cache."""
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        ds = cc.dataset(args.name, shuffle=True, seed=args.seed,
-                        worker_index=ctx.input_pipeline_id,
-                        num_workers=ctx.num_input_pipelines)
+        ds = cc.dataset(
+            args.name,
+            shuffle=True,
+            seed=args.seed,
+            worker_index=ctx.input_pipeline_id,
+            num_workers=ctx.num_input_pipelines,
+        )
         shares.append(int(ds.cardinality()))
         return ds
 
@@ -142,8 +148,13 @@ def multi_worker_fit(cc: CacheClient, args: argparse.Namespace) -> dict[str, Any
         model = tf.keras.Sequential([tf.keras.Input((FEATURES,)), tf.keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
     history = model.fit(dist, epochs=EPOCHS, steps_per_epoch=steps, verbose=0)
-    return {"keras": tf.keras.__name__, "shares": shares, "steps": steps, "produced": produced,
-            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
+    return {
+        "keras": tf.keras.__name__,
+        "shares": shares,
+        "steps": steps,
+        "produced": produced,
+        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+    }
 
 
 def mirrored(cc: CacheClient, args: argparse.Namespace) -> dict[str, Any]:
@@ -166,11 +177,16 @@ def mirrored(cc: CacheClient, args: argparse.Namespace) -> dict[str, Any]:
 
     def after_epoch() -> dict[str, Any]:
         info = cc.info(args.name)
-        return {"source_elements_run": ran[0], "state": info.state,
-                "num_elements": info.num_elements}
+        return {
+            "source_elements_run": ran[0],
+            "state": info.state,
+            "num_elements": info.num_elements,
+        }
 
-    return {"replicas": strategy.num_replicas_in_sync,
-            "epochs": run_epochs(strategy, dist, step, after_epoch)}
+    return {
+        "replicas": strategy.num_replicas_in_sync,
+        "epochs": run_epochs(strategy, dist, step, after_epoch),
+    }
 
 
 MODES = {"loop": multi_worker_loop, "fit": multi_worker_fit, "mirrored": mirrored}

@@ -52,8 +52,9 @@ def main() -> None:
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}"))
     workers = len(cluster.get("cluster", {}).get("worker", [])) or 1
     rank = cluster.get("task", {}).get("index", 0)
-    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if workers > 1
-                else tf.distribute.get_strategy())
+    strategy = (
+        tf.distribute.MultiWorkerMirroredStrategy() if workers > 1 else tf.distribute.get_strategy()
+    )
     produced: collections.deque[list[int]] = collections.deque()
     epoch = [0]
 
@@ -68,8 +69,10 @@ def main() -> None:
     out = args.out.open("a")
 
     def on_batch_end(batch: int, logs: Any) -> None:
-        out.write(json.dumps({"epoch": int(epoch[0]), "batch": int(batch),
-                              "ids": produced.popleft()}) + "\n")
+        out.write(
+            json.dumps({"epoch": int(epoch[0]), "batch": int(batch), "ids": produced.popleft()})
+            + "\n"
+        )
         out.flush()
         if kill_at == (int(epoch[0]), int(batch)):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -78,9 +81,19 @@ def main() -> None:
         epoch[0] = e
 
     with CacheClient(args.target) as cc:
-        ds = cc.dataset(args.name, shuffle=True, seed=SEED, worker_index=rank,
-                        num_workers=workers, resume_from=args.backup_dir,
-                        batch_size=args.batch).batch(args.batch).map(to_xy)
+        ds = (
+            cc.dataset(
+                args.name,
+                shuffle=True,
+                seed=SEED,
+                worker_index=rank,
+                num_workers=workers,
+                resume_from=args.backup_dir,
+                batch_size=args.batch,
+            )
+            .batch(args.batch)
+            .map(to_xy)
+        )
         steps = None
         if workers > 1:  # tf-keras wants steps_per_epoch over a distributed dataset: one
             # iterator for all epochs, each epoch a whole iteration of the cache's dataset
@@ -89,10 +102,18 @@ def main() -> None:
         with strategy.scope():
             model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
             model.compile("sgd", "mse")
-        model.fit(ds, epochs=args.epochs, steps_per_epoch=steps, verbose=0, callbacks=[
-            tf.keras.callbacks.LambdaCallback(on_epoch_begin=on_epoch_begin,
-                                              on_train_batch_end=on_batch_end),
-            BackupAndRestore(args.backup_dir, save_freq=args.save_freq)])
+        model.fit(
+            ds,
+            epochs=args.epochs,
+            steps_per_epoch=steps,
+            verbose=0,
+            callbacks=[
+                tf.keras.callbacks.LambdaCallback(
+                    on_epoch_begin=on_epoch_begin, on_train_batch_end=on_batch_end
+                ),
+                BackupAndRestore(args.backup_dir, save_freq=args.save_freq),
+            ],
+        )
     out.close()
 
 

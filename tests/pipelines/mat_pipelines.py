@@ -43,9 +43,13 @@ def records(shard: int, num_shards: int) -> tf.data.Dataset:
     """Shard s holds 20 + s elements: an id, a variable-length vector and a string."""
     first = shard * 1000
     ids = tf.data.Dataset.range(first, first + 20 + shard)
-    return ids.map(lambda i: {"id": i,
-                              "vec": tf.fill([tf.cast(i % 7, tf.int32)], tf.cast(i, tf.float32)),
-                              "tag": tf.strings.as_string(i * 3)})
+    return ids.map(
+        lambda i: {
+            "id": i,
+            "vec": tf.fill([tf.cast(i % 7, tf.int32)], tf.cast(i, tf.float32)),
+            "tag": tf.strings.as_string(i * 3),
+        }
+    )
 
 
 def gated(shard: int, num_shards: int) -> tf.data.Dataset:
@@ -86,7 +90,8 @@ def big(shard: int, num_shards: int) -> tf.data.Dataset:
     """8 MiB of incompressible bytes per shard (fills a small disk)."""
     rng = np.random.default_rng(shard)
     return tf.data.Dataset.from_tensor_slices(
-        rng.integers(0, 256, size=(64, 128 << 10), dtype=np.uint8))
+        rng.integers(0, 256, size=(64, 128 << 10), dtype=np.uint8)
+    )
 
 
 def infinite(shard: int, num_shards: int) -> tf.data.Dataset:
@@ -114,8 +119,9 @@ def kills_process_group_zero(shard: int, num_shards: int) -> tf.data.Dataset:
 
 def reports_its_session(shard: int, num_shards: int) -> tf.data.Dataset:
     """One element: the worker's pid, session, process group and parent."""
-    return tf.data.Dataset.from_tensors(tf.constant(
-        [os.getpid(), os.getsid(0), os.getpgid(0), os.getppid()], tf.int64))
+    return tf.data.Dataset.from_tensors(
+        tf.constant([os.getpid(), os.getsid(0), os.getpgid(0), os.getppid()], tf.int64)
+    )
 
 
 #: A directory: shards listed in HOLD_SHARDS_ENV stop after GATED_AFTER elements, create

@@ -49,10 +49,17 @@ def plain(value: Any) -> Any:
 
 def written(n: int) -> list[Any]:
     """What cc.write() stores: every kind of dense component, strings and varying shapes."""
-    return [{"image": np.full((4, 5, 3), i % 256, np.uint8), "label": np.int64(i),
-             "text": b"\x00ab" * (i % 4), "values": np.arange(i % 5, dtype=np.float32),
-             "pair": Pair(np.int32(-i), np.array([b"a", b"bc", str(i).encode()])),
-             "tuple": (np.float64(i) / 3, np.ones((2, i % 3), np.bool_))} for i in range(n)]
+    return [
+        {
+            "image": np.full((4, 5, 3), i % 256, np.uint8),
+            "label": np.int64(i),
+            "text": b"\x00ab" * (i % 4),
+            "values": np.arange(i % 5, dtype=np.float32),
+            "pair": Pair(np.int32(-i), np.array([b"a", b"bc", str(i).encode()])),
+            "tuple": (np.float64(i) / 3, np.ones((2, i % 3), np.bool_)),
+        }
+        for i in range(n)
+    ]
 
 
 def grain_reads(cc: CacheClient, name: str) -> dict[str, Any]:
@@ -62,10 +69,12 @@ def grain_reads(cc: CacheClient, name: str) -> dict[str, Any]:
 
     source = cc.source(name)
     some = source.__getitems__([5, 2, 2, -1])
-    sampler = gp.IndexSampler(num_records=len(source), shard_options=gp.NoSharding(),
-                              shuffle=True, num_epochs=1, seed=3)
-    loader = gp.DataLoader(data_source=source, sampler=sampler, operations=[gp.Batch(32)],
-                           worker_count=2)
+    sampler = gp.IndexSampler(
+        num_records=len(source), shard_options=gp.NoSharding(), shuffle=True, num_epochs=1, seed=3
+    )
+    loader = gp.DataLoader(
+        data_source=source, sampler=sampler, operations=[gp.Batch(32)], worker_count=2
+    )
     it = iter(loader)
     first = [i for _ in range(5) for i in ids(unbatched(next(it)))]
     state = it.get_state()
@@ -74,8 +83,14 @@ def grain_reads(cc: CacheClient, name: str) -> dict[str, Any]:
     restored.set_state(state)
     again = [i for batch in restored for i in ids(unbatched(batch))]
     source.close()
-    return {"len": len(source), "some": ids(some), "item": int(source[7]["i"]),
-            "first": first, "rest": rest, "restored": again}
+    return {
+        "len": len(source),
+        "some": ids(some),
+        "item": int(source[7]["i"]),
+        "first": first,
+        "rest": rest,
+        "restored": again,
+    }
 
 
 def unbatched(batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -86,30 +101,60 @@ def main(target: str, dense: str, mixed: str, write_name: str, out: str) -> None
     results: dict[Any, Any] = {}
     with CacheClient(target) as cc:
         for direct in (False, True):
-            readers = [cc.numpy(dense, shuffle=True, seed=5, worker_index=w, num_workers=3,
-                                parallel_shards=2, direct=direct) for w in range(3)]
+            readers = [
+                cc.numpy(
+                    dense,
+                    shuffle=True,
+                    seed=5,
+                    worker_index=w,
+                    num_workers=3,
+                    parallel_shards=2,
+                    direct=direct,
+                )
+                for w in range(3)
+            ]
             results["shares", direct] = [[ids(r) for r in readers] for _epoch in range(2)]
-        results["batches"] = [batch["i"].tolist() for batch in cc.numpy(
-            dense, shuffle="shards", seed=2, batch_size=32, drop_remainder=True,
-            prefetch_bytes=64 << 10)]
+        results["batches"] = [
+            batch["i"].tolist()
+            for batch in cc.numpy(
+                dense,
+                shuffle="shards",
+                seed=2,
+                batch_size=32,
+                drop_remainder=True,
+                prefetch_bytes=64 << 10,
+            )
+        ]
 
         reader = cc.numpy(dense, shuffle=True, seed=7, worker_index=0, num_workers=2)
         it = iter(reader)
         first = ids(next(it) for _ in range(100))
         state = reader.state()
-        rest = ids(cc.numpy(dense, shuffle=True, seed=7, worker_index=0, num_workers=2,
-                            resume=ReadState.from_json(state.to_json())))
+        rest = ids(
+            cc.numpy(
+                dense,
+                shuffle=True,
+                seed=7,
+                worker_index=0,
+                num_workers=2,
+                resume=ReadState.from_json(state.to_json()),
+            )
+        )
         results["resume"] = first, state.to_json(), rest
 
-        old = [cc.numpy(dense, shuffle=True, seed=9, worker_index=w, num_workers=3,
-                        batch_size=10) for w in range(3)]
+        old = [
+            cc.numpy(dense, shuffle=True, seed=9, worker_index=w, num_workers=3, batch_size=10)
+            for w in range(3)
+        ]
         firsts = []
         for r, batches in zip(old, (5, 0, 12)):  # worker 1 read nothing
             it = iter(r)
             firsts.append([i for _ in range(batches) for i in next(it)["i"].tolist()])
         states = [r.state() for r in old]
-        rests = [ids(cc.numpy(dense, shuffle=True, seed=9, worker_index=w, num_workers=2,
-                              resume=states)) for w in range(2)]
+        rests = [
+            ids(cc.numpy(dense, shuffle=True, seed=9, worker_index=w, num_workers=2, resume=states))
+            for w in range(2)
+        ]
         results["elastic"] = firsts, rests
 
         results["mixed_read"] = list(cc.numpy(mixed))
@@ -117,8 +162,7 @@ def main(target: str, dense: str, mixed: str, write_name: str, out: str) -> None
 
         elements = written(150)
         info = cc.write(write_name, elements, version="1", block_bytes=4096)
-        results["write"] = (plain(elements), info.num_elements,
-                              plain(list(cc.numpy(write_name))))
+        results["write"] = (plain(elements), info.num_elements, plain(list(cc.numpy(write_name))))
         few = written(20)
         cc.write(write_name + "-grpc", few, direct=False)  # the WriteCache stream
         results["write_grpc"] = plain(few), plain(list(cc.numpy(write_name + "-grpc")))

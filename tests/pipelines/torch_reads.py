@@ -53,15 +53,19 @@ def rank_reads(rank: int, target: str, name: str, rendezvous: str, out: str) -> 
     """One of two gloo ranks: a DistributedSampler over the source, then the iterable dataset
     sharded by rank and DataLoader worker; each loader with two workers (spawned for the
     sampler's, from a forkserver for the iterable's)."""
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     try:
         with CacheClient(target) as cc:
             source = cc.source(name)
             sampler = DistributedSampler(source, shuffle=True, seed=3)
             mapped = epoch(DataLoader(source, batch_size=16, sampler=sampler, **SPAWN))
-            iterable = epoch(DataLoader(cc.torch(name, shuffle=True, seed=4, batch_size=16),
-                                        batch_size=None, **FORKSERVER))
+            iterable = epoch(
+                DataLoader(
+                    cc.torch(name, shuffle=True, seed=4, batch_size=16),
+                    batch_size=None,
+                    **FORKSERVER,
+                )
+            )
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -89,20 +93,25 @@ def main(target: str, name: str, out: str) -> None:
 
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        loader = StatefulDataLoader(cc.torch(name, shuffle=True, seed=11, batch_size=8),
-                                    batch_size=None, **FORKSERVER)
+        loader = StatefulDataLoader(
+            cc.torch(name, shuffle=True, seed=11, batch_size=8), batch_size=None, **FORKSERVER
+        )
         first = epoch(loader, batches=20)
         saved = loader.state_dict()
-        restored = StatefulDataLoader(cc.torch(name, shuffle=True, seed=11, batch_size=8),
-                                      batch_size=None, **FORKSERVER)
+        restored = StatefulDataLoader(
+            cc.torch(name, shuffle=True, seed=11, batch_size=8), batch_size=None, **FORKSERVER
+        )
         restored.load_state_dict(saved)
         results["stateful"] = first, epoch(restored)
 
     with tempfile.TemporaryDirectory() as tmp:
         # the ranks fork from this process's forkserver, which has imported torch
         torch.multiprocessing.start_processes(
-            rank_reads, args=(target, name, f"{tmp}/rendezvous", out), nprocs=2,
-            start_method="forkserver")
+            rank_reads,
+            args=(target, name, f"{tmp}/rendezvous", out),
+            nprocs=2,
+            start_method="forkserver",
+        )
     for rank in range(2):
         with open(f"{out}.rank{rank}", "rb") as f:
             results[f"rank{rank}"] = pickle.load(f)

@@ -14,17 +14,35 @@ from client.format.codec import RecordError
 from client.format.layout import Layout, Leaf
 from client.format.values import Decompressor
 
-SETTINGS = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-NUMERIC = ["bool", "int8", "uint8", "uint16", "int32", "int64", "float16", "bfloat16", "float32",
-           "float64", "complex64"]
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+NUMERIC = [
+    "bool",
+    "int8",
+    "uint8",
+    "uint16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+]
 
 
 @st.composite
 def fixed_layouts(draw: st.DrawFn) -> Layout:
-    leaves = draw(st.lists(st.tuples(st.sampled_from(NUMERIC),
-                                     st.lists(st.integers(1, 6), max_size=2)),
-                           min_size=1, max_size=3))
+    leaves = draw(
+        st.lists(
+            st.tuples(st.sampled_from(NUMERIC), st.lists(st.integers(1, 6), max_size=2)),
+            min_size=1,
+            max_size=3,
+        )
+    )
     return Layout(tuple(Leaf(dtype, tuple(shape)) for dtype, shape in leaves))
 
 
@@ -39,16 +57,22 @@ def batch_of(layout: Layout, n: int, rng: np.random.Generator) -> list[np.ndarra
 
 
 @SETTINGS
-@given(fixed_layouts(), st.integers(0, 300), st.lists(st.integers(1, 97), min_size=1),
-       st.sampled_from([64, 1000, 4096]), st.integers(0, 2**32 - 1))
+@given(
+    fixed_layouts(),
+    st.integers(0, 300),
+    st.lists(st.integers(1, 97), min_size=1),
+    st.sampled_from([64, 1000, 4096]),
+    st.integers(0, 2**32 - 1),
+)
 def test_any_fixed_layout_round_trips_through_blocks_whatever_the_batch_sizes(
-        layout: Layout, n: int, cuts: list[int], target: int, seed: int) -> None:
+    layout: Layout, n: int, cuts: list[int], target: int, seed: int
+) -> None:
     layout = blocked(layout, target)
     data = batch_of(layout, n, np.random.default_rng(seed))
     packer, values, elements, at = BlockPacker(layout), [], 0, 0
     while at < n:
         step = min(cuts[at % len(cuts)], n - at)
-        got, _, m = packer.add([col[at:at + step] for col in data], step)
+        got, _, m = packer.add([col[at : at + step] for col in data], step)
         values += got
         elements += m
         at += step
@@ -73,20 +97,29 @@ def test_blocks_are_sized_from_the_record_and_large_records_keep_format_1() -> N
         assert vector.block_elements == (32 if record == 32 << 10 else 1)
     image = blocked(Layout((Leaf("float32", (224, 224, 3)), Leaf("int64", ()))))
     assert (image.block_elements, image.block_shuffle) == (1, 1)
-    assert json.loads(image.to_json()) == {"format": 1, "leaves": [
-        {"dtype": "float32", "shape": [224, 224, 3]}, {"dtype": "int64", "shape": []}]}
+    assert json.loads(image.to_json()) == {
+        "format": 1,
+        "leaves": [{"dtype": "float32", "shape": [224, 224, 3]}, {"dtype": "int64", "shape": []}],
+    }
     varying = blocked(Layout((Leaf("int32", (None,)),)))
     assert varying.block_elements == 1
     pixels = blocked(Layout((Leaf("uint8", (16, 16, 3)), Leaf("int64", ()))))
     assert (pixels.block_elements, pixels.block_shuffle, pixels.row_delta) == (337, 1, True)
     photo = blocked(Layout((Leaf("uint8", (224, 224, 3)), Leaf("int64", ()))))
     assert json.loads(photo.to_json()) == {
-        "format": 3, "block_elements": 1, "block_shuffle": 1, "row_delta": True, "leaves": [
-            {"dtype": "uint8", "shape": [224, 224, 3]}, {"dtype": "int64", "shape": []}]}
+        "format": 3,
+        "block_elements": 1,
+        "block_shuffle": 1,
+        "row_delta": True,
+        "leaves": [{"dtype": "uint8", "shape": [224, 224, 3]}, {"dtype": "int64", "shape": []}],
+    }
     assert Layout.from_json(photo.to_json()) == photo
-    for not_an_image in [(Leaf("uint8", (4096,)),), (Leaf("uint8", (1, 64)),),
-                         (Leaf("uint16", (64, 64)),), (Leaf("uint8", (64, 64)),
-                                                        Leaf("int32", (None,)))]:
+    for not_an_image in [
+        (Leaf("uint8", (4096,)),),
+        (Leaf("uint8", (1, 64)),),
+        (Leaf("uint16", (64, 64)),),
+        (Leaf("uint8", (64, 64)), Leaf("int32", (None,))),
+    ]:
         assert not blocked(Layout(not_an_image)).row_delta, not_an_image
 
 
@@ -111,8 +144,10 @@ def test_image_rows_stored_as_differences_compress_where_the_pixels_alone_do_not
 
 def test_a_row_delta_layout_says_so_and_a_layout_claiming_it_wrongly_is_refused() -> None:
     with pytest.raises(ValueError, match="row_delta"):
-        Layout.from_json('{"format":3,"block_elements":1,"block_shuffle":1,"leaves":'
-                         '[{"dtype":"uint8","shape":[64,64]}]}')
+        Layout.from_json(
+            '{"format":3,"block_elements":1,"block_shuffle":1,"leaves":'
+            '[{"dtype":"uint8","shape":[64,64]}]}'
+        )
     with pytest.raises(ValueError, match="uint8 leaf of rank >= 2"):
         Layout((Leaf("float32", (64, 64)),), row_delta=True)
 
@@ -153,6 +188,5 @@ def test_elements_of_one_per_value_keep_format_1s_compression_threshold() -> Non
     values, _, n = BlockPacker(layout).add([data], 4)
     assert n == 4 and all(v[0] == 0x00 for v in values)  # raw + CRC-32, as format 1 writes
     blocks = blocked(Layout((Leaf("uint8", (7000,)),)))
-    values, _, _ = BlockPacker(blocks).add([data.reshape(-1)[:80 * 7000].reshape(80, 7000)], 80)
+    values, _, _ = BlockPacker(blocks).add([data.reshape(-1)[: 80 * 7000].reshape(80, 7000)], 80)
     assert all(v[0] == 0x01 for v in values)  # a block keeps its frame at >= 1.1x
-

@@ -39,8 +39,9 @@ def _read_all(cat: Catalog, name: str) -> list[bytes]:
     return out
 
 
-@pytest.mark.parametrize("bad", ["", "../x", "/abs", "a/b", "x" * 201, "tab\there", "nl\n",
-                                 "-lead", ".hidden", "sp ace"])
+@pytest.mark.parametrize(
+    "bad", ["", "../x", "/abs", "a/b", "x" * 201, "tab\there", "nl\n", "-lead", ".hidden", "sp ace"]
+)
 def test_invalid_cache_names_are_rejected_with_a_reason(bad: str) -> None:
     with pytest.raises(InvalidArgument):
         validate_name(bad)
@@ -140,8 +141,7 @@ def test_a_truncated_lmdb_file_is_reported_as_data_loss(tmp_path: Path) -> None:
         _read_all(Catalog(tmp_path), "c")
 
 
-def test_a_cache_rebuilt_while_an_old_reader_streams_serves_the_new_records(
-        tmp_path: Path) -> None:
+def test_a_cache_rebuilt_while_an_old_reader_streams_serves_the_new_records(tmp_path: Path) -> None:
     cat = Catalog(tmp_path)
     _write(cat, "c", 2000)  # several 4 KiB chunks
     old = reads.read_shard(cat, "c", 0, 0, 4096)
@@ -156,7 +156,8 @@ def test_a_cache_rebuilt_while_an_old_reader_streams_serves_the_new_records(
 
 
 def test_a_commit_racing_an_eviction_is_never_evicted_before_its_manifest_is_written(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """An eviction that picks a cache the moment it is marked READY must not delete it
     before its commit is durable: each round, one thread evicts the cache being committed
     as soon as it can while the writer finishes; no commit may fail."""

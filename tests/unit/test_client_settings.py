@@ -29,39 +29,47 @@ def test_every_spelling_of_false_is_false(text: str) -> None:
     assert settings.TUNE_MALLOC.get({"SHARDCACHE_TUNE_MALLOC": text}) is False
 
 
-@pytest.mark.parametrize(("text", "value"), [("auto", "auto"), ("AUTO", "auto"), ("yes", True),
-                                             ("0", False), ("off", False)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("auto", "auto"), ("AUTO", "auto"), ("yes", True), ("0", False), ("off", False)],
+)
 def test_a_setting_with_auto_takes_auto_and_the_booleans(text: str, value: object) -> None:
     assert settings.DIRECT.get({"SHARDCACHE_DIRECT": text}) == value
     assert settings.DATA_PLANE.get({"SHARDCACHE_DATA_PLANE": text}) == value
 
 
-@pytest.mark.parametrize("environ", [{}, {"SHARDCACHE_BLOCK_BYTES": ""},
-                                     {"SHARDCACHE_BLOCK_BYTES": "  "}])
+@pytest.mark.parametrize(
+    "environ", [{}, {"SHARDCACHE_BLOCK_BYTES": ""}, {"SHARDCACHE_BLOCK_BYTES": "  "}]
+)
 def test_an_unset_or_empty_variable_is_the_default(environ: dict[str, str]) -> None:
     assert settings.BLOCK_BYTES.get(environ) == 256 << 10
 
 
-@pytest.mark.parametrize(("setting", "text", "says"), [
-    (settings.WRITE_TAP, "maybe", "is not true or false (also 1/0, yes/no, on/off)"),
-    (settings.DIRECT, "sometimes", "is not auto, true or false"),
-    (settings.BLOCK_BYTES, "256KiB", "is not a whole number >= 0"),
-    (settings.BLOCK_BYTES, "-1", "is not >= 0"),
-    (settings.RANK, "two", "is not a whole number from 0 to 1048576"),
-    (settings.RANK, "1048577", "is not from 0 to 1048576"),
-    (settings.RESOLVE_SECONDS, "0", "is not a positive number of seconds"),
-    (settings.RESOLVE_SECONDS, "nan", "is not a positive number of seconds"),
-    (settings.COMPRESS, "never", "is not one of always, spare-cpu"),
-    (settings.JOB, "my job", "is not 1-64 of A-Z a-z 0-9 _ . -"),
-])
-def test_a_bad_value_names_the_variable_and_what_it_takes(setting: settings.Setting[object],
-                                                          text: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("setting", "text", "says"),
+    [
+        (settings.WRITE_TAP, "maybe", "is not true or false (also 1/0, yes/no, on/off)"),
+        (settings.DIRECT, "sometimes", "is not auto, true or false"),
+        (settings.BLOCK_BYTES, "256KiB", "is not a whole number >= 0"),
+        (settings.BLOCK_BYTES, "-1", "is not >= 0"),
+        (settings.RANK, "two", "is not a whole number from 0 to 1048576"),
+        (settings.RANK, "1048577", "is not from 0 to 1048576"),
+        (settings.RESOLVE_SECONDS, "0", "is not a positive number of seconds"),
+        (settings.RESOLVE_SECONDS, "nan", "is not a positive number of seconds"),
+        (settings.COMPRESS, "never", "is not one of always, spare-cpu"),
+        (settings.JOB, "my job", "is not 1-64 of A-Z a-z 0-9 _ . -"),
+    ],
+)
+def test_a_bad_value_names_the_variable_and_what_it_takes(
+    setting: settings.Setting[object], text: str, says: str
+) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         setting.get({setting.name: text})
     message = str(caught.value)
     assert message.startswith(f"${setting.name}={text!r} {says}")
-    assert message.endswith(f"; set it to {setting.takes}, or unset it for the default "
-                            f"({setting.shown()})")
+    assert message.endswith(
+        f"; set it to {setting.takes}, or unset it for the default ({setting.shown()})"
+    )
 
 
 def test_good_values_of_each_kind_are_parsed() -> None:
@@ -84,8 +92,9 @@ def test_values_are_read_when_used_not_at_import(monkeypatch: pytest.MonkeyPatch
 
 def test_the_operations_doc_carries_the_client_settings_table_exactly() -> None:
     doc = (ROOT / "docs" / "operations.md").read_text()
-    assert markdown_table() in doc, ("docs/operations.md is out of date: paste "
-                                     "client.settings.markdown_table() into it")
+    assert markdown_table() in doc, (
+        "docs/operations.md is out of date: paste client.settings.markdown_table() into it"
+    )
     assert len(SETTINGS) == len(NAMES) == markdown_table().count("\n| `")
 
 

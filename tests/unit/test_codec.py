@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @SETTINGS
 @given(batches(layouts()), st.sampled_from([1, 3, 19]))
 def test_any_layout_round_trips_exactly_through_pack_and_decode(
-        case: tuple[Layout, list[list[np.ndarray]]], level: int) -> None:
+    case: tuple[Layout, list[list[np.ndarray]]], level: int
+) -> None:
     layout, elements = case
     bodies = [encode_body(layout, e) for e in elements]
     values = [Compressor(level).pack(b) for b in bodies]
@@ -56,7 +57,8 @@ def test_any_layout_round_trips_exactly_through_pack_and_decode(
 @SETTINGS
 @given(batches(layouts()))
 def test_both_record_tags_decode_to_the_same_elements(
-        case: tuple[Layout, list[list[np.ndarray]]]) -> None:
+    case: tuple[Layout, list[list[np.ndarray]]],
+) -> None:
     layout, elements = case
     bodies = [encode_body(layout, e) for e in elements]
     assert_elements(layout, round_trip(layout, [zstd_value(b) for b in bodies]), elements)
@@ -66,13 +68,15 @@ def test_both_record_tags_decode_to_the_same_elements(
 @SETTINGS
 @given(batches(layouts(fixed=True, dtypes=NUMERIC, min_size=1)))
 def test_fixed_batch_encoding_agrees_with_per_element_encoding(
-        case: tuple[Layout, list[list[np.ndarray]]]) -> None:
+    case: tuple[Layout, list[list[np.ndarray]]],
+) -> None:
     layout, elements = case
     assert layout.fixed_numeric
     n = len(elements)
-    stacked = [np.stack([e[j] for e in elements]) if n
-               else np.empty((0, *leaf.shape), leaf.np_dtype)  # type: ignore[misc]
-               for j, leaf in enumerate(layout.leaves)]
+    stacked = [
+        np.stack([e[j] for e in elements]) if n else np.empty((0, *leaf.shape), leaf.np_dtype)  # type: ignore[misc]
+        for j, leaf in enumerate(layout.leaves)
+    ]
     rows = encode_fixed_batch(layout, stacked)
     assert rows.dtype == np.uint8 and rows.shape == (n, layout.record_size)
     assert [r.tobytes() for r in rows] == [encode_body(layout, e) for e in elements]
@@ -83,8 +87,9 @@ def test_fixed_batch_rows_of_one_byte_columns_are_contiguous_records() -> None:
     # found by hypothesis in CI: n x 1 columns made np.concatenate return F order, and
     # zstd refuses a row of that ("ndarray is not C-contiguous")
     layout = Layout((Leaf("bool", ()), Leaf("bool", ()), Leaf("int16", (0,))))
-    rows = encode_fixed_batch(layout, [np.array([True, False]), np.array([False, True]),
-                                       np.zeros((2, 0), np.int16)])
+    rows = encode_fixed_batch(
+        layout, [np.array([True, False]), np.array([False, True]), np.zeros((2, 0), np.int16)]
+    )
     assert rows.flags["C_CONTIGUOUS"]
     assert [Compressor().pack(r)[0] for r in rows] == [0x00, 0x00]  # raw + CRC, packed
 
@@ -116,8 +121,15 @@ def test_every_dtype_round_trips_as_a_scalar_a_matrix_and_a_ragged_leaf(dtype: s
         if dtype == "bool":
             matrix = np.array([[True, False, True], [False, False, True]])
         scalar = matrix.reshape(-1)[1].copy().reshape(())
-    layout = Layout((Leaf(dtype, ()), Leaf(dtype, (2, 3)), Leaf(dtype, (None, 3)),
-                     Leaf(dtype, None), Leaf(dtype, (0,))))
+    layout = Layout(
+        (
+            Leaf(dtype, ()),
+            Leaf(dtype, (2, 3)),
+            Leaf(dtype, (None, 3)),
+            Leaf(dtype, None),
+            Leaf(dtype, (0,)),
+        )
+    )
     elements = [
         [scalar, matrix, matrix[:1], matrix, np.empty(0, dt)],
         [scalar, matrix, matrix[:0], scalar, np.empty(0, dt)],
@@ -178,8 +190,7 @@ def test_compressible_bodies_use_zstd_and_incompressible_ones_stay_raw() -> None
 
 
 @pytest.mark.parametrize("compressible", [True, False], ids=["zstd", "raw"])
-def test_a_value_packed_from_parts_is_the_value_of_their_concatenation(
-        compressible: bool) -> None:
+def test_a_value_packed_from_parts_is_the_value_of_their_concatenation(compressible: bool) -> None:
     """pack_parts joins the leaves of a record once, into the stored value itself (the
     raw value's CRC runs over the parts); the value is byte for byte pack()'s."""
     rng = np.random.default_rng(1)
@@ -188,7 +199,6 @@ def test_a_value_packed_from_parts_is_the_value_of_their_concatenation(
     assert parts_value == Compressor().pack(b"".join(parts))
     assert parts_value[0] == (TAG_ZSTD if compressible else TAG_RAW)
     assert bytes(Decompressor().unpack(parts_value)) == b"".join(parts)
-
 
 
 def _random_body(rng: np.random.Generator, size: int = 4096) -> bytes:
@@ -220,7 +230,8 @@ def test_a_compressible_record_found_by_a_probe_resumes_compressing_every_record
 @SETTINGS
 @given(batches(layouts(dtypes=NUMERIC), min_elements=1))
 def test_the_vectorized_decoder_agrees_with_the_per_record_decoder(
-        case: tuple[Layout, list[list[np.ndarray]]]) -> None:
+    case: tuple[Layout, list[list[np.ndarray]]],
+) -> None:
     layout, elements = case
     if not layout.numeric_known_ranks:
         return  # unknown rank: only the per-record decoder applies
@@ -240,8 +251,10 @@ def test_the_vectorized_decoder_agrees_with_the_per_record_decoder(
 
 def test_the_vectorized_decoder_defers_every_corruption_to_the_exact_one() -> None:
     layout = Layout((Leaf("int32", (None, 3)), Leaf("float64", ())))
-    bodies = [encode_body(layout, [np.arange(3 * k, dtype=np.int32).reshape(k, 3),
-                                   np.float64(k)]) for k in range(5)]
+    bodies = [
+        encode_body(layout, [np.arange(3 * k, dtype=np.int32).reshape(k, 3), np.float64(k)])
+        for k in range(5)
+    ]
     assert codec._decode_known_ranks(layout, bodies) is not None
     for i in range(len(bodies[3])):
         broken = bytearray(bodies[3])
@@ -260,11 +273,13 @@ def test_the_vectorized_decoder_defers_every_corruption_to_the_exact_one() -> No
 
 
 def test_the_codec_works_without_importing_tensorflow() -> None:
-    code = ("import sys, numpy as np, client.format.codec as c, client.format.layout as l, "
-            "client.format.values as v; "
-            "lay = l.Layout((l.Leaf('bfloat16', (2,)), l.Leaf('string', None))); "
-            "s = np.empty(1, object); s[:] = [b'x']; "
-            "body = c.encode_body(lay, [np.zeros(2, 'float32'), s]); "
-            "c.decode_batch(lay, [v.Decompressor().unpack(v.Compressor().pack(body))]); "
-            "assert 'tensorflow' not in sys.modules, 'the codec imported TensorFlow'")
+    code = (
+        "import sys, numpy as np, client.format.codec as c, client.format.layout as l, "
+        "client.format.values as v; "
+        "lay = l.Layout((l.Leaf('bfloat16', (2,)), l.Leaf('string', None))); "
+        "s = np.empty(1, object); s[:] = [b'x']; "
+        "body = c.encode_body(lay, [np.zeros(2, 'float32'), s]); "
+        "c.decode_batch(lay, [v.Decompressor().unpack(v.Compressor().pack(body))]); "
+        "assert 'tensorflow' not in sys.modules, 'the codec imported TensorFlow'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

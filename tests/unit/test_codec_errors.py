@@ -34,12 +34,19 @@ def decode_or_error(layout: Layout, value: bytes) -> list[Any]:
     return decode_batch(layout, [Decompressor().unpack(value)])
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(batches(layouts(min_size=1), min_elements=1, max_elements=1),
-       st.sampled_from(["zstd", "raw"]), st.data())
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    batches(layouts(min_size=1), min_elements=1, max_elements=1),
+    st.sampled_from(["zstd", "raw"]),
+    st.data(),
+)
 def test_corrupting_any_byte_of_a_stored_value_never_yields_a_wrong_array(
-        case: tuple[Layout, list[list[np.ndarray]]], tag: str, data: st.DataObject) -> None:
+    case: tuple[Layout, list[list[np.ndarray]]], tag: str, data: st.DataObject
+) -> None:
     """Raw records: every corruption is a RecordError (CRC-32 catches any burst of
     up to 32 bits). zstd records: a RecordError, or, where the corrupted frame
     still describes the very same body (a 1-byte raw block re-typed as an RLE
@@ -133,7 +140,8 @@ def test_an_empty_or_unknown_tagged_value_is_rejected() -> None:
 @SETTINGS
 @given(layouts(min_size=1), st.binary(max_size=64))
 def test_arbitrary_bytes_decode_to_a_record_error_or_a_consistent_batch(
-        layout: Layout, body: bytes) -> None:
+    layout: Layout, body: bytes
+) -> None:
     try:
         batch = decode_batch(layout, [body])
     except RecordError:
@@ -175,14 +183,18 @@ def test_a_chunk_splits_into_its_values() -> None:
     assert split_chunk(b"", b"") == []
 
 
-@pytest.mark.parametrize(("lengths", "data"), [
-    (struct.pack("<2I", 1, 2), b"ab"),          # lengths sum past the data
-    (struct.pack("<2I", 1, 1), b"abc"),         # data left over
-    (b"", b"stray"),                            # data without lengths
-    (struct.pack("<I", 1) + b"\x00", b"a"),     # lengths not a whole number of u32
-    (b"\x01\x00", b"a"),
-    (struct.pack("<2I", 0xFFFFFFFF, 0xFFFFFFFF), b"a"),
-], ids=["short-data", "extra-data", "no-lengths", "ragged-lengths", "half-u32", "huge"])
+@pytest.mark.parametrize(
+    ("lengths", "data"),
+    [
+        (struct.pack("<2I", 1, 2), b"ab"),  # lengths sum past the data
+        (struct.pack("<2I", 1, 1), b"abc"),  # data left over
+        (b"", b"stray"),  # data without lengths
+        (struct.pack("<I", 1) + b"\x00", b"a"),  # lengths not a whole number of u32
+        (b"\x01\x00", b"a"),
+        (struct.pack("<2I", 0xFFFFFFFF, 0xFFFFFFFF), b"a"),
+    ],
+    ids=["short-data", "extra-data", "no-lengths", "ragged-lengths", "half-u32", "huge"],
+)
 def test_malformed_chunk_framing_is_rejected(lengths: bytes, data: bytes) -> None:
     with pytest.raises(RecordError, match="chunk framing"):
         split_chunk(lengths, data)
@@ -200,16 +212,24 @@ def test_an_unsupported_dtype_is_a_clear_value_error(dtype: str) -> None:
         Layout.from_json(text)
 
 
-@pytest.mark.parametrize("text", [
-    "", "[]", "null", '{"format": 3, "leaves": []}', '{"format": 1}',
-    '{"format": 2, "leaves": []}', '{"format": 2, "block_elements": 0, "leaves": []}',
-    '{"format": 2, "block_elements": true, "leaves": []}',
-    '{"format": 2, "block_elements": 4, "leaves": [{"dtype": "string", "shape": []}]}',
-    '{"format": 1, "leaves": [{"dtype": "int8"}]}',
-    '{"format": 1, "leaves": [{"dtype": "int8", "shape": [-1]}]}',
-    '{"format": 1, "leaves": [{"dtype": "int8", "shape": ["2"]}]}',
-    '{"format": 1, "leaves": [{"dtype": "int8", "shape": 3}]}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "[]",
+        "null",
+        '{"format": 3, "leaves": []}',
+        '{"format": 1}',
+        '{"format": 2, "leaves": []}',
+        '{"format": 2, "block_elements": 0, "leaves": []}',
+        '{"format": 2, "block_elements": true, "leaves": []}',
+        '{"format": 2, "block_elements": 4, "leaves": [{"dtype": "string", "shape": []}]}',
+        '{"format": 1, "leaves": [{"dtype": "int8"}]}',
+        '{"format": 1, "leaves": [{"dtype": "int8", "shape": [-1]}]}',
+        '{"format": 1, "leaves": [{"dtype": "int8", "shape": ["2"]}]}',
+        '{"format": 1, "leaves": [{"dtype": "int8", "shape": 3}]}',
+    ],
+)
 def test_an_invalid_layout_description_is_a_value_error(text: str) -> None:
     with pytest.raises(ValueError, match="invalid layout description"):
         Layout.from_json(text)

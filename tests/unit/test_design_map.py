@@ -30,9 +30,12 @@ def _mapped() -> set[str]:
 
 
 def _modules() -> set[str]:
-    return {str(p.relative_to(ROOT)) for package in ("client", "cacheserver")
-            for p in (ROOT / package).rglob("*.py")
-            if p.name != "__init__.py" and "wire/v1" not in str(p)}
+    return {
+        str(p.relative_to(ROOT))
+        for package in ("client", "cacheserver")
+        for p in (ROOT / package).rglob("*.py")
+        if p.name != "__init__.py" and "wire/v1" not in str(p)
+    }
 
 
 def test_the_design_map_lists_every_module_of_the_packages() -> None:

@@ -25,8 +25,9 @@ def _record(layout: Layout = LAYOUT) -> CacheRecord:
     return CacheRecord("c", "f", layout.to_json(), b"", "WRITING", 0.0)
 
 
-def _stage(tmp_path: Path, shards: list[list[bytes]], k: int = 1
-           ) -> tuple[Path, Path, list[direct_writes.StagedShard]]:
+def _stage(
+    tmp_path: Path, shards: list[list[bytes]], k: int = 1
+) -> tuple[Path, Path, list[direct_writes.StagedShard]]:
     cache_dir = tmp_path / "caches" / "c"
     cache_dir.mkdir(parents=True)
     where = direct_writes.make(cache_dir)
@@ -35,8 +36,11 @@ def _stage(tmp_path: Path, shards: list[list[bytes]], k: int = 1
         writer = ShardWriter(where / f"shard-{i:05d}", 1 << 20)
         writer.append(values, sum(map(len, values)), None if k == 1 else len(values) * k)
         writer.commit()
-        claims.append(direct_writes.StagedShard(i, writer.num_elements, writer.num_records,
-                                          writer.stored_bytes, writer.raw_bytes))
+        claims.append(
+            direct_writes.StagedShard(
+                i, writer.num_elements, writer.num_records, writer.stored_bytes, writer.raw_bytes
+            )
+        )
     return cache_dir, where, claims
 
 
@@ -45,13 +49,18 @@ def _values(n: int) -> list[bytes]:
 
 
 def test_adopted_shards_move_into_the_cache_with_markers_and_reserve_their_bytes(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     cache_dir, where, claims = _stage(tmp_path, [_values(3), _values(2)])
     record, reserved = _record(), []
     direct_writes.adopt(record, cache_dir, where, claims, reserved.append)
     assert [(s.first_element, s.num_elements) for s in record.shards] == [(0, 3), (3, 2)]
     assert sorted(p.name for p in cache_dir.iterdir()) == [
-        "shard-00000", "shard-00000.json", "shard-00001", "shard-00001.json"]
+        "shard-00000",
+        "shard-00000.json",
+        "shard-00001",
+        "shard-00001.json",
+    ]
     assert reserved and reserved[0] >= 5 * 4096
 
 
@@ -67,8 +76,11 @@ def test_a_symlink_instead_of_a_data_file_is_refused(tmp_path: Path) -> None:
 
 def test_a_shard_the_writer_does_not_name_is_refused(tmp_path: Path) -> None:
     cache_dir, where, claims = _stage(tmp_path, [_values(2), _values(2)])
-    with pytest.raises(DataLoss, match=r"holds \['shard-00000', 'shard-00001'\], the writer "
-                                       r"says \['shard-00000'\]"):
+    with pytest.raises(
+        DataLoss,
+        match=r"holds \['shard-00000', 'shard-00001'\], the writer "
+        r"says \['shard-00000'\]",
+    ):
         direct_writes.adopt(_record(), cache_dir, where, claims[:1], lambda n: None)
 
 
@@ -86,8 +98,10 @@ def test_a_short_block_anywhere_but_at_the_very_end_is_refused(tmp_path: Path) -
     values, _, n = packer.add([rows], 6)
     last, _, m = packer.flush()
     cache_dir, where, claims = _stage(tmp_path, [list(values), list(last)], k=4)
-    claims = [direct_writes.StagedShard(0, 3, 1, claims[0].stored_bytes, 0),  # a short first shard
-              direct_writes.StagedShard(1, 3, 1, claims[1].stored_bytes, 0)]
+    claims = [
+        direct_writes.StagedShard(0, 3, 1, claims[0].stored_bytes, 0),  # a short first shard
+        direct_writes.StagedShard(1, 3, 1, claims[1].stored_bytes, 0),
+    ]
     with pytest.raises(InvalidArgument, match="only the last value of the last shard"):
         direct_writes.adopt(_record(layout), cache_dir, where, claims, lambda n: None)
     assert (n, m) == (4, 2)

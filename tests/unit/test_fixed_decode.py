@@ -22,10 +22,15 @@ def pack(layout: Layout, data: list[np.ndarray], n: int) -> list[bytes]:
 
 
 @SETTINGS
-@given(fixed_layouts(), st.integers(0, 200), st.sampled_from([64, 1000, 4096]),
-       st.integers(0, 2**32 - 1))
+@given(
+    fixed_layouts(),
+    st.integers(0, 200),
+    st.sampled_from([64, 1000, 4096]),
+    st.integers(0, 2**32 - 1),
+)
 def test_blocks_decode_into_aligned_arrays_equal_to_the_general_decoder(
-        layout: Layout, n: int, target: int, seed: int) -> None:
+    layout: Layout, n: int, target: int, seed: int
+) -> None:
     layout = blocked(layout, target)
     data = batch_of(layout, n, np.random.default_rng(seed))
     values = pack(layout, data, n)
@@ -42,8 +47,9 @@ def test_blocks_decode_into_aligned_arrays_equal_to_the_general_decoder(
 @pytest.mark.parametrize("compressible", [True, False])
 def test_large_records_of_several_leaves_decode_into_aligned_arrays(compressible: bool) -> None:
     """Images with a label: one element per value, raw (CRC) or zstd, split per leaf."""
-    layout = blocked(Layout((Leaf("float32", (160, 160, 3)), Leaf("int64", ()),
-                             Leaf("uint8", (5,)))))
+    layout = blocked(
+        Layout((Leaf("float32", (160, 160, 3)), Leaf("int64", ()), Leaf("uint8", (5,))))
+    )
     assert layout.block_elements == 1 and handles(layout)
     rng = np.random.default_rng(1)
     data = batch_of(layout, 7, rng)

@@ -24,6 +24,7 @@ class Member:
         def call():
             self.sent.append(position)
             return self._answer(position, chunks)
+
         return call
 
     def _answer(self, position: int, chunks: int):

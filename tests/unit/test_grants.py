@@ -45,11 +45,14 @@ def test_grants_allow_exactly_their_verbs_over_their_patterns(tmp_path: Path) ->
 
 
 def test_a_token_sha256_stands_for_the_token_and_the_old_token_file_may_do_all(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     digest = hashlib.sha256(b"secret").hexdigest()
     path = tmp_path / "auth.toml"
-    path.write_text(f'[[principal]]\nname = "h"\ntoken_sha256 = "{digest}"\n'
-                    'grants = [{ verbs = ["read"], caches = ["a"] }]\n')
+    path.write_text(
+        f'[[principal]]\nname = "h"\ntoken_sha256 = "{digest}"\n'
+        'grants = [{ verbs = ["read"], caches = ["a"] }]\n'
+    )
     creds = access.load(path, b"old-token")
     assert creds.by_token("secret") is not None and creds.by_token(digest) is None
     old = creds.by_token("old-token")
@@ -57,21 +60,33 @@ def test_a_token_sha256_stands_for_the_token_and_the_old_token_file_may_do_all(
     assert access.load(None).open and not creds.open
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('[[principal]]\nname = "x"\ngrants = []\n', "give a token, a token_sha256 or a cert"),
-    ('[[principal]]\nname = "x"\ntoken = "t"\ngrants = [{ verbs = ["delete"], caches = ["*"] '
-     '}]\n', "each is one of read, write, admin"),
-    ('[[principal]]\nname = "x"\ntoken = "t"\ngrants = [{ verbs = ["read"], caches = ["../*"] '
-     '}]\n', "caches must be a non-empty list"),
-    ('[[principal]]\nname = "x"\ntoken = "t"\ntokens = "u"\n', "unknown keys ['tokens']"),
-    ('[[principal]]\nname = "x"\ntoken_sha256 = "abc"\n', "64 hex digits"),
-    ('[[principal]]\nname = "x"\ntoken = "t"\n[[principal]]\nname = "y"\ntoken = "t"\n',
-     "two principals have the same token"),
-    ('principal = 3\n', "[[principal]] table"),
-    ('[[principal]\n', "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[principal]]\nname = "x"\ngrants = []\n', "give a token, a token_sha256 or a cert"),
+        (
+            '[[principal]]\nname = "x"\ntoken = "t"\n'
+            'grants = [{ verbs = ["delete"], caches = ["*"] }]\n',
+            "each is one of read, write, admin",
+        ),
+        (
+            '[[principal]]\nname = "x"\ntoken = "t"\n'
+            'grants = [{ verbs = ["read"], caches = ["../*"] }]\n',
+            "caches must be a non-empty list",
+        ),
+        ('[[principal]]\nname = "x"\ntoken = "t"\ntokens = "u"\n', "unknown keys ['tokens']"),
+        ('[[principal]]\nname = "x"\ntoken_sha256 = "abc"\n', "64 hex digits"),
+        (
+            '[[principal]]\nname = "x"\ntoken = "t"\n[[principal]]\nname = "y"\ntoken = "t"\n',
+            "two principals have the same token",
+        ),
+        ("principal = 3\n", "[[principal]] table"),
+        ("[[principal]\n", "not valid TOML"),
+    ],
+)
 def test_a_bad_credentials_file_is_refused_with_what_to_fix(
-        tmp_path: Path, text: str, message: str) -> None:
+    tmp_path: Path, text: str, message: str
+) -> None:
     with pytest.raises(CredentialsError, match=message.replace("[", r"\[").replace("]", r"\]")):
         credentials(tmp_path, text)
 
@@ -91,7 +106,8 @@ def test_a_reload_that_cannot_be_read_keeps_the_credentials_in_force(tmp_path: P
 
 
 def test_only_the_starter_or_an_admin_of_the_cache_follows_a_materialization(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     creds = credentials(tmp_path, GOOD)
     team_a, trainer = creds.by_token("a-token"), creds.named("trainer")
     assert team_a is not None and trainer is not None

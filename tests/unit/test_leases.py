@@ -58,8 +58,7 @@ def test_a_lease_names_the_absolute_directory_of_every_committed_shard(catalog, 
     table.release(lease.id)
 
 
-def test_a_leased_cache_is_neither_evicted_nor_expired_until_the_lease_ends(catalog,
-                                                                            table) -> None:
+def test_a_leased_cache_is_neither_evicted_nor_expired_until_the_lease_ends(catalog, table) -> None:
     _write(catalog, "c")
     catalog.set_retention("c", None, 0.01)
     far = time.time() + 3600
@@ -112,8 +111,9 @@ def test_a_held_shard_keeps_serving_after_its_cache_is_deleted(catalog, table) -
     held = [pool.hold(p) for p in paths]
     catalog.delete("c")
     assert not paths[0].exists()
-    chunks = list(pool.read_chunks(paths[0], 0, record.shards[0].num_elements, 1 << 20,
-                                   held=held[0]))
+    chunks = list(
+        pool.read_chunks(paths[0], 0, record.shards[0].num_elements, 1 << 20, held=held[0])
+    )
     assert chunks[0][2].startswith(b"record-0")
     for p, env in zip(paths, held):
         pool.release(p, env)

@@ -27,16 +27,23 @@ def test_the_persisted_spec_round_trips_including_a_binary_graph() -> None:
 
 
 def _progress(done: bool = False, eta: float = 252.0) -> Progress:
-    op = pb.Operation(name="materialize/x", cache="x", done=done, shards_total=64,
-                      shards_done=31, elements=812_204, stored_bytes=int(38.1 * 2**30),
-                      bytes_per_second=412 * 2**20, eta_seconds=eta,
-                      state=pb.OPERATION_STATE_SUCCEEDED if done else pb.OPERATION_STATE_RUNNING)
+    op = pb.Operation(
+        name="materialize/x",
+        cache="x",
+        done=done,
+        shards_total=64,
+        shards_done=31,
+        elements=812_204,
+        stored_bytes=int(38.1 * 2**30),
+        bytes_per_second=412 * 2**20,
+        eta_seconds=eta,
+        state=pb.OPERATION_STATE_SUCCEEDED if done else pb.OPERATION_STATE_RUNNING,
+    )
     return Progress.from_proto(op)
 
 
 def test_a_progress_line_reads_like_the_issue_asks() -> None:
-    assert _progress().line() == \
-        "31/64 shards  812,204 elements  38.1 GiB  412.0 MiB/s  ETA 4m12s"
+    assert _progress().line() == "31/64 shards  812,204 elements  38.1 GiB  412.0 MiB/s  ETA 4m12s"
     assert _progress(eta=-1).line().endswith("ETA ?")
 
 
@@ -53,16 +60,24 @@ def test_off_a_terminal_progress_is_a_line_every_few_seconds_and_one_at_the_end(
     assert silent == []
 
 
-@pytest.mark.parametrize(("reason", "code", "cls"), [
-    ("PIPELINE_FAILED", 2, PipelineError),
-    ("DISK_FULL", 8, DiskFullError),
-    ("OPERATION_CANCELLED", 1, OperationCancelledError),
-    ("SHUTTING_DOWN", 14, ServerUnavailableError),
-])
+@pytest.mark.parametrize(
+    ("reason", "code", "cls"),
+    [
+        ("PIPELINE_FAILED", 2, PipelineError),
+        ("DISK_FULL", 8, DiskFullError),
+        ("OPERATION_CANCELLED", 1, OperationCancelledError),
+        ("SHUTTING_DOWN", 14, ServerUnavailableError),
+    ],
+)
 def test_an_operation_error_becomes_the_matching_client_exception(
-        reason: str, code: int, cls: type) -> None:
-    op = pb.Operation(name="materialize/x", done=True, state=pb.OPERATION_STATE_FAILED,
-                      error=pb.OperationError(code=code, reason=reason, message="why"))
+    reason: str, code: int, cls: type
+) -> None:
+    op = pb.Operation(
+        name="materialize/x",
+        done=True,
+        state=pb.OPERATION_STATE_FAILED,
+        error=pb.OperationError(code=code, reason=reason, message="why"),
+    )
     err = operation_error(op)
     assert type(err) is cls and str(err) == "why"
 

@@ -19,8 +19,7 @@ from client import MaterializeNotAllowedError
 from client.wire.status import MaterializeNotAllowed
 
 
-def test_a_module_allows_its_entry_points_and_its_submodules_not_one_sharing_its_prefix(
-) -> None:
+def test_a_module_allows_its_entry_points_and_its_submodules_not_one_sharing_its_prefix() -> None:
     policy = Policy.from_settings(["mypkg.pipelines"])
     assert policy.allows_entry_point("mypkg.pipelines:train")
     assert policy.allows_entry_point("mypkg.pipelines.sub:fn")
@@ -70,9 +69,11 @@ def test_a_resolved_function_must_be_defined_in_an_allowed_module() -> None:
     here = _defined_here.__module__
     policy = Policy.from_settings([here])
     policy.check_resolved(f"{here}:_defined_here", _defined_here)
-    with pytest.raises(MaterializeNotAllowed,
-                       match=rf"'{here}:os.kill' resolves to posix.kill, which is not "
-                             "defined in an allowed module"):
+    with pytest.raises(
+        MaterializeNotAllowed,
+        match=rf"'{here}:os.kill' resolves to posix.kill, which is not "
+        "defined in an allowed module",
+    ):
         policy.check_resolved(f"{here}:os.kill", os.kill)
     with pytest.raises(MaterializeNotAllowed):
         Policy.from_settings([f"{here}:kill"]).check_resolved(f"{here}:kill", os.kill)
@@ -85,24 +86,37 @@ def test_patterns_are_repeatable_and_comma_separated_and_must_be_names() -> None
 
 
 def test_the_allow_list_comes_from_flags_environment_or_toml_like_every_setting(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     toml = tmp_path / "serve.toml"
-    toml.write_text('data_dir = "/d"\nmaterialize_allow = ["a.b", "c"]\n'
-                    "allow_shipped_pipelines = true\n")
+    toml.write_text(
+        'data_dir = "/d"\nmaterialize_allow = ["a.b", "c"]\nallow_shipped_pipelines = true\n'
+    )
     values, _ = config.resolve({}, toml, environ={})
-    assert Policy.from_settings(values["materialize_allow"],
-                                values["allow_shipped_pipelines"]) == Policy(("a.b", "c"), True)
-    values, sources = config.resolve({}, toml, environ={
-        "CACHESERVER_MATERIALIZE_ALLOW": "x.y,z", "CACHESERVER_ALLOW_SHIPPED_PIPELINES": "0"})
-    assert Policy.from_settings(values["materialize_allow"],
-                                values["allow_shipped_pipelines"]) == Policy(("x.y", "z"))
+    assert Policy.from_settings(
+        values["materialize_allow"], values["allow_shipped_pipelines"]
+    ) == Policy(("a.b", "c"), True)
+    values, sources = config.resolve(
+        {},
+        toml,
+        environ={
+            "CACHESERVER_MATERIALIZE_ALLOW": "x.y,z",
+            "CACHESERVER_ALLOW_SHIPPED_PIPELINES": "0",
+        },
+    )
+    assert Policy.from_settings(
+        values["materialize_allow"], values["allow_shipped_pipelines"]
+    ) == Policy(("x.y", "z"))
     assert sources["materialize_allow"] == "environment CACHESERVER_MATERIALIZE_ALLOW"
     values, _ = config.resolve({"data_dir": Path("/d")}, None, environ={})
-    assert Policy.from_settings(values["materialize_allow"],
-                                values["allow_shipped_pipelines"]) == Policy()
+    assert (
+        Policy.from_settings(values["materialize_allow"], values["allow_shipped_pipelines"])
+        == Policy()
+    )
     with pytest.raises(config.ConfigError, match=r"materialize_allow from environment.*'a/b'"):
-        config.resolve({"data_dir": Path("/d")}, None,
-                       environ={"CACHESERVER_MATERIALIZE_ALLOW": "a/b"})
+        config.resolve(
+            {"data_dir": Path("/d")}, None, environ={"CACHESERVER_MATERIALIZE_ALLOW": "a/b"}
+        )
 
 
 def test_the_serve_flags_are_repeatable_comma_separated_and_a_switch() -> None:
@@ -113,12 +127,15 @@ def test_the_serve_flags_are_repeatable_comma_separated_and_a_switch() -> None:
     def serve(**flags: object) -> None:
         seen.update(flags)
 
-    result = CliRunner().invoke(serve, ["--materialize-allow", "a.b,c", "--materialize-allow",
-                                        "d", "--allow-shipped-pipelines"])
+    result = CliRunner().invoke(
+        serve,
+        ["--materialize-allow", "a.b,c", "--materialize-allow", "d", "--allow-shipped-pipelines"],
+    )
     assert result.exit_code == 0, result.output
-    assert Policy.from_settings(seen["materialize_allow"],  # type: ignore[arg-type]
-                                bool(seen["allow_shipped_pipelines"])) == \
-        Policy(("a.b", "c", "d"), True)
+    assert Policy.from_settings(
+        seen["materialize_allow"],  # type: ignore[arg-type]
+        bool(seen["allow_shipped_pipelines"]),
+    ) == Policy(("a.b", "c", "d"), True)
     CliRunner().invoke(serve, [])
     assert seen["allow_shipped_pipelines"] is None  # unset: the environment or file decides
 

@@ -71,8 +71,12 @@ def test_an_early_stop_cancels_the_calls_in_flight_and_joins_the_threads(no_thre
 
 def leaves(n: int, lo: int) -> list:
     ids = np.arange(lo, lo + n)
-    var = VarLeaf(np.concatenate([np.arange(i % 3) for i in ids]).astype(np.int64),
-                  ids % 3, ids % 3, np.ones(n, np.int64))
+    var = VarLeaf(
+        np.concatenate([np.arange(i % 3) for i in ids]).astype(np.int64),
+        ids % 3,
+        ids % 3,
+        np.ones(n, np.int64),
+    )
     return [ids, var]
 
 

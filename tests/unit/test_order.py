@@ -20,18 +20,26 @@ def full(order: EpochOrder) -> list[int]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(sizes=shard_sizes, mode=modes, seed=seeds, epoch=st.integers(0, 10**6),
-       block=st.integers(1, 50))
+@given(
+    sizes=shard_sizes, mode=modes, seed=seeds, epoch=st.integers(0, 10**6), block=st.integers(1, 50)
+)
 def test_every_order_visits_each_element_exactly_once(sizes, mode, seed, epoch, block) -> None:
     order = EpochOrder(mode, seed, epoch, sizes, block)
     assert sorted(full(order)) == list(range(sum(sizes)))
 
 
 @settings(max_examples=50, deadline=None)
-@given(sizes=shard_sizes, mode=modes, seed=seeds, epoch=st.integers(0, 1000),
-       block=st.integers(1, 50), data=st.data())
-def test_a_window_of_positions_matches_the_whole_order(sizes, mode, seed, epoch, block,
-                                                       data) -> None:
+@given(
+    sizes=shard_sizes,
+    mode=modes,
+    seed=seeds,
+    epoch=st.integers(0, 1000),
+    block=st.integers(1, 50),
+    data=st.data(),
+)
+def test_a_window_of_positions_matches_the_whole_order(
+    sizes, mode, seed, epoch, block, data
+) -> None:
     order = EpochOrder(mode, seed, epoch, sizes, block)
     lo = data.draw(st.integers(0, order.size - 1))
     hi = data.draw(st.integers(lo, order.size))
@@ -39,8 +47,12 @@ def test_a_window_of_positions_matches_the_whole_order(sizes, mode, seed, epoch,
 
 
 @settings(max_examples=50, deadline=None)
-@given(n=st.integers(1, 10**12), seed=seeds, epoch=st.integers(0, 10**6),
-       x=st.lists(st.integers(0, 10**12), min_size=1, max_size=50))
+@given(
+    n=st.integers(1, 10**12),
+    seed=seeds,
+    epoch=st.integers(0, 10**6),
+    x=st.lists(st.integers(0, 10**12), min_size=1, max_size=50),
+)
 def test_the_inverse_undoes_the_permutation_on_huge_domains(n, seed, epoch, x) -> None:
     keys = round_keys(seed, epoch)
     values = np.array([v % n for v in x], np.uint64)
@@ -60,7 +72,8 @@ def test_the_feistel_domain_is_the_smallest_power_of_four_at_least_n(n) -> None:
 def test_the_same_seed_and_epoch_give_the_same_order(seed, epoch, mode) -> None:
     sizes = [500, 120, 380]
     assert full(EpochOrder(mode, seed, epoch, sizes, 7)) == full(
-        EpochOrder(mode, seed, epoch, sizes, 7))
+        EpochOrder(mode, seed, epoch, sizes, 7)
+    )
 
 
 @given(seed=seeds, epoch=st.integers(0, 10**6))

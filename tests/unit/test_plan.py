@@ -22,8 +22,13 @@ from client.read.planning.plan import (
 
 
 def cache(n: int = 100, name: str = "c", fingerprint: str = "fp") -> SimpleNamespace:
-    return SimpleNamespace(name=name, fingerprint=fingerprint, num_elements=n,
-                           stored_bytes=n * 10, shards=[SimpleNamespace(num_elements=n)])
+    return SimpleNamespace(
+        name=name,
+        fingerprint=fingerprint,
+        num_elements=n,
+        stored_bytes=n * 10,
+        shards=[SimpleNamespace(num_elements=n)],
+    )
 
 
 @given(n=st.integers(0, 10**6), workers=st.integers(1, 64))
@@ -35,23 +40,26 @@ def test_worker_shares_are_disjoint_complete_and_differ_by_at_most_one(n, worker
     assert max(sizes) - min(sizes) <= 1
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"worker_index": 3, "num_workers": 3}, "worker_index 3 is out of range"),
-    ({"worker_index": -1, "num_workers": 2}, "worker_index must be >= 0"),
-    ({"num_workers": 0}, "num_workers must be >= 1"),
-    ({"parallel_shards": -1}, "parallel_shards must be >= 0"),
-    ({"epoch": -1}, "epoch must be >= 0"),
-    ({"start": -5}, "start must be >= 0"),
-    ({"shuffle": True, "seed": "7"}, "seed must be an int, got str"),
-    ({"shuffle": True, "seed": 1.5}, "seed must be an int, got float"),
-    ({"shuffle": True, "seed": True}, "seed must be an int, got bool"),
-    ({"shuffle": True, "seed": -1}, "seed must be >= 0"),
-    ({"shuffle": True, "seed": 2**64}, "seed must fit in 64 bits"),
-    ({"shuffle": "blocks"}, "shuffle must be False, True or 'shards'"),
-    ({"shuffle": True, "num_workers": 2}, "needs seed="),
-    ({"reconnect_timeout": -1}, "reconnect_timeout must be"),
-    ({"reconnect_timeout": float("inf")}, "reconnect_timeout must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"worker_index": 3, "num_workers": 3}, "worker_index 3 is out of range"),
+        ({"worker_index": -1, "num_workers": 2}, "worker_index must be >= 0"),
+        ({"num_workers": 0}, "num_workers must be >= 1"),
+        ({"parallel_shards": -1}, "parallel_shards must be >= 0"),
+        ({"epoch": -1}, "epoch must be >= 0"),
+        ({"start": -5}, "start must be >= 0"),
+        ({"shuffle": True, "seed": "7"}, "seed must be an int, got str"),
+        ({"shuffle": True, "seed": 1.5}, "seed must be an int, got float"),
+        ({"shuffle": True, "seed": True}, "seed must be an int, got bool"),
+        ({"shuffle": True, "seed": -1}, "seed must be >= 0"),
+        ({"shuffle": True, "seed": 2**64}, "seed must fit in 64 bits"),
+        ({"shuffle": "blocks"}, "shuffle must be False, True or 'shards'"),
+        ({"shuffle": True, "num_workers": 2}, "needs seed="),
+        ({"reconnect_timeout": -1}, "reconnect_timeout must be"),
+        ({"reconnect_timeout": float("inf")}, "reconnect_timeout must be"),
+    ],
+)
 def test_bad_options_are_refused_with_a_message_saying_what_to_pass(kwargs, message) -> None:
     with pytest.raises(InvalidArgumentError, match=message) as info:
         ReadOptions(**kwargs)
@@ -85,10 +93,13 @@ def test_a_state_counts_epochs_of_this_workers_share() -> None:
     assert (resumed.epoch, resumed.start) == (2, 1)
 
 
-@pytest.mark.parametrize(("change", "label"), [
-    ({"name": "other"}, "cache"),
-    ({"fingerprint": "fp2"}, "fingerprint"),
-])
+@pytest.mark.parametrize(
+    ("change", "label"),
+    [
+        ({"name": "other"}, "cache"),
+        ({"fingerprint": "fp2"}, "fingerprint"),
+    ],
+)
 def test_resuming_a_state_of_another_cache_is_refused(change, label) -> None:
     options = ReadOptions(shuffle=True, seed=7)
     state = state_of(cache(), options, 5)
@@ -96,12 +107,15 @@ def test_resuming_a_state_of_another_cache_is_refused(change, label) -> None:
         apply_resume(cache(**change), options, state)
 
 
-@pytest.mark.parametrize(("options", "label"), [
-    (ReadOptions(shuffle=True, seed=8), "seed"),
-    (ReadOptions(shuffle="shards", seed=7), "shuffle"),
-    (ReadOptions(shuffle=True, seed=7, num_workers=2), "num_workers"),
-    (ReadOptions(shuffle=True, seed=7, num_workers=2, worker_index=1), "worker_index"),
-])
+@pytest.mark.parametrize(
+    ("options", "label"),
+    [
+        (ReadOptions(shuffle=True, seed=8), "seed"),
+        (ReadOptions(shuffle="shards", seed=7), "shuffle"),
+        (ReadOptions(shuffle=True, seed=7, num_workers=2), "num_workers"),
+        (ReadOptions(shuffle=True, seed=7, num_workers=2, worker_index=1), "worker_index"),
+    ],
+)
 def test_resuming_a_state_of_another_order_is_refused(options, label) -> None:
     state = state_of(cache(), ReadOptions(shuffle=True, seed=7), 5)
     with pytest.raises(ResumeMismatchError, match=f"saved with {label}="):

@@ -35,7 +35,8 @@ def shard(path: Path, layout: Layout, data: list[np.ndarray], n: int) -> Path:
 
 @pytest.mark.parametrize("block_bytes", [0, 16 << 10])
 def test_gathered_values_as_views_are_the_values_the_joined_chunks_hold(
-        tmp_path: Path, block_bytes: int) -> None:
+    tmp_path: Path, block_bytes: int
+) -> None:
     layout = blocked(SMALL, block_bytes) if block_bytes else SMALL
     data = batch_of(layout, 300, np.random.default_rng(4))
     path = shard(tmp_path / "shard", layout, data, 300)
@@ -43,16 +44,19 @@ def test_gathered_values_as_views_are_the_values_the_joined_chunks_hold(
     pool = ReaderPool()
     held = pool.hold(path)
     try:
+
         def opened(_: int) -> object:
             return pool.opened(path)
 
         firsts = np.zeros(1, np.uint64)
         joined = list(gather_chunks(opened, wanted, firsts, 7, layout.to_json(), "test"))
-        views = list(gather_chunks(opened, wanted, firsts, 100, layout.to_json(), "test",
-                                   views=True))
+        views = list(
+            gather_chunks(opened, wanted, firsts, 100, layout.to_json(), "test", views=True)
+        )
         assert len(views) == 1 and views[0][0] == 0 and views[0][1] == b""
         assert [bytes(v) for v in views[0][2]] == [
-            bytes(v) for _, lengths, data in joined for v in split_chunk(lengths, data)]
+            bytes(v) for _, lengths, data in joined for v in split_chunk(lengths, data)
+        ]
         n, got = decode_values(layout, Decompressor(), views[0][2])
         assert n == 100
         for have, original in zip(got, data):
@@ -69,8 +73,10 @@ def test_elements_cut_out_of_their_blocks_decode_into_their_rows() -> None:
     data = batch_of(layout, 40, np.random.default_rng(6))
     rows = np.concatenate([a.reshape(40, -1).view(np.uint8) for a in data], axis=1)
     pack = Compressor().pack
-    values = [pack(shuffle(np.ascontiguousarray(rows[i:i + 1]), 2).tobytes(), compress=False)
-              for i in range(40)]
+    values = [
+        pack(shuffle(np.ascontiguousarray(rows[i : i + 1]), 2).tobytes(), compress=False)
+        for i in range(40)
+    ]
     n, got = decode_into(layout, Decompressor(), values)
     assert n == 40
     for have, original in zip(got, data):
@@ -98,4 +104,4 @@ def test_chunks_hold_whole_batches_unless_blocks_already_hold_one() -> None:
     assert batch_positions(4000, 1, 1) == 4000
     assert batch_positions(3810, 64, 254) == 3810  # whole blocks: a batch spans two rarely
     assert batch_positions(254, 1000, 254) == 1000
-    assert batch_positions(100, 10 ** 6, 1) == 100  # more than one request may ask
+    assert batch_positions(100, 10**6, 1) == 100  # more than one request may ask

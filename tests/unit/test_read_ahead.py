@@ -18,8 +18,14 @@ from client.format.store import ReaderPool, ShardWriter
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
@@ -63,7 +69,8 @@ def evicted(tmp_path: Path) -> Path:
 
 
 def test_a_reader_waits_until_the_pages_of_its_next_chunk_are_in_and_no_further_than_the_window(
-        evicted: Path) -> None:
+    evicted: Path,
+) -> None:
     size = 96 << 20
     ahead = ReadAhead(evicted.parent, size, num_records=96)  # one record per MiB
     try:
@@ -115,10 +122,12 @@ def _shard(tmp_path: Path, records: int, size: int) -> Path:
 
 
 def test_a_sequential_stream_pulls_in_its_file_window_by_window_to_the_end(
-        tmp_path: Path, sent: list[tuple[int, int]]) -> None:
+    tmp_path: Path, sent: list[tuple[int, int]]
+) -> None:
     path = _shard(tmp_path, records=200, size=512 << 10)  # ~100 MiB: several windows
-    got = sum(len(lengths) // 4 for _, lengths, _ in
-              ReaderPool().read_chunks(path, 0, 200, 1 << 20))
+    got = sum(
+        len(lengths) // 4 for _, lengths, _ in ReaderPool().read_chunks(path, 0, 200, 1 << 20)
+    )
     assert got == 200
     file_bytes = (path / "data.mdb").stat().st_size
     assert sent[0][0] == 0
@@ -130,7 +139,8 @@ def test_a_sequential_stream_pulls_in_its_file_window_by_window_to_the_end(
 
 
 def test_a_stream_resumed_mid_shard_starts_reading_ahead_where_it_resumes(
-        tmp_path: Path, sent: list[tuple[int, int]]) -> None:
+    tmp_path: Path, sent: list[tuple[int, int]]
+) -> None:
     path = _shard(tmp_path, records=200, size=512 << 10)
     list(ReaderPool().read_chunks(path, 150, 200, 1 << 20))
     file_bytes = (path / "data.mdb").stat().st_size

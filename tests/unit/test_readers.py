@@ -25,8 +25,12 @@ def test_a_reader_that_stops_reporting_disappears_after_the_expiry() -> None:
     assert set(readers.live()) == {a, b}
     clock.now = 30
     assert readers.live() == {b: Figures(elements=40)}
-    names = {s.labels["rank"] for f in readers.collect() for s in f.samples
-             if s.name == "shardcache_reader_elements_total"}
+    names = {
+        s.labels["rank"]
+        for f in readers.collect()
+        for s in f.samples
+        if s.name == "shardcache_reader_elements_total"
+    }
     assert names == {"1"}
 
 
@@ -51,14 +55,20 @@ def test_the_loops_stall_goes_to_the_caches_whose_reads_are_alive() -> None:
     reports = Reports("train", 2, home=lambda cache: None)  # type: ignore[arg-type,return-value]
     reports.send = lambda: None  # type: ignore[method-assign]  # no daemon here
     imgs, labels = reports.reader("imgs"), reports.reader("labels")
-    pace = Pace(imgs)               # an iteration of imgs is alive
+    pace = Pace(imgs)  # an iteration of imgs is alive
     reports.stalled(0.5)
-    pace.close()                    # and gone
+    pace.close()  # and gone
     Pace(labels)
     reports.stalled(0.25)
     reports.close()
     assert (imgs.stall_seconds, labels.stall_seconds) == (0.5, 0.25)
     imgs.chunk("direct", 100, 800, 0.25)
     sent = imgs.proto("train", 2)
-    assert (sent.elements, sent.bytes, sent.chunks, sent.path, sent.stall_seconds,
-            sent.rank) == (100, 800, 1, "direct", 0.5, 2)
+    assert (sent.elements, sent.bytes, sent.chunks, sent.path, sent.stall_seconds, sent.rank) == (
+        100,
+        800,
+        1,
+        "direct",
+        0.5,
+        2,
+    )

@@ -30,7 +30,7 @@ def test_the_order_is_a_function_of_the_members_not_of_how_they_are_listed() -> 
 def test_a_member_added_takes_about_its_share_and_nothing_moves_between_the_others(n) -> None:
     shards = 4000
     before = owners(MEMBERS[:n], "cache", shards)
-    after = owners(MEMBERS[:n + 1], "cache", shards)
+    after = owners(MEMBERS[: n + 1], "cache", shards)
     moved = [(b, a) for b, a in zip(before, after) if b != a]
     assert all(a == MEMBERS[n] for _, a in moved)
     assert abs(len(moved) / shards - 1 / (n + 1)) < 0.25 / (n + 1)
@@ -69,8 +69,10 @@ def test_targets_are_checked() -> None:
 def test_a_dns_target_stands_for_every_address_of_its_name() -> None:
     fleet = Fleet(["dns:///localhost:50051", "10.1.2.3:7"], 1.0, Credentials())
     members = fleet.members()
-    expected = {f"[{a[4][0]}]:50051" if a[0] == socket.AF_INET6 else f"{a[4][0]}:50051"
-                for a in socket.getaddrinfo("localhost", 50051, type=socket.SOCK_STREAM)}
+    expected = {
+        f"[{a[4][0]}]:50051" if a[0] == socket.AF_INET6 else f"{a[4][0]}:50051"
+        for a in socket.getaddrinfo("localhost", 50051, type=socket.SOCK_STREAM)
+    }
     assert set(members) == expected | {"10.1.2.3:7"}
     fleet.mark_down("10.1.2.3:7", "test")
     assert fleet.live(members) == [m for m in members if m != "10.1.2.3:7"]

@@ -35,7 +35,8 @@ def test_without_notify_socket_it_does_nothing(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_it_sends_the_state_as_one_datagram_to_a_socket_path(
-        notify_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    notify_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = notify_dir / "notify"
     with _receiver(str(path)) as sock:
         monkeypatch.setenv("NOTIFY_SOCKET", str(path))
@@ -46,7 +47,8 @@ def test_it_sends_the_state_as_one_datagram_to_a_socket_path(
 
 
 def test_an_at_sign_names_a_socket_in_the_abstract_namespace(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     name = f"shardcache-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with _receiver(b"\0" + name.encode()) as sock:
         monkeypatch.setenv("NOTIFY_SOCKET", f"@{name}")
@@ -55,8 +57,8 @@ def test_an_at_sign_names_a_socket_in_the_abstract_namespace(
 
 
 def test_a_missing_socket_is_logged_not_raised(
-        notify_dir: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    notify_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("NOTIFY_SOCKET", str(notify_dir / "nobody-listens"))
     assert sd_notify("READY=1") is False
     assert "sd_notify" in caplog.text

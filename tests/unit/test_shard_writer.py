@@ -28,13 +28,14 @@ class _CountingEnv:
 
 
 def test_a_shard_is_synced_every_sync_every_bytes_and_once_more_at_its_commit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(store, "SYNC_EVERY_BYTES", 10_000)
     writer = ShardWriter(tmp_path / "shard-00000", 1 << 20)
     env = writer._env = _CountingEnv(writer._env)  # type: ignore[assignment]
     values = [bytes([i]) * 4000 for i in range(7)]
     for i in range(0, 7, 2):
-        writer.append(values[i:i + 2], 8000)
+        writer.append(values[i : i + 2], 8000)
     assert env.syncs == 2  # after 16,000 and 32,000 stored bytes: not after 8,000 or 24,000
     writer.commit()
     assert env.syncs == 3

@@ -23,8 +23,13 @@ from client.read.planning.plan import (
 
 
 def cache(n: int = 100, name: str = "c", fingerprint: str = "fp") -> SimpleNamespace:
-    return SimpleNamespace(name=name, fingerprint=fingerprint, num_elements=n,
-                           stored_bytes=n * 10, shards=[SimpleNamespace(num_elements=n)])
+    return SimpleNamespace(
+        name=name,
+        fingerprint=fingerprint,
+        num_elements=n,
+        stored_bytes=n * 10,
+        shards=[SimpleNamespace(num_elements=n)],
+    )
 
 
 def positions(runs: shares.Runs) -> list[int]:
@@ -40,13 +45,15 @@ def split_states(c: SimpleNamespace, workers: int, counts: list[int], **opts) ->
     return out
 
 
-def read_by(c: SimpleNamespace, states: list[ReadState], epoch: int,
-            remaining: shares.Runs | None = None) -> list[int]:
+def read_by(
+    c: SimpleNamespace, states: list[ReadState], epoch: int, remaining: shares.Runs | None = None
+) -> list[int]:
     """The positions of epoch the workers of states (a split of remaining) have read."""
     out = []
     for s in states:
-        options = ReadOptions(worker_index=s.worker_index, num_workers=s.num_workers,
-                              remaining=remaining, epoch=epoch)
+        options = ReadOptions(
+            worker_index=s.worker_index, num_workers=s.num_workers, remaining=remaining, epoch=epoch
+        )
         if s.epoch == epoch:
             out += positions(shares.first(share_of(c, options, epoch), s.start))
         elif s.epoch > epoch:
@@ -54,18 +61,24 @@ def read_by(c: SimpleNamespace, states: list[ReadState], epoch: int,
     return out
 
 
-@given(n=st.integers(0, 400), old=st.integers(1, 9), new=st.integers(1, 9),
-       fractions=st.lists(st.floats(0, 1), min_size=9, max_size=9))
-def test_new_shares_are_exactly_the_unread_positions_evenly_split(n, old, new, fractions
-                                                                  ) -> None:
+@given(
+    n=st.integers(0, 400),
+    old=st.integers(1, 9),
+    new=st.integers(1, 9),
+    fractions=st.lists(st.floats(0, 1), min_size=9, max_size=9),
+)
+def test_new_shares_are_exactly_the_unread_positions_evenly_split(n, old, new, fractions) -> None:
     c = cache(n)
-    share = [shares.size(share_of(c, ReadOptions(worker_index=w, num_workers=old), 0))
-             for w in range(old)]
+    share = [
+        shares.size(share_of(c, ReadOptions(worker_index=w, num_workers=old), 0))
+        for w in range(old)
+    ]
     counts = [int(fractions[w] * share[w]) for w in range(old)]  # up to a whole share
     states = split_states(c, old, counts)
     seen = read_by(c, states, 0)
-    resumed = [apply_resume(c, ReadOptions(worker_index=j, num_workers=new), states)
-               for j in range(new)]
+    resumed = [
+        apply_resume(c, ReadOptions(worker_index=j, num_workers=new), states) for j in range(new)
+    ]
     epoch = resumed[0].epoch
     parts = [positions(share_of(c, options, epoch)) for options in resumed]
     if epoch == 0:
@@ -77,26 +90,28 @@ def test_new_shares_are_exactly_the_unread_positions_evenly_split(n, old, new, f
     assert max(sizes) - min(sizes) <= 1
     for options in resumed:  # the next epoch is the normal split
         assert share_of(c, options, epoch + 1) == share_of(
-            c, ReadOptions(worker_index=options.worker_index, num_workers=new), epoch + 1)
+            c, ReadOptions(worker_index=options.worker_index, num_workers=new), epoch + 1
+        )
 
 
-@given(n=st.integers(1, 300), sizes=st.lists(st.integers(1, 7), min_size=3, max_size=3),
-       fractions=st.lists(st.floats(0, 1), min_size=14, max_size=14))
+@given(
+    n=st.integers(1, 300),
+    sizes=st.lists(st.integers(1, 7), min_size=3, max_size=3),
+    fractions=st.lists(st.floats(0, 1), min_size=14, max_size=14),
+)
 def test_a_resumed_split_resumes_again_with_another_count(n, sizes, fractions) -> None:
     c = cache(n)
     a, b, d = sizes
     first = split_states(c, a, [int(f * (n // a)) for f in fractions[:a]])
     seen = read_by(c, first, 0)
-    resumed = [apply_resume(c, ReadOptions(worker_index=j, num_workers=b), first)
-               for j in range(b)]
+    resumed = [apply_resume(c, ReadOptions(worker_index=j, num_workers=b), first) for j in range(b)]
     if resumed[0].epoch:
         return  # nothing left of epoch 0: covered above
     counts = [int(f * shares.size(share_of(c, o, 0))) for f, o in zip(fractions[7:], resumed)]
     second = [state_of(c, o, k) for o, k in zip(resumed, counts)]
     assert all(s.remaining == resumed[0].remaining for s in second if s.epoch == 0)
     seen += read_by(c, second, 0, resumed[0].remaining)
-    again = [apply_resume(c, ReadOptions(worker_index=j, num_workers=d), second)
-             for j in range(d)]
+    again = [apply_resume(c, ReadOptions(worker_index=j, num_workers=d), second) for j in range(d)]
     if again[0].epoch == 0:
         seen += [p for o in again for p in positions(share_of(c, o, 0))]
     assert sorted(seen) == list(range(n))
@@ -113,8 +128,9 @@ def test_a_state_of_a_resumed_worker_counts_its_share_then_whole_epochs() -> Non
     assert options.remaining == ((10, 50), (78, 100))
     assert share_of(c, options, 0) == ((30, 50), (78, 79))  # 62 unread: 20, 21, 21
     assert cardinality(c, options) == -2
-    assert state_of(c, options, 20) == ReadState("c", "fp", "none", 0, 1, 3, 0, 20,
-                                                 ((10, 50), (78, 100)))
+    assert state_of(c, options, 20) == ReadState(
+        "c", "fp", "none", 0, 1, 3, 0, 20, ((10, 50), (78, 100))
+    )
     assert (state_of(c, options, 21).epoch, state_of(c, options, 21).start) == (1, 0)
     later = state_of(c, options, 21 + 33 + 5)  # the next epochs: shares of 33
     assert (later.epoch, later.start, later.remaining) == (2, 5, None)
@@ -148,23 +164,33 @@ def test_a_single_state_of_another_split_says_to_pass_all_of_them() -> None:
         apply_resume(c, ReadOptions(worker_index=1, num_workers=3), state)
 
 
-@pytest.mark.parametrize(("states", "message"), [
-    (lambda s: s[:3], r"old workers \[3\] of 4 are missing"),
-    (lambda s: [*s, s[1]], r"old workers \[1\] are passed more than once"),
-    (lambda s: [*s[:3], split_states(cache(), 5, [1] * 5)[3]], r"splits of \[4, 5\] workers"),
-    (lambda s: [*s[:3], ReadState("c", "fp", "none", 0, 3, 4, 2, 1)], r"epochs \[0, 2\]"),
-    (lambda s: [*s[:3], ReadState("c", "fp", "none", 0, 3, 4, 0, 26)],
-     r"worker 3's state has start=26, past the end of its share of epoch 0 \(25"),
-    (lambda s: [ReadState("d", "fp", "none", 0, 0, 1, 0, 1)], "saved with cache='d'"),
-    (lambda s: [*s[:3], ReadState("c", "fp2", "none", 0, 3, 4, 0, 1)],
-     "saved with fingerprint='fp2'"),
-    (lambda s: [*s[:3], ReadState("c", "fp", "none", 0, 3, 4, 0, 1, ((0, 50),))],
-     "come from different splits"),
-    (lambda s: [ReadState("c", "fp", "none", 0, 0, 1, 0, 1, ((5, 3),))],
-     r"not sorted disjoint runs"),
-])
-def test_an_inconsistent_set_of_old_states_is_refused_saying_what_to_pass(states, message
-                                                                        ) -> None:
+@pytest.mark.parametrize(
+    ("states", "message"),
+    [
+        (lambda s: s[:3], r"old workers \[3\] of 4 are missing"),
+        (lambda s: [*s, s[1]], r"old workers \[1\] are passed more than once"),
+        (lambda s: [*s[:3], split_states(cache(), 5, [1] * 5)[3]], r"splits of \[4, 5\] workers"),
+        (lambda s: [*s[:3], ReadState("c", "fp", "none", 0, 3, 4, 2, 1)], r"epochs \[0, 2\]"),
+        (
+            lambda s: [*s[:3], ReadState("c", "fp", "none", 0, 3, 4, 0, 26)],
+            r"worker 3's state has start=26, past the end of its share of epoch 0 \(25",
+        ),
+        (lambda s: [ReadState("d", "fp", "none", 0, 0, 1, 0, 1)], "saved with cache='d'"),
+        (
+            lambda s: [*s[:3], ReadState("c", "fp2", "none", 0, 3, 4, 0, 1)],
+            "saved with fingerprint='fp2'",
+        ),
+        (
+            lambda s: [*s[:3], ReadState("c", "fp", "none", 0, 3, 4, 0, 1, ((0, 50),))],
+            "come from different splits",
+        ),
+        (
+            lambda s: [ReadState("c", "fp", "none", 0, 0, 1, 0, 1, ((5, 3),))],
+            r"not sorted disjoint runs",
+        ),
+    ],
+)
+def test_an_inconsistent_set_of_old_states_is_refused_saying_what_to_pass(states, message) -> None:
     c = cache()
     with pytest.raises((ResumeMismatchError, InvalidArgumentError), match=message):
         apply_resume(c, ReadOptions(num_workers=3), states(split_states(c, 4, [1, 2, 3, 4])))

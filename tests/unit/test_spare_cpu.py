@@ -58,8 +58,7 @@ def _roots(tmp_path: Path, cpu_max: str | None) -> tuple[Path, Path]:
 
 def test_a_cgroup_cpu_limit_is_found_from_proc_self_cgroup(tmp_path: Path) -> None:
     proc, cgroup = _roots(tmp_path, "150000 100000\n")
-    assert spare_cpu._cgroup_quota(proc, cgroup) == (
-        cgroup / "kubepods" / "pod1" / "trainer", 1.5)
+    assert spare_cpu._cgroup_quota(proc, cgroup) == (cgroup / "kubepods" / "pod1" / "trainer", 1.5)
     assert spare_cpu._cgroup_usage(cgroup / "kubepods" / "pod1" / "trainer") == 5.0
 
 
@@ -88,8 +87,7 @@ def test_the_gate_compresses_until_the_cpus_stop_idling_beside_it() -> None:
     assert not gate.compress()  # no new window: the decision stands
 
 
-def test_storing_raw_the_gate_compresses_again_once_idle_covers_what_compressing_took(
-        ) -> None:
+def test_storing_raw_the_gate_compresses_again_once_idle_covers_what_compressing_took() -> None:
     windows = Windows((0.0, 0.2), (0.35, 0.2), (0.45, 0.2))
     gate = CompressGate(windows)  # type: ignore[arg-type]
     gate.packed(0.06)  # 0.3 cores compressing
@@ -99,8 +97,7 @@ def test_storing_raw_the_gate_compresses_again_once_idle_covers_what_compressing
     assert gate.compress()  # 0.45 idle: enough
 
 
-def test_spare_cpu_measures_windows_of_at_least_window_s(monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_spare_cpu_measures_windows_of_at_least_window_s(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
     monkeypatch.setattr(spare_cpu.time, "monotonic", lambda: clock[0])
     cpu = SpareCpu()
@@ -111,10 +108,12 @@ def test_spare_cpu_measures_windows_of_at_least_window_s(monkeypatch: pytest.Mon
     assert cpu.window() is None  # a new window began
 
 
-@pytest.mark.parametrize("value,mode", [("", "always"), ("spare-cpu", "spare-cpu"),
-                                        (" Always ", "always")])
-def test_compress_mode_reads_the_environment(monkeypatch: pytest.MonkeyPatch, value: str,
-                                             mode: str) -> None:
+@pytest.mark.parametrize(
+    "value,mode", [("", "always"), ("spare-cpu", "spare-cpu"), (" Always ", "always")]
+)
+def test_compress_mode_reads_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, mode: str
+) -> None:
     monkeypatch.setenv(settings.COMPRESS.name, value)
     assert spare_cpu.compress_mode() == mode
 

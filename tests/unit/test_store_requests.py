@@ -7,11 +7,21 @@ import pytest
 from cacheserver.tier.requests import MAX_CACHES, StoreRequests, op_kind
 
 
-@pytest.mark.parametrize(("operation", "kind"), [
-    ("GetObject", "GET"), ("ListObjectsV2", "LIST"), ("HeadBucket", "HEAD"),
-    ("HeadObject", "HEAD"), ("DeleteObjects", "DELETE"), ("AbortMultipartUpload", "DELETE"),
-    ("PutObject", "PUT"), ("UploadPart", "PUT"), ("CreateMultipartUpload", "PUT"),
-    ("CompleteMultipartUpload", "PUT")])
+@pytest.mark.parametrize(
+    ("operation", "kind"),
+    [
+        ("GetObject", "GET"),
+        ("ListObjectsV2", "LIST"),
+        ("HeadBucket", "HEAD"),
+        ("HeadObject", "HEAD"),
+        ("DeleteObjects", "DELETE"),
+        ("AbortMultipartUpload", "DELETE"),
+        ("PutObject", "PUT"),
+        ("UploadPart", "PUT"),
+        ("CreateMultipartUpload", "PUT"),
+        ("CompleteMultipartUpload", "PUT"),
+    ],
+)
 def test_s3_operations_are_counted_by_the_kind_the_store_bills(operation, kind) -> None:
     assert op_kind(operation) == kind
 

@@ -7,15 +7,18 @@ from cacheserver.cli.top import frame
 LABELS = (("cache", "imgs"), ("path", "grpc"), ("rank", "0"), ("training_job", "train"))
 
 
-def scraped(elements: float, nbytes: float, stall: float, chunk_s: float, chunks: float,
-            gets: float) -> dict:
-    return {("shardcache_reader_elements_total", LABELS): elements,
-            ("shardcache_reader_bytes_total", LABELS): nbytes,
-            ("shardcache_reader_stall_seconds_total", LABELS): stall,
-            ("shardcache_reader_chunk_seconds_total", LABELS): chunk_s,
-            ("shardcache_reader_chunks_total", LABELS): chunks,
-            ("shardcache_store_requests_total", (("op", "GET"),)): gets,
-            ("shardcache_disk_bytes", ()): 1024.0}
+def scraped(
+    elements: float, nbytes: float, stall: float, chunk_s: float, chunks: float, gets: float
+) -> dict:
+    return {
+        ("shardcache_reader_elements_total", LABELS): elements,
+        ("shardcache_reader_bytes_total", LABELS): nbytes,
+        ("shardcache_reader_stall_seconds_total", LABELS): stall,
+        ("shardcache_reader_chunk_seconds_total", LABELS): chunk_s,
+        ("shardcache_reader_chunks_total", LABELS): chunks,
+        ("shardcache_store_requests_total", (("op", "GET"),)): gets,
+        ("shardcache_disk_bytes", ()): 1024.0,
+    }
 
 
 def test_a_reader_that_waited_half_the_interval_shows_a_fifty_percent_stall() -> None:
@@ -27,6 +30,5 @@ def test_a_reader_that_waited_half_the_interval_shows_a_fifty_percent_stall() ->
 
 
 def test_a_counter_reset_shows_no_negative_rate() -> None:
-    (r,) = frame(scraped(1000, 8000, 3.0, 0.4, 4, 5), scraped(10, 80, 0, 0, 1, 5), 1.0,
-                 []).readers
+    (r,) = frame(scraped(1000, 8000, 3.0, 0.4, 4, 5), scraped(10, 80, 0, 0, 1, 5), 1.0, []).readers
     assert (r.elements_per_s, r.stall) == (0, 0)

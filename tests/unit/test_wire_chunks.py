@@ -29,8 +29,9 @@ def _lengths(values: list[bytes]) -> bytes:
 @given(values_st, st.integers(0, 2**64 - 1))
 def test_a_framed_chunk_is_byte_for_byte_what_protobuf_serializes(values, raw_bytes) -> None:
     lengths = _lengths(values)
-    expected = pb.WriteCacheRequest(chunk=pb.WriteChunk(
-        lengths=lengths, data=b"".join(values), raw_bytes=raw_bytes)).SerializeToString()
+    expected = pb.WriteCacheRequest(
+        chunk=pb.WriteChunk(lengths=lengths, data=b"".join(values), raw_bytes=raw_bytes)
+    ).SerializeToString()
     assert encode_chunk_request(lengths, values, raw_bytes) == expected
 
 
@@ -53,11 +54,15 @@ def test_a_received_chunk_s_data_is_a_view_into_the_message_not_a_copy() -> None
     assert view.DESCRIPTOR is pb.WriteCacheRequest.DESCRIPTOR
 
 
-@pytest.mark.parametrize("request_", [
-    pb.WriteCacheRequest(begin=pb.WriteBegin(name="x", fingerprint="f")),
-    pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=3)),
-    pb.WriteCacheRequest(),
-], ids=["begin", "finish", "empty"])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pb.WriteCacheRequest(begin=pb.WriteBegin(name="x", fingerprint="f")),
+        pb.WriteCacheRequest(finish=pb.WriteFinish(num_elements=3)),
+        pb.WriteCacheRequest(),
+    ],
+    ids=["begin", "finish", "empty"],
+)
 def test_begin_finish_and_empty_requests_are_parsed_by_protobuf(request_) -> None:
     message = serialize_request(request_)
     decoded = decode_request(message)
@@ -81,11 +86,15 @@ def test_bytes_already_serialized_pass_through_the_client_serializer_untouched()
     assert serialize_request(message) is message
 
 
-@pytest.mark.parametrize("message", [
-    b"\x12\x05\x0a\x09ab",  # lengths field says 9 bytes, 2 follow
-    b"\x12\xff",  # truncated length varint
-    b"\x12\x02\x12",  # chunk shorter than it says
-], ids=["overlong field", "truncated varint", "short chunk"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        b"\x12\x05\x0a\x09ab",  # lengths field says 9 bytes, 2 follow
+        b"\x12\xff",  # truncated length varint
+        b"\x12\x02\x12",  # chunk shorter than it says
+    ],
+    ids=["overlong field", "truncated varint", "short chunk"],
+)
 def test_malformed_bytes_get_protobuf_s_decode_error(message: bytes) -> None:
     with pytest.raises(DecodeError):
         decode_request(message)
@@ -93,7 +102,8 @@ def test_malformed_bytes_get_protobuf_s_decode_error(message: bytes) -> None:
 
 @given(values_st, st.integers(0, 2**64 - 1))
 def test_a_framed_read_shard_response_is_byte_for_byte_what_protobuf_serializes(
-        values, start) -> None:
+    values, start
+) -> None:
     lengths = _lengths(values)
     views = [memoryview(v) for v in values]  # as the daemon frames them from LMDB's map
     framed = encode_read_shard_response(start, lengths, views)

@@ -55,11 +55,20 @@ class CacheReads:
     data plane) when one is granted, else gRPC or a fleet's owners. Thread-safe; close()
     ends the lease and cancels calls in flight."""
 
-    def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
-                 options: ReadOptions, chunk_bytes: int, reading: bool = True,
-                 direct: DirectReads | None = None, fleet: Fleet | None = None) -> None:
-        self._fetch, counted = open_fetcher(transport, cache, options.reconnect_timeout,
-                                            chunk_bytes, reading, direct, fleet)
+    def __init__(
+        self,
+        transport: Transport,
+        cache: pb.Cache,
+        layout: Layout,
+        options: ReadOptions,
+        chunk_bytes: int,
+        reading: bool = True,
+        direct: DirectReads | None = None,
+        fleet: Fleet | None = None,
+    ) -> None:
+        self._fetch, counted = open_fetcher(
+            transport, cache, options.reconnect_timeout, chunk_bytes, reading, direct, fleet
+        )
         #: True until the request that starts the pass (the daemon counts its hit) is sent.
         self.epoch_start = not counted
         #: how the chunks come, for the read's report (client/observe/report.py)
@@ -70,8 +79,9 @@ class CacheReads:
     def __call__(self, indices: Indices, epoch_start: bool = False) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of the records at indices, in their order."""
         try:
-            parts = [self._decode(indices, chunk)
-                     for chunk in self._fetch.stream(indices, epoch_start)]
+            parts = [
+                self._decode(indices, chunk) for chunk in self._fetch.stream(indices, epoch_start)
+            ]
         except Closed:
             raise
         except ShardcacheError as exc:
@@ -79,8 +89,9 @@ class CacheReads:
             raise
         if len(parts) == 1:
             return parts[0]
-        return sum(n for n, _ in parts), [joined(column, self.buffers.empty)
-                                          for column in zip(*(batch for _, batch in parts))]
+        return sum(n for n, _ in parts), [
+            joined(column, self.buffers.empty) for column in zip(*(batch for _, batch in parts))
+        ]
 
     def close(self) -> None:
         self._fetch.close()
@@ -98,20 +109,33 @@ class EpochChunks:
     joined from several.
     """
 
-    def __init__(self, transport: Transport, cache: pb.Cache, layout: Layout,
-                 options: ReadOptions, epoch: int, start: int, prefetch_bytes: int,
-                 direct: DirectReads | None = None, fleet: Fleet | None = None,
-                 batch: int = 1) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        cache: pb.Cache,
+        layout: Layout,
+        options: ReadOptions,
+        epoch: int,
+        start: int,
+        prefetch_bytes: int,
+        direct: DirectReads | None = None,
+        fleet: Fleet | None = None,
+        batch: int = 1,
+    ) -> None:
         self._order: EpochOrder
         self._order, runs = epoch_range(cache, options, epoch, start)
         self._per_chunk = batch_positions(
-            chunk_positions(cache, chunk_target(prefetch_bytes)), batch,
-            Layout.from_json(cache.layout_json).block_elements)
+            chunk_positions(cache, chunk_target(prefetch_bytes)),
+            batch,
+            Layout.from_json(cache.layout_json).block_elements,
+        )
         #: stored bytes of a chunk, about
         self.chunk_bytes = chunk_bytes = int(
-            self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1))
-        self._reads = CacheReads(transport, cache, layout, options, chunk_bytes, bool(runs),
-                                 direct, fleet)
+            self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1)
+        )
+        self._reads = CacheReads(
+            transport, cache, layout, options, chunk_bytes, bool(runs), direct, fleet
+        )
         self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
         self.count = self._chunks.count
         self.path = self._reads.path
@@ -119,8 +143,11 @@ class EpochChunks:
     def chunk(self, i: int) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of chunk i: its positions [p0, p1) of the epoch."""
         p0, p1 = self._chunks.bounds(i)
-        indices: Indices = (range(p0, p1) if self._order.mode == "none"  # the stored order
-                            else self._order.indices(np.arange(p0, p1)))
+        indices: Indices = (
+            range(p0, p1)
+            if self._order.mode == "none"  # the stored order
+            else self._order.indices(np.arange(p0, p1))
+        )
         return self._reads(indices, self._reads.epoch_start and i == 0)
 
     def close(self) -> None:
@@ -147,8 +174,12 @@ def joined(parts: tuple[Any, ...], empty: Callable[..., np.ndarray] = aligned_em
     """One leaf's batch from the batches of a chunk's parts (a chunk crossing a shard), in
     an array from empty (aligned_empty, or a pass's Buffers.empty)."""
     if isinstance(parts[0], VarLeaf):
-        return VarLeaf(*(np.concatenate([getattr(p, f) for p in parts])
-                         for f in ("values", "sizes", "dims", "ranks")))
+        return VarLeaf(
+            *(
+                np.concatenate([getattr(p, f) for p in parts])
+                for f in ("values", "sizes", "dims", "ranks")
+            )
+        )
     if parts[0].dtype.hasobject:  # strings: no buffer for TensorFlow to alias anyway
         return np.concatenate(parts)
     out = empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)

@@ -30,15 +30,18 @@ class Decoder:
         stored = Layout.from_json(cache.layout_json)
         self._layout = dataclasses.replace(stored, leaves=layout.leaves)
         self._decode = functools.partial(
-            decode_into if handles(self._layout) else decode_values, empty=empty)
+            decode_into if handles(self._layout) else decode_values, empty=empty
+        )
         self._local = threading.local()
 
     def _where(self, index: int) -> str:
         shard = int(np.searchsorted(self._firsts, index, side="right")) - 1
         local, k = index - int(self._firsts[shard]), self._layout.block_elements
         if k > 1:
-            return (f"shard {shard} block {local // k} (elements {local - local % k}-"
-                    f"{local - local % k + k - 1} of the shard, element {index})")
+            return (
+                f"shard {shard} block {local // k} (elements {local - local % k}-"
+                f"{local - local % k + k - 1} of the shard, element {index})"
+            )
         return f"shard {shard} record {local} (element {index})"
 
     def __call__(self, indices: Indices, chunk: Chunk) -> tuple[int, list[Any]]:
@@ -61,10 +64,11 @@ class Decoder:
                 where = self._where(int(indices[min(position + before, len(indices) - 1)]))
             else:
                 where = self._where(int(indices[0]) + position + before)
-            raise DataLossError(f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
-                                "cache and build it again") from exc
+            raise DataLossError(
+                f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
+                "cache and build it again"
+            ) from exc
         lo, hi = max(0, -position), min(n, len(indices) - position)
         if lo or hi < n:  # a ReadShard chunk of whole blocks: trim to the request
             batch = [column[lo:hi] for column in batch]
         return hi - lo, batch
-

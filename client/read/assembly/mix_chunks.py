@@ -38,8 +38,15 @@ OpenSource = Callable[[int], CacheReads]
 class MixChunks:
     """One mixed epoch's share, position start onwards, as count chunks (EpochChunks' API)."""
 
-    def __init__(self, mix: Mix, options: ReadOptions, epoch: int, start: int,
-                 chunk_bytes: int, open_source: OpenSource) -> None:
+    def __init__(
+        self,
+        mix: Mix,
+        options: ReadOptions,
+        epoch: int,
+        start: int,
+        chunk_bytes: int,
+        open_source: OpenSource,
+    ) -> None:
         self._order = MixOrder(mix, options.mode, epoch)
         runs = shares.skip(share_of(mix, options, epoch), start)
         avg = mix.stored_bytes / mix.num_elements if mix.num_elements else 1.0
@@ -84,8 +91,10 @@ class MixChunks:
         if len(parts) == 1:
             rows, batch = parts[0]
             return n, [_taken(column, np.argsort(rows)) for column in batch]
-        return n, [_scattered([(rows, batch[k]) for rows, batch in parts], n)
-                   for k in range(len(parts[0][1]))]
+        return n, [
+            _scattered([(rows, batch[k]) for rows, batch in parts], n)
+            for k in range(len(parts[0][1]))
+        ]
 
     def close(self) -> None:
         with self._lock:
@@ -101,8 +110,11 @@ def _scattered(parts: list[tuple[np.ndarray, Any]], n: int) -> Any:
     if isinstance(first, VarLeaf):  # ragged: join, then gather rows
         rows = np.concatenate([rows for rows, _ in parts])
         return _taken(joined(tuple(column for _, column in parts)), np.argsort(rows))
-    out = (np.empty((n, *first.shape[1:]), first.dtype) if first.dtype.hasobject
-           else aligned_empty((n, *first.shape[1:]), first.dtype))
+    out = (
+        np.empty((n, *first.shape[1:]), first.dtype)
+        if first.dtype.hasobject
+        else aligned_empty((n, *first.shape[1:]), first.dtype)
+    )
     for rows, column in parts:
         out[rows] = column
     return out
@@ -116,16 +128,19 @@ def _taken(column: Any, order: np.ndarray) -> Any:
         out = aligned_empty((len(order), *column.shape[1:]), column.dtype)
         np.take(column, order, axis=0, out=out)
         return out
-    return VarLeaf(*_rows(column.values, column.sizes, order),
-                   *_rows(column.dims, column.ranks, order))
+    return VarLeaf(
+        *_rows(column.values, column.sizes, order), *_rows(column.dims, column.ranks, order)
+    )
 
 
-def _rows(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray
-          ) -> tuple[np.ndarray, np.ndarray]:
+def _rows(
+    flat: np.ndarray, lengths: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(flat values, lengths) of ragged rows taken in order."""
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     taken = lengths[order]
     ends = np.cumsum(taken)
-    index = np.repeat(starts[order] - (ends - taken), taken) + np.arange(int(ends[-1]) if len(
-        ends) else 0)
+    index = np.repeat(starts[order] - (ends - taken), taken) + np.arange(
+        int(ends[-1]) if len(ends) else 0
+    )
     return flat[index], taken

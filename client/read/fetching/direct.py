@@ -87,8 +87,9 @@ def _pool() -> Any:
 class DirectReads:
     """How one dataset's passes read: take a lease and read locally, or say why not."""
 
-    def __init__(self, transport: Transport, mode: Mode, local_data_dir: Path | None,
-                 quiet: bool = False) -> None:
+    def __init__(
+        self, transport: Transport, mode: Mode, local_data_dir: Path | None, quiet: bool = False
+    ) -> None:
         self.mode = mode
         self._transport = transport
         self._local = local_data_dir
@@ -102,7 +103,8 @@ class DirectReads:
         reads = self._members.get(transport.target)
         if reads is None:
             reads = self._members[transport.target] = DirectReads(
-                transport, "auto", self._local, quiet=True)
+                transport, "auto", self._local, quiet=True
+            )
         return reads
 
     def check(self, cache: pb.Cache) -> None:
@@ -128,17 +130,20 @@ class DirectReads:
         self._verified = True
         return True
 
-    def _acquire(self, cache: pb.Cache, epoch_start: bool, shards: Sequence[int]
-                 ) -> read_lease.Lease | None:
+    def _acquire(
+        self, cache: pb.Cache, epoch_start: bool, shards: Sequence[int]
+    ) -> read_lease.Lease | None:
         try:
-            return read_lease.acquire(self._transport, cache, epoch_start=epoch_start,
-                                      shards=shards)
+            return read_lease.acquire(
+                self._transport, cache, epoch_start=epoch_start, shards=shards
+            )
         except read_lease.NotGranted as exc:
             self._refuse(str(exc))
             return None
 
-    def fetcher(self, cache: pb.Cache, shards: Sequence[int] | None = None,
-                epoch_start: bool = True) -> tuple[LocalFetcher | None, bool]:
+    def fetcher(
+        self, cache: pb.Cache, shards: Sequence[int] | None = None, epoch_start: bool = True
+    ) -> tuple[LocalFetcher | None, bool]:
         """(a fetcher of cache's leased shard files for one pass, or None: read remotely;
         whether the daemon counted the pass's hit already). shards: only these are opened
         (None: all)."""
@@ -162,31 +167,43 @@ class DirectReads:
             _release_all(pool, paths, envs)
             lease.release()
             raise DataLossError(f"cache {cache.name!r}: {exc}") from exc
-        lease.renew_in_background("this pass finishes from the shard files it holds open, "
-                                  "the daemon may evict the cache meanwhile")
+        lease.renew_in_background(
+            "this pass finishes from the shard files it holds open, "
+            "the daemon may evict the cache meanwhile"
+        )
         return LocalFetcher(lease, paths, envs), epoch_start
 
     def _refuse(self, why: str) -> None:
         if self.mode is True:
             raise DirectReadUnavailableError(
                 f"direct=True, but this process cannot read the daemon's files: {why}; pass "
-                "direct='auto' (or False) to read over gRPC")
+                "direct='auto' (or False) to read over gRPC"
+            )
         self.mode = False  # the host does not change: later passes go straight to gRPC
-        log.log(logging.DEBUG if self._quiet else logging.INFO,
-                "reading %sover gRPC, not directly: %s",
-                f"from {self._transport.target} " if self._quiet else "", why)
+        log.log(
+            logging.DEBUG if self._quiet else logging.INFO,
+            "reading %sover gRPC, not directly: %s",
+            f"from {self._transport.target} " if self._quiet else "",
+            why,
+        )
 
 
-def local_view(granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None,
-               shards: Sequence[int] = ()) -> tuple[str, list[Path]]:
+def local_view(
+    granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None, shards: Sequence[int] = ()
+) -> tuple[str, list[Path]]:
     """("", shard dirs as seen here), or (why they cannot be read here, []); shards: the
     ones to be read, checked (empty: all)."""
     daemon_dir = Path(granted.data_dir)
     base = local_data_dir or daemon_dir
-    where = (f"the daemon's data dir {daemon_dir}" if local_data_dir is None else
-             f"local_data_dir {local_data_dir} (the daemon's {daemon_dir})")
-    hint = ("run on the daemon's host, or mount its data dir here and pass local_data_dir= "
-            f"(${settings.LOCAL_DATA_DIR.name}) naming where")
+    where = (
+        f"the daemon's data dir {daemon_dir}"
+        if local_data_dir is None
+        else f"local_data_dir {local_data_dir} (the daemon's {daemon_dir})"
+    )
+    hint = (
+        "run on the daemon's host, or mount its data dir here and pass local_data_dir= "
+        f"(${settings.LOCAL_DATA_DIR.name}) naming where"
+    )
 
     def here(path: str) -> Path:
         return base / Path(path).relative_to(daemon_dir)
@@ -197,18 +214,24 @@ def local_view(granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None
     except FileNotFoundError:
         return f"{token_path} does not exist: {where} is not visible here ({hint})", []
     except PermissionError:
-        return (f"cannot read {token_path}: permission denied; run as a user or group that "
-                "may read the daemon's data dir"), []
+        return (
+            f"cannot read {token_path}: permission denied; run as a user or group that "
+            "may read the daemon's data dir"
+        ), []
     except OSError as exc:
         return f"cannot read {token_path}: {exc.strerror}", []
     if token != granted.instance_token:
-        return (f"{token_path} belongs to another daemon: {where} here is not the files that "
-                f"daemon serves ({hint})"), []
+        return (
+            f"{token_path} belongs to another daemon: {where} here is not the files that "
+            f"daemon serves ({hint})"
+        ), []
     paths = [here(d) for d in granted.shard_dirs]
     for path in [paths[s] for s in shards] if shards else paths:
         if not os.access(path / "data.mdb", os.R_OK):
-            return (f"cannot read {path / 'data.mdb'}: permission denied; run as a user or "
-                    "group that may read the daemon's data dir"), []
+            return (
+                f"cannot read {path / 'data.mdb'}: permission denied; run as a user or "
+                "group that may read the daemon's data dir"
+            ), []
     return "", paths
 
 
@@ -271,8 +294,9 @@ class LocalFetcher:
         with self._lock:
             ahead = self._ahead.get(shard)
             if ahead is None and not self._closing.is_set():
-                ahead = self._ahead[shard] = _pool().read_ahead(self._paths[shard],
-                                                                self._envs[shard])
+                ahead = self._ahead[shard] = _pool().read_ahead(
+                    self._paths[shard], self._envs[shard]
+                )
             return ahead
 
     def stream(self, indices: Any, epoch_start: bool = False) -> Iterator[Any]:
@@ -299,9 +323,15 @@ class LocalFetcher:
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             offset = shard.first_element - first
             for local, lengths, data in pool.read_chunks(
-                    self._paths[shard.index], start, start + count, self.chunk_bytes,
-                    block_elements=self._k, held=self._envs[shard.index], views=self._views,
-                    ahead=self._read_ahead(shard.index)):
+                self._paths[shard.index],
+                start,
+                start + count,
+                self.chunk_bytes,
+                block_elements=self._k,
+                held=self._envs[shard.index],
+                views=self._views,
+                ahead=self._read_ahead(shard.index),
+            ):
                 yield offset + local, lengths, data
 
     def gather(self, indices: np.ndarray) -> Iterator[Any]:
@@ -310,12 +340,23 @@ class LocalFetcher:
 
         # views cost no join: the whole request is one chunk, decoded into one array per
         # leaf (a batch of 64 602 KB images was 10 chunks, then joined: one more copy)
-        window = len(indices) if self._views else window_records(
-            self.chunk_bytes, self._cache.num_elements, self._cache.stored_bytes)
+        window = (
+            len(indices)
+            if self._views
+            else window_records(
+                self.chunk_bytes, self._cache.num_elements, self._cache.stored_bytes
+            )
+        )
         try:
-            yield from gather_chunks(self._getter, indices.astype(np.uint64), self._firsts,
-                                     window, self._cache.layout_json,
-                                     f"cache {self._cache.name!r}", self._views)
+            yield from gather_chunks(
+                self._getter,
+                indices.astype(np.uint64),
+                self._firsts,
+                window,
+                self._cache.layout_json,
+                f"cache {self._cache.name!r}",
+                self._views,
+            )
         except DataLoss as exc:
             raise DataLossError(str(exc)) from exc
 

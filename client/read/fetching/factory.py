@@ -27,9 +27,15 @@ def message_bytes(chunk_bytes: int) -> int:
     return min(max(chunk_bytes + (64 << 10), 1 << 20), MAX_CHUNK_BYTES)
 
 
-def open_fetcher(transport: Transport, cache: pb.Cache, reconnect_timeout: float,
-                 chunk_bytes: int, reading: bool = True, direct: DirectReads | None = None,
-                 fleet: Fleet | None = None) -> tuple[Fetcher, bool]:
+def open_fetcher(
+    transport: Transport,
+    cache: pb.Cache,
+    reconnect_timeout: float,
+    chunk_bytes: int,
+    reading: bool = True,
+    direct: DirectReads | None = None,
+    fleet: Fleet | None = None,
+) -> tuple[Fetcher, bool]:
     """(the fetcher of one pass over cache, whether the daemon counted the pass's hit
     already). reading: the pass reads something (no lease is taken for an empty one);
     direct: how this dataset reads directly (None: never); fleet: the fleet read from."""

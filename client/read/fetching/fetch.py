@@ -37,8 +37,11 @@ class Closed(ShardcacheError):
 
     def __init__(self, cache: str = "", cause: str = "") -> None:
         of = f" of cache {cache!r}" if cache else ""
-        why = (f" after another of its requests failed: {cause}" if cause
-               else " (its dataset, iterator or source was closed)")
+        why = (
+            f" after another of its requests failed: {cause}"
+            if cause
+            else " (its dataset, iterator or source was closed)"
+        )
         super().__init__(f"the read{of} was closed{why}; this request was cancelled")
 
 
@@ -116,8 +119,9 @@ class Calls:
             for call in self._calls:
                 call.cancel()
 
-    def stream(self, call: Any, offset: int, field: str, k: int,
-               shard_elements: int | None) -> Iterator[Piece]:
+    def stream(
+        self, call: Any, offset: int, field: str, k: int, shard_elements: int | None
+    ) -> Iterator[Piece]:
         """Chunks of one call as (offset + chunk.<field>, elements, lengths, data); cancel()
         stops it. shard_elements: the call is a ReadShard of whole blocks (k elements each,
         the shard's last one possibly short)."""
@@ -128,8 +132,9 @@ class Calls:
                 call.cancel()
             for chunk in call:
                 start, values = getattr(chunk, field), len(chunk.lengths) // 4
-                count = values if shard_elements is None else min(
-                    values * k, shard_elements - start)
+                count = (
+                    values if shard_elements is None else min(values * k, shard_elements - start)
+                )
                 yield offset + start, count, chunk.lengths, chunk.data
         finally:
             with self._lock:

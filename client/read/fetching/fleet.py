@@ -48,8 +48,14 @@ class FleetFetcher:
     path = "fleet"
     lost_level = logging.DEBUG  # the fleet said which member, and who serves now
 
-    def __init__(self, fleet: Fleet, cache: pb.Cache, calls: Calls, chunk_bytes: int,
-                 direct: DirectReads | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        cache: pb.Cache,
+        calls: Calls,
+        chunk_bytes: int,
+        direct: DirectReads | None = None,
+    ) -> None:
         self._fleet = fleet
         self._cache = cache
         self._calls = calls
@@ -112,7 +118,8 @@ class FleetFetcher:
             if member not in self._planes:
                 try:
                     self._planes[member] = data_plane.for_transport(
-                        self._fleet.transport(member)).lease(self._cache)
+                        self._fleet.transport(member)
+                    ).lease(self._cache)
                 except ShardcacheError:
                     return None  # not remembered: asked again on the next try
             lease = self._planes[member]
@@ -155,13 +162,28 @@ class FleetFetcher:
                 epoch_start = next(hit, False)
                 connected = self._connection(member)
                 if connected is not None:
-                    return PlaneCall(*connected, plane.REQUEST.pack(
-                        plane.SHARD, plane.EPOCH_START if epoch_start else 0, shard.index,
-                        start, count, self.chunk_bytes))
-                return self._fleet.transport(member).stub.ReadShard(pb.ReadShardRequest(
-                    name=self._cache.name, shard=shard.index, start=start, count=count,
-                    chunk_bytes=self.chunk_bytes, fingerprint=self._cache.fingerprint,
-                    epoch_start=epoch_start))
+                    return PlaneCall(
+                        *connected,
+                        plane.REQUEST.pack(
+                            plane.SHARD,
+                            plane.EPOCH_START if epoch_start else 0,
+                            shard.index,
+                            start,
+                            count,
+                            self.chunk_bytes,
+                        ),
+                    )
+                return self._fleet.transport(member).stub.ReadShard(
+                    pb.ReadShardRequest(
+                        name=self._cache.name,
+                        shard=shard.index,
+                        start=start,
+                        count=count,
+                        chunk_bytes=self.chunk_bytes,
+                        fingerprint=self._cache.fingerprint,
+                        epoch_start=epoch_start,
+                    )
+                )
 
             calls[i] = self._queue(member).submit(shard.first_element + start, send)
 
@@ -177,13 +199,22 @@ class FleetFetcher:
                     for position, lengths, data in local.stream(range(lo, lo + count)):
                         values = len(data) if isinstance(data, list) else len(lengths) // 4
                         at = position + lo - shard.first_element  # in the shard
-                        yield (position + lo - first,
-                               min(values * self._k, shard.num_elements - at), lengths, data)
+                        yield (
+                            position + lo - first,
+                            min(values * self._k, shard.num_elements - at),
+                            lengths,
+                            data,
+                        )
                     continue
                 try:
                     with self._fleet.watching(member):
-                        yield from self._calls.stream(calls.pop(i), shard.first_element - first,
-                                                      "start", self._k, shard.num_elements)
+                        yield from self._calls.stream(
+                            calls.pop(i),
+                            shard.first_element - first,
+                            "start",
+                            self._k,
+                            shard.num_elements,
+                        )
                 except grpc.RpcError as err:
                     if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                         lost = member
@@ -217,22 +248,25 @@ class FleetFetcher:
 
         while missing.size:
             touched, shard_of = np.unique(shards[missing], return_inverse=True)
-            by_member = np.array([self._fleet.owner(self._cache.name, int(s))
-                                  for s in touched])[shard_of]
+            by_member = np.array([self._fleet.owner(self._cache.name, int(s)) for s in touched])[
+                shard_of
+            ]
             failed: grpc.RpcError | None = None
             for member in np.unique(by_member):
                 positions = missing[by_member == member]
                 local = self._local.get(str(member))
-                if local is not None and all(local.holds(int(s))
-                                             for s in np.unique(shards[positions])):
+                if local is not None and all(
+                    local.holds(int(s)) for s in np.unique(shards[positions])
+                ):
                     place(positions, local.gather(indices[positions]))
                     continue
                 permits = self._fleet.permits(str(member))
                 permits.acquire()  # this thread holds no other
                 try:
                     with self._fleet.watching(str(member)):
-                        place(positions, self._elements(str(member), indices[positions],
-                                                        epoch_start))
+                        place(
+                            positions, self._elements(str(member), indices[positions], epoch_start)
+                        )
                         epoch_start = False
                 except grpc.RpcError as err:
                     if err.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
@@ -246,22 +280,38 @@ class FleetFetcher:
             missing = left
         return 0, len(indices), b"", values
 
-    def _elements(self, member: str, indices: np.ndarray, epoch_start: bool
-                  ) -> Iterator[tuple[int, bytes, Any]]:
+    def _elements(
+        self, member: str, indices: np.ndarray, epoch_start: bool
+    ) -> Iterator[tuple[int, bytes, Any]]:
         """The records at indices from member, over its data plane or ReadElements:
         (position, u32 lengths, data) chunks."""
         wanted = indices.astype("<u8").tobytes()
         connected = self._connection(member)
         if connected is not None:
             lease, sock = connected
-            request = plane.REQUEST.pack(plane.ELEMENTS, plane.EPOCH_START if epoch_start
-                                         else 0, len(indices), 0, 0, self.chunk_bytes) + wanted
+            request = (
+                plane.REQUEST.pack(
+                    plane.ELEMENTS,
+                    plane.EPOCH_START if epoch_start else 0,
+                    len(indices),
+                    0,
+                    0,
+                    self.chunk_bytes,
+                )
+                + wanted
+            )
             for _, position, _values, lengths, data in lease.responses(sock, [request]):
                 yield position, lengths, data
             return
-        call = self._fleet.transport(member).stub.ReadElements(pb.ReadElementsRequest(
-            name=self._cache.name, fingerprint=self._cache.fingerprint, indices=wanted,
-            chunk_bytes=self.chunk_bytes, epoch_start=epoch_start))
+        call = self._fleet.transport(member).stub.ReadElements(
+            pb.ReadElementsRequest(
+                name=self._cache.name,
+                fingerprint=self._cache.fingerprint,
+                indices=wanted,
+                chunk_bytes=self.chunk_bytes,
+                epoch_start=epoch_start,
+            )
+        )
         for at, _, sizes, values in self._calls.stream(call, 0, "position", self._k, None):
             yield at, sizes, values
 
@@ -280,4 +330,3 @@ class _FleetRequest:
         for call in self._ahead.values():  # kept by the last try, read by none
             call.cancel()
         self._ahead.clear()
-

@@ -63,8 +63,9 @@ class FleetCall:
                 self.finished = True
                 self._cond.notify_all()
                 return False
-        threading.Thread(target=self._drain, args=(permits,), daemon=True,
-                         name="shardcache-fleet-call").start()
+        threading.Thread(
+            target=self._drain, args=(permits,), daemon=True, name="shardcache-fleet-call"
+        ).start()
         return True
 
     def _drain(self, permits: threading.BoundedSemaphore) -> None:

@@ -25,8 +25,14 @@ class NotGranted(Exception):
     """The daemon grants no read leases (an older daemon, or one that refuses them)."""
 
 
-def acquire(transport: Transport, cache: pb.Cache, *, epoch_start: bool = False,
-            shards: Sequence[int] = (), data_plane: bool = False) -> Lease:
+def acquire(
+    transport: Transport,
+    cache: pb.Cache,
+    *,
+    epoch_start: bool = False,
+    shards: Sequence[int] = (),
+    data_plane: bool = False,
+) -> Lease:
     """A lease on cache for one pass, not yet renewing (Lease.renew_in_background).
 
     epoch_start: the lease counts the pass's hit; shards: only these are held
@@ -34,9 +40,13 @@ def acquire(transport: Transport, cache: pb.Cache, *, epoch_start: bool = False,
     errors of the call (not found, replaced, unavailable) as they are, and
     NotGranted when the daemon answers with none of those but grants no lease.
     """
-    request = pb.AcquireReadLeaseRequest(name=cache.name, fingerprint=cache.fingerprint,
-                                         epoch_start=epoch_start, shards=shards,
-                                         data_plane=data_plane)
+    request = pb.AcquireReadLeaseRequest(
+        name=cache.name,
+        fingerprint=cache.fingerprint,
+        epoch_start=epoch_start,
+        shards=shards,
+        data_plane=data_plane,
+    )
     try:
         granted = transport.call(transport.stub.AcquireReadLease, request)
     except ShardcacheError as exc:
@@ -60,8 +70,9 @@ class Lease:
     def renew_in_background(self, lost: str) -> None:
         """Renew every third of the TTL until release(); lost: what the pass does once the
         lease cannot be renewed (logged once, with why)."""
-        self._renewer = threading.Thread(target=self._renew, args=(lost,),
-                                         name="shardcache-lease", daemon=True)
+        self._renewer = threading.Thread(
+            target=self._renew, args=(lost,), name="shardcache-lease", daemon=True
+        )
         self._renewer.start()
 
     def _renew(self, lost: str) -> None:
@@ -69,17 +80,26 @@ class Lease:
         request = pb.RenewReadLeaseRequest(lease_id=self.granted.lease_id)
         while not self._stop.wait(interval):
             try:
-                self.transport.call(self.transport.stub.RenewReadLease, request,
-                                    timeout=max(interval, 1.0))
+                self.transport.call(
+                    self.transport.stub.RenewReadLease, request, timeout=max(interval, 1.0)
+                )
             except ShardcacheError as exc:
-                why = ("the lease expired" if isinstance(exc, LeaseNotFoundError)
-                       else f"cannot renew it ({exc})")
-                log.warning("read lease on cache %r: %s; %s, and the next pass takes a new "
-                            "lease", self.cache.name, why, lost)
+                why = (
+                    "the lease expired"
+                    if isinstance(exc, LeaseNotFoundError)
+                    else f"cannot renew it ({exc})"
+                )
+                log.warning(
+                    "read lease on cache %r: %s; %s, and the next pass takes a new lease",
+                    self.cache.name,
+                    why,
+                    lost,
+                )
                 return
             except ValueError:  # grpc: the CacheClient was closed while a pass held a lease
-                log.debug("read lease on cache %r: the client is closed; not renewing",
-                          self.cache.name)
+                log.debug(
+                    "read lease on cache %r: the client is closed; not renewing", self.cache.name
+                )
                 return
 
     def release(self) -> None:
@@ -91,9 +111,14 @@ class Lease:
             return
         self._released = True
         try:
-            self.transport.call(self.transport.stub.ReleaseReadLease,
-                                pb.ReleaseReadLeaseRequest(lease_id=self.granted.lease_id),
-                                timeout=5)
+            self.transport.call(
+                self.transport.stub.ReleaseReadLease,
+                pb.ReleaseReadLeaseRequest(lease_id=self.granted.lease_id),
+                timeout=5,
+            )
         except (ShardcacheError, ValueError) as exc:  # ValueError: the client was closed
-            log.debug("could not release read lease %s (it expires on the daemon): %s",
-                      self.granted.lease_id, exc)
+            log.debug(
+                "could not release read lease %s (it expires on the daemon): %s",
+                self.granted.lease_id,
+                exc,
+            )

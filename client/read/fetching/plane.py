@@ -96,8 +96,11 @@ _TICKET_GONE = (LeaseNotFound.reason, Unauthenticated.reason)
 
 
 def _lost(where: str, exc: BaseException) -> PlaneStatus:
-    return PlaneStatus(grpc.StatusCode.UNAVAILABLE, "",
-                       f"data connection to {where} lost: {exc or type(exc).__name__}")
+    return PlaneStatus(
+        grpc.StatusCode.UNAVAILABLE,
+        "",
+        f"data connection to {where} lost: {exc or type(exc).__name__}",
+    )
 
 
 class DataPort:
@@ -159,9 +162,15 @@ class DataPort:
         self._unreachable_until = time.monotonic() + REPROBE_S
         if not self._warned:
             self._warned = True
-            log.warning("cannot reach the data port %s:%d of cacheserver %s (%s); reading "
-                        "over gRPC, at a fraction of the rate: open that port to this host "
-                        "(docs/operations.md)", self.host, port, self.transport.target, exc)
+            log.warning(
+                "cannot reach the data port %s:%d of cacheserver %s (%s); reading "
+                "over gRPC, at a fraction of the rate: open that port to this host "
+                "(docs/operations.md)",
+                self.host,
+                port,
+                self.transport.target,
+                exc,
+            )
 
 
 def keepalive(sock: socket.socket) -> None:
@@ -240,8 +249,9 @@ class PlaneLease:
             return self.take()
         except (PlaneStatus, OSError, plane.FramingError) as exc:
             if isinstance(exc, PlaneStatus) and exc.reason == TooManyStreams.reason:
-                log.debug("data plane of %s: %s; this request goes over gRPC", self.where,
-                          exc.details())  # this host's other readers hold the connections
+                log.debug(
+                    "data plane of %s: %s; this request goes over gRPC", self.where, exc.details()
+                )  # this host's other readers hold the connections
                 return None
             if isinstance(exc, PlaneStatus) and exc.reason not in _TICKET_GONE:
                 raise
@@ -251,8 +261,9 @@ class PlaneLease:
                 self.plane.unreachable(self.port, exc)
             return None
 
-    def responses(self, sock: socket.socket, requests: Iterable[bytes]
-                  ) -> Iterator[tuple[int, int, int, bytes, memoryview]]:
+    def responses(
+        self, sock: socket.socket, requests: Iterable[bytes]
+    ) -> Iterator[tuple[int, int, int, bytes, memoryview]]:
         """Send requests one by one on sock (from connection()), yielding (request number,
         first, values, u32 lengths, data) for each CHUNK of their answers; sock goes back
         to the lease at the end. A lost connection raises UNAVAILABLE (the caller asks
@@ -335,20 +346,29 @@ class PlaneFetcher:
         chunk_bytes = self._grpc.chunk_bytes
         if not is_run(indices):
             wanted = np.asarray(indices, "<u8")
-            request = plane.REQUEST.pack(plane.ELEMENTS, flags, len(wanted), 0, 0,
-                                         chunk_bytes) + wanted.tobytes()
+            request = (
+                plane.REQUEST.pack(plane.ELEMENTS, flags, len(wanted), 0, 0, chunk_bytes)
+                + wanted.tobytes()
+            )
             for _, position, values, lengths, data in lease.responses(sock, [request]):
                 yield position, values, lengths, data
             return
         runs = list(shard_runs(self._cache, first, first + len(indices)))
-        requests = (plane.REQUEST.pack(plane.SHARD, flags if i == 0 else 0, shard.index, start,
-                                       count, chunk_bytes)
-                    for i, (shard, start, count) in enumerate(runs))
+        requests = (
+            plane.REQUEST.pack(
+                plane.SHARD, flags if i == 0 else 0, shard.index, start, count, chunk_bytes
+            )
+            for i, (shard, start, count) in enumerate(runs)
+        )
         k = self._grpc.k
         for i, start, values, lengths, data in lease.responses(sock, requests):
             shard = runs[i][0]  # a chunk of whole blocks: Decoder trims
-            yield (shard.first_element - first + start,
-                   min(values * k, shard.num_elements - start), lengths, data)
+            yield (
+                shard.first_element - first + start,
+                min(values * k, shard.num_elements - start),
+                lengths,
+                data,
+            )
 
 
 class _Chunk(NamedTuple):
@@ -394,5 +414,4 @@ def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]
         yield first, n, lengths, data
 
 
-__all__ = ["DataPort", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled",
-           "for_transport"]
+__all__ = ["DataPort", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled", "for_transport"]

@@ -32,8 +32,9 @@ class Reconnecting:
     """A Fetcher over a Remote that tries again, for what did not arrive, while the daemon
     is away; thread-safe."""
 
-    def __init__(self, remote: Remote, calls: Calls, cache_name: str,
-                 reconnect_timeout: float) -> None:
+    def __init__(
+        self, remote: Remote, calls: Calls, cache_name: str, reconnect_timeout: float
+    ) -> None:
         self._remote = remote
         self._calls = calls
         self._name = cache_name
@@ -66,8 +67,9 @@ class Reconnecting:
                     raise Closed(self._name, self._calls.cause)
                 base = got
                 try:
-                    for position, count, lengths, data in request.attempt(indices[got:],
-                                                                          epoch_start):
+                    for position, count, lengths, data in request.attempt(
+                        indices[got:], epoch_start
+                    ):
                         epoch_start = False
                         got = base + position + count
                         failing_since, delay = None, _FIRST_BACKOFF
@@ -81,9 +83,15 @@ class Reconnecting:
                     now = time.monotonic()
                     if failing_since is None:
                         failing_since = now
-                        log.log(self._remote.lost_level, "lost cacheserver at %s while "
-                                "reading cache %r (%s); reconnecting for up to %gs", target,
-                                self._name, err.details(), self._timeout)
+                        log.log(
+                            self._remote.lost_level,
+                            "lost cacheserver at %s while "
+                            "reading cache %r (%s); reconnecting for up to %gs",
+                            target,
+                            self._name,
+                            err.details(),
+                            self._timeout,
+                        )
                     left = self._timeout - (now - failing_since)
                     if left <= 0:
                         raise ReconnectTimeoutError(
@@ -91,7 +99,8 @@ class Reconnecting:
                             f"reading cache {self._name!r} and could not reconnect "
                             f"within reconnect_timeout={self._timeout:g}s: start the daemon "
                             "again (the read resumes where it stopped if it is back in time) "
-                            "or raise reconnect_timeout=") from err
+                            "or raise reconnect_timeout="
+                        ) from err
                     closing.wait(min(delay, left))  # backoff; wakes at once on close
                     delay = min(delay * 2, _MAX_BACKOFF)
                     epoch_start = False  # the failed try was sent: its hit is counted

@@ -23,8 +23,9 @@ class GrpcFetcher:
     path = "grpc"
     lost_level = logging.WARNING
 
-    def __init__(self, transport: Transport, cache: pb.Cache, calls: Calls,
-                 chunk_bytes: int) -> None:
+    def __init__(
+        self, transport: Transport, cache: pb.Cache, calls: Calls, chunk_bytes: int
+    ) -> None:
         self._transport = transport
         self.cache = cache
         self._calls = calls
@@ -53,16 +54,35 @@ class GrpcFetcher:
         first = int(indices[0])
         stub, cache = self._transport.stub, self.cache
         if not is_run(indices):
-            yield from self._calls.stream(stub.ReadElements(pb.ReadElementsRequest(
-                name=cache.name, fingerprint=cache.fingerprint,
-                indices=np.asarray(indices, "<u8").tobytes(), chunk_bytes=self.chunk_bytes,
-                epoch_start=epoch_start)), 0, "position", self.k, None)
+            yield from self._calls.stream(
+                stub.ReadElements(
+                    pb.ReadElementsRequest(
+                        name=cache.name,
+                        fingerprint=cache.fingerprint,
+                        indices=np.asarray(indices, "<u8").tobytes(),
+                        chunk_bytes=self.chunk_bytes,
+                        epoch_start=epoch_start,
+                    )
+                ),
+                0,
+                "position",
+                self.k,
+                None,
+            )
             return
         for shard, start, count in shard_runs(cache, first, first + len(indices)):
-            call = stub.ReadShard(pb.ReadShardRequest(
-                name=cache.name, shard=shard.index, start=start, count=count,
-                chunk_bytes=self.chunk_bytes, fingerprint=cache.fingerprint,
-                epoch_start=epoch_start))
+            call = stub.ReadShard(
+                pb.ReadShardRequest(
+                    name=cache.name,
+                    shard=shard.index,
+                    start=start,
+                    count=count,
+                    chunk_bytes=self.chunk_bytes,
+                    fingerprint=cache.fingerprint,
+                    epoch_start=epoch_start,
+                )
+            )
             epoch_start = False
-            yield from self._calls.stream(call, shard.first_element - first, "start", self.k,
-                                          shard.num_elements)
+            yield from self._calls.stream(
+                call, shard.first_element - first, "start", self.k, shard.num_elements
+            )

@@ -40,8 +40,9 @@ _MIX_SALT = 0x6D6978
 
 
 def _derived(seed: int, label: str) -> int:
-    digest = hashlib.blake2b(struct.pack("<Q", seed) + label.encode(), digest_size=8,
-                             person=b"shardcache-mix").digest()
+    digest = hashlib.blake2b(
+        struct.pack("<Q", seed) + label.encode(), digest_size=8, person=b"shardcache-mix"
+    ).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
@@ -51,18 +52,21 @@ def apportion(weights: Sequence[Fraction], size: int) -> list[int]:
     exact = [w * size / total for w in weights]
     counts = [int(x) for x in exact]  # floor: all non-negative
     by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in by_remainder[:size - sum(counts)]:
+    for i in by_remainder[: size - sum(counts)]:
         counts[i] += 1
     return counts
 
 
 def weight_of(name: str, weight: Any) -> Fraction:
     if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-        raise InvalidArgumentError(f"the weight of cache {name!r} must be a number, got "
-                                   f"{type(weight).__name__} {weight!r}")
+        raise InvalidArgumentError(
+            f"the weight of cache {name!r} must be a number, got {type(weight).__name__} {weight!r}"
+        )
     if not (weight > 0 and np.isfinite(weight)):
-        raise InvalidArgumentError(f"the weight of cache {name!r} must be a finite number > 0, "
-                                   f"got {weight!r}; leave a cache out to not read it")
+        raise InvalidArgumentError(
+            f"the weight of cache {name!r} must be a finite number > 0, "
+            f"got {weight!r}; leave a cache out to not read it"
+        )
     return Fraction(weight)
 
 
@@ -81,26 +85,26 @@ class Mix:
     @property
     def stored_bytes(self) -> float:
         """Stored bytes of an epoch, as each source's average element times its draws."""
-        return sum(c.stored_bytes / max(c.num_elements, 1) * n
-                   for c, n in zip(self.sources, self.counts))
+        return sum(
+            c.stored_bytes / max(c.num_elements, 1) * n for c, n in zip(self.sources, self.counts)
+        )
 
 
-def plan(caches: Sequence[Any], weights: Mapping[str, Any], size: int | None,
-         seed: int) -> Mix:
+def plan(caches: Sequence[Any], weights: Mapping[str, Any], size: int | None, seed: int) -> Mix:
     """The Mix of caches (READY, in name order) with these weights, epochs of size elements
     (None: all the sources' elements together)."""
     fractions = [weight_of(c.name, weights[c.name]) for c in caches]
     if size is None:
         size = sum(c.num_elements for c in caches)
     elif isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise InvalidArgumentError(f"size must be an int >= 0 (elements per epoch), got "
-                                   f"{size!r}")
+        raise InvalidArgumentError(f"size must be an int >= 0 (elements per epoch), got {size!r}")
     counts = apportion(fractions, size)
     for cache, n in zip(caches, counts):
         if n and not cache.num_elements:
             raise InvalidArgumentError(
                 f"cache {cache.name!r} is empty, so it cannot give the {n} elements its "
-                "weight asks of each epoch; leave it out of the mix")
+                "weight asks of each epoch; leave it out of the mix"
+            )
     name = "mix(" + ",".join(f"{c.name}={n}" for c, n in zip(caches, counts)) + ")"
     h = hashlib.blake2b(digest_size=8, person=b"shardcache-mix")
     for cache, n in zip(caches, counts):
@@ -111,8 +115,10 @@ def plan(caches: Sequence[Any], weights: Mapping[str, Any], size: int | None,
 def check_weights(weights: Any) -> dict[str, Any]:
     """weights as given to cc.mix(): a non-empty mapping of cache names to weights."""
     if not isinstance(weights, Mapping) or not weights:
-        raise InvalidArgumentError(f"mix() takes a dict of cache names to weights, e.g. "
-                                   f"{{'web': 3, 'books': 1}}, got {weights!r:.80}")
+        raise InvalidArgumentError(
+            f"mix() takes a dict of cache names to weights, e.g. "
+            f"{{'web': 3, 'books': 1}}, got {weights!r:.80}"
+        )
     for name, weight in weights.items():
         if not isinstance(name, str):
             raise InvalidArgumentError(f"mix() takes cache names as keys, got {name!r}")
@@ -123,14 +129,18 @@ def check_weights(weights: Any) -> dict[str, Any]:
 def check_seed(seed: int, resume: Resume) -> None:
     """A mix's order depends on its seed whatever the shuffle mode: refuse another seed's
     states (plan.apply_resume checks the rest)."""
-    states = [resume] if isinstance(resume, ReadState) else (
-        resume if isinstance(resume, (list, tuple)) else [])
+    states = (
+        [resume]
+        if isinstance(resume, ReadState)
+        else (resume if isinstance(resume, (list, tuple)) else [])
+    )
     for state in states:
         if isinstance(state, ReadState) and state.seed != seed:
             raise ResumeMismatchError(
                 f"cannot resume: the state was saved with seed={state.seed}, this mix has "
                 f"seed={seed}; the orders differ, so resuming would repeat and skip "
-                f"elements: pass seed={state.seed}")
+                f"elements: pass seed={state.seed}"
+            )
 
 
 class MixOrder:
@@ -173,5 +183,6 @@ class MixOrder:
         cache = self._mix.sources[s]
         avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
         block = max(1, int(SHARD_BLOCK_BYTES // max(avg, 1.0)))
-        return EpochOrder(self._mode, self._seeds[s], pass_,
-                          [shard.num_elements for shard in cache.shards], block)
+        return EpochOrder(
+            self._mode, self._seeds[s], pass_, [shard.num_elements for shard in cache.shards], block
+        )

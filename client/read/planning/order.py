@@ -44,8 +44,9 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 def round_keys(seed: int, epoch: int, salt: int = 0) -> np.ndarray:
     """ROUNDS 64-bit keys derived from (seed, epoch, salt) by BLAKE2b."""
-    digest = hashlib.blake2b(struct.pack("<QQQ", seed, epoch, salt),
-                             digest_size=8 * ROUNDS, person=b"shardcache-ord").digest()
+    digest = hashlib.blake2b(
+        struct.pack("<QQQ", seed, epoch, salt), digest_size=8 * ROUNDS, person=b"shardcache-ord"
+    ).digest()
     return np.frombuffer(digest, "<u8").astype(_U64).reshape(ROUNDS, 1)
 
 
@@ -54,7 +55,7 @@ def half_bits(n: np.ndarray | int) -> np.ndarray:
     n = np.maximum(np.asarray(n, np.int64), 2)
     bits = np.ceil(np.log2(n.astype(np.float64))).astype(np.int64)
     # float log2 is exact for powers of two, and off by one at worst just below one:
-    bits += (np.left_shift(np.int64(1), bits) < n)
+    bits += np.left_shift(np.int64(1), bits) < n
     return ((bits + 1) // 2).astype(_U64)
 
 
@@ -70,8 +71,9 @@ def _feistel(x: np.ndarray, keys: np.ndarray, h: np.ndarray, inverse: bool) -> n
     return (left << h) | right
 
 
-def permute(x: np.ndarray, n: np.ndarray | int, keys: np.ndarray, *,
-            inverse: bool = False) -> np.ndarray:
+def permute(
+    x: np.ndarray, n: np.ndarray | int, keys: np.ndarray, *, inverse: bool = False
+) -> np.ndarray:
     """A keyed permutation of [0, n), applied to every x (elementwise, x < n).
 
     n and the keys broadcast against x, so one call can permute values of
@@ -93,8 +95,9 @@ def permute(x: np.ndarray, n: np.ndarray | int, keys: np.ndarray, *,
 class EpochOrder:
     """The order of one epoch: :meth:`indices` maps positions to element indices."""
 
-    def __init__(self, mode: str, seed: int, epoch: int, shard_sizes: Sequence[int],
-                 block: int = 1) -> None:
+    def __init__(
+        self, mode: str, seed: int, epoch: int, shard_sizes: Sequence[int], block: int = 1
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown order {mode!r}; expected one of {MODES}")
         self.mode = mode
@@ -116,8 +119,9 @@ class EpochOrder:
         # one key set per shard, derived from the epoch's keys by mixing in the shard
         self._shard_keys = _mix(self._keys ^ ((order.astype(_U64) + _U64(1)) * _GOLDEN))
         last = (self._blocks - 1).astype(_U64)
-        self._last_place = permute(last, self._blocks, self._shard_keys,
-                                   inverse=True).astype(np.int64)
+        self._last_place = permute(last, self._blocks, self._shard_keys, inverse=True).astype(
+            np.int64
+        )
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Global element indices (uint64) at these positions (int64, each < size)."""

@@ -37,8 +37,7 @@ _MODES = {False: "none", True: "elements", "shards": "shards"}
 
 def _int(name: str, value: Any, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an int, got {type(value).__name__} "
-                                   f"{value!r}")
+        raise InvalidArgumentError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < low:
         raise InvalidArgumentError(f"{name} must be >= {low}, got {value}")
     return value
@@ -46,8 +45,10 @@ def _int(name: str, value: Any, low: int = 0) -> int:
 
 def share_range(num_elements: int, worker_index: int, num_workers: int) -> tuple[int, int]:
     """The positions [lo, hi) of an epoch's order that this worker reads."""
-    return (worker_index * num_elements // num_workers,
-            (worker_index + 1) * num_elements // num_workers)
+    return (
+        worker_index * num_elements // num_workers,
+        (worker_index + 1) * num_elements // num_workers,
+    )
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,16 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         if not (self.shuffle is True or self.shuffle is False or self.shuffle == "shards"):
-            raise InvalidArgumentError(f"shuffle must be False, True or 'shards', got "
-                                       f"{self.shuffle!r}")
+            raise InvalidArgumentError(
+                f"shuffle must be False, True or 'shards', got {self.shuffle!r}"
+            )
         _int("num_workers", self.num_workers, 1)
         _int("worker_index", self.worker_index)
         if self.worker_index >= self.num_workers:
             raise InvalidArgumentError(
                 f"worker_index {self.worker_index} is out of range for num_workers="
-                f"{self.num_workers}: pass 0 <= worker_index < num_workers (your rank)")
+                f"{self.num_workers}: pass 0 <= worker_index < num_workers (your rank)"
+            )
         _int("parallel_shards", self.parallel_shards)
         _int("epoch", self.epoch)
         _int("start", self.start)
@@ -105,22 +108,31 @@ class ReadOptions:
         elif self.shuffle and self.num_workers > 1:
             raise InvalidArgumentError(
                 "shuffling across workers needs seed=: every worker must compute the same "
-                "order, or their shares overlap")
+                "order, or their shares overlap"
+            )
         timeout = self.reconnect_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-                timeout >= 0 and math.isfinite(timeout)):
-            raise InvalidArgumentError(f"reconnect_timeout must be a finite number of seconds "
-                                       f">= 0, got {timeout!r}")
-        if not (self.direct is None or self.direct is True or self.direct is False
-                or self.direct == "auto"):
-            raise InvalidArgumentError(f"direct must be 'auto', True or False, got "
-                                       f"{self.direct!r}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not (timeout >= 0 and math.isfinite(timeout))
+        ):
+            raise InvalidArgumentError(
+                f"reconnect_timeout must be a finite number of seconds >= 0, got {timeout!r}"
+            )
+        if not (
+            self.direct is None
+            or self.direct is True
+            or self.direct is False
+            or self.direct == "auto"
+        ):
+            raise InvalidArgumentError(f"direct must be 'auto', True or False, got {self.direct!r}")
         _int("prefetch_bytes", self.prefetch_bytes, 1)
         if self.batch_size is not None:
             _int("batch_size", self.batch_size, 1)
         if not isinstance(self.drop_remainder, bool):
-            raise InvalidArgumentError(f"drop_remainder must be True or False, got "
-                                       f"{self.drop_remainder!r}")
+            raise InvalidArgumentError(
+                f"drop_remainder must be True or False, got {self.drop_remainder!r}"
+            )
 
     @property
     def mode(self) -> str:
@@ -165,8 +177,10 @@ class ReadState:
             try:
                 runs = tuple((lo, hi) for lo, hi in self.remaining)
             except (TypeError, ValueError) as exc:
-                raise InvalidArgumentError(f"not a shardcache ReadState: remaining="
-                                           f"{self.remaining!r} is not a list of runs") from exc
+                raise InvalidArgumentError(
+                    f"not a shardcache ReadState: remaining="
+                    f"{self.remaining!r} is not a list of runs"
+                ) from exc
             object.__setattr__(self, "remaining", runs)
 
     def to_json(self) -> str:
@@ -197,8 +211,17 @@ def state_of(cache: Any, options: ReadOptions, elements_seen: int) -> ReadState:
     else:
         epoch, start = divmod(elements_seen - left, share)
         epoch, remaining = options.epoch + 1 + epoch, None
-    return ReadState(cache.name, cache.fingerprint, options.mode, options.seed or 0,
-                     options.worker_index, options.num_workers, epoch, start, remaining)
+    return ReadState(
+        cache.name,
+        cache.fingerprint,
+        options.mode,
+        options.seed or 0,
+        options.worker_index,
+        options.num_workers,
+        epoch,
+        start,
+        remaining,
+    )
 
 
 def apply_resume(cache: Any, options: ReadOptions, resume: Resume) -> ReadOptions:
@@ -213,25 +236,31 @@ def apply_resume(cache: Any, options: ReadOptions, resume: Resume) -> ReadOption
         raise InvalidArgumentError("pass either resume= or epoch=/start=, not both")
     if isinstance(resume, ReadState):
         _check_order(cache, options, resume)
-        theirs, ours = (resume.worker_index, resume.num_workers), (options.worker_index,
-                                                                   options.num_workers)
+        theirs, ours = (
+            (resume.worker_index, resume.num_workers),
+            (options.worker_index, options.num_workers),
+        )
         for label, a, b in zip(("worker_index", "num_workers"), theirs, ours):
             if a != b:
                 raise ResumeMismatchError(
                     f"cannot resume: the state was saved with {label}={a!r}, this read has "
                     f"{label}={b!r}; resume with the worker split the state was saved under, "
                     "or pass the states of all the old workers as a list (resume=[...]) to "
-                    "split what they left unread among this split's workers")
+                    "split what they left unread among this split's workers"
+                )
         remaining = _remaining(cache, resume)
         return replace(options, epoch=resume.epoch, start=resume.start, remaining=remaining)
     if isinstance(resume, (str, bytes)) or not isinstance(resume, Sequence) or not resume:
         raise InvalidArgumentError(
             f"resume must be a ReadState or a list of the ReadStates of every worker of the "
-            f"interrupted split, got {type(resume).__name__} {resume!r:.80}")
+            f"interrupted split, got {type(resume).__name__} {resume!r:.80}"
+        )
     for state in resume:
         if not isinstance(state, ReadState):
-            raise InvalidArgumentError(f"resume= lists a {type(state).__name__}, not a "
-                                       "ReadState: pass each old worker's ReadState")
+            raise InvalidArgumentError(
+                f"resume= lists a {type(state).__name__}, not a "
+                "ReadState: pass each old worker's ReadState"
+            )
         _check_order(cache, options, state)
     epoch, left = _unread(cache, list(resume))
     if not left:  # the old split had read the whole epoch
@@ -247,19 +276,25 @@ def _unread(cache: Any, states: list[ReadState]) -> tuple[int, Runs]:
     if len(splits) > 1:
         raise ResumeMismatchError(
             f"cannot resume: the states come from splits of {splits} workers; pass the "
-            "states of one split, one per old worker")
+            "states of one split, one per old worker"
+        )
     old = splits[0]
     indices = [s.worker_index for s in states]
     twice = sorted({i for i in indices if indices.count(i) > 1})
     missing = sorted(set(range(old)) - set(indices))
     if twice or missing or not set(indices) <= set(range(old)):
-        problem = (f"the states of old workers {twice} are passed more than once" if twice
-                   else f"the states of old workers {missing} of {old} are missing" if missing
-                   else f"worker_index {max(indices)} is out of range for {old} workers")
+        problem = (
+            f"the states of old workers {twice} are passed more than once"
+            if twice
+            else f"the states of old workers {missing} of {old} are missing"
+            if missing
+            else f"worker_index {max(indices)} is out of range for {old} workers"
+        )
         raise ResumeMismatchError(
             f"cannot resume: {problem}; pass the last state of every worker of the old "
             f"split, each once (worker_index 0..{old - 1}), or what they left unread would "
-            "be skipped or read twice")
+            "be skipped or read twice"
+        )
     epoch = min(s.epoch for s in states)
     # a worker that consumed its share exactly is at (epoch + 1, 0): the end of epoch
     ended = [s for s in states if s.epoch == epoch + 1 and s.start == 0 and s.remaining is None]
@@ -268,12 +303,14 @@ def _unread(cache: Any, states: list[ReadState]) -> tuple[int, Runs]:
         raise ResumeMismatchError(
             f"cannot resume: the states are of epochs {sorted({s.epoch for s in states})}; "
             "an elastic resume continues one interrupted epoch: pass the states the old "
-            "workers had reached when the job stopped")
+            "workers had reached when the job stopped"
+        )
     kinds = {s.remaining for s in within}
     if len(kinds) > 1:
         raise ResumeMismatchError(
             f"cannot resume: the states of epoch {epoch} come from different splits (what "
-            "each split divided differs); pass the states of one run's workers")
+            "each split divided differs); pass the states of one run's workers"
+        )
     runs = _remaining(cache, within[0]) if within else None
     if runs is None:
         runs = ((0, cache.num_elements),) if cache.num_elements else ()
@@ -285,7 +322,8 @@ def _unread(cache: Any, states: list[ReadState]) -> tuple[int, Runs]:
             raise ResumeMismatchError(
                 f"cannot resume: old worker {state.worker_index}'s state has start={start}, "
                 f"past the end of its share of epoch {epoch} ({shares.size(share)} elements); "
-                "pass the state cc.read_state() gives for the count that worker consumed")
+                "pass the state cc.read_state() gives for the count that worker consumed"
+            )
         left.extend(shares.skip(share, start))
     return epoch, shares.merged(left)
 
@@ -299,12 +337,14 @@ def _check_order(cache: Any, options: ReadOptions, state: ReadState) -> None:
             raise ResumeMismatchError(
                 f"cannot resume: the state was saved with {label}={a!r}, this read has "
                 f"{label}={b!r}; resume with the options the state was saved under (or "
-                "start the epoch afresh without resume=)")
+                "start the epoch afresh without resume=)"
+            )
     if options.mode != "none" and options.seed != state.seed:
         raise ResumeMismatchError(
             f"cannot resume: the state was saved with seed={state.seed}, this read has "
             f"seed={options.seed}; the orders differ, so resuming would repeat and skip "
-            f"elements: pass seed={state.seed}")
+            f"elements: pass seed={state.seed}"
+        )
 
 
 def _remaining(cache: Any, state: ReadState) -> Runs | None:
@@ -347,7 +387,8 @@ def check_start(cache: Any, options: ReadOptions) -> None:
     if options.start > share:
         raise InvalidArgumentError(
             f"start={options.start} is past the end of this worker's share of cache "
-            f"{cache.name!r} ({share} elements in epoch {options.epoch})")
+            f"{cache.name!r} ({share} elements in epoch {options.epoch})"
+        )
 
 
 def cardinality(cache: Any, options: ReadOptions) -> int:
@@ -356,11 +397,13 @@ def cardinality(cache: Any, options: ReadOptions) -> int:
     return -2 if options.start or options.remaining is not None else hi - lo
 
 
-def epoch_range(cache: Any, options: ReadOptions, epoch: int, start: int
-                ) -> tuple[EpochOrder, Runs]:
+def epoch_range(
+    cache: Any, options: ReadOptions, epoch: int, start: int
+) -> tuple[EpochOrder, Runs]:
     """The order of epoch and the runs of positions this worker reads in it, from start."""
     avg = cache.stored_bytes / cache.num_elements if cache.num_elements else 1.0
     block = max(1, int(SHARD_BLOCK_BYTES // max(avg, 1.0)))
-    order = EpochOrder(options.mode, options.seed or 0, epoch,
-                       [s.num_elements for s in cache.shards], block)
+    order = EpochOrder(
+        options.mode, options.seed or 0, epoch, [s.num_elements for s in cache.shards], block
+    )
     return order, shares.skip(share_of(cache, options, epoch), start)

@@ -77,11 +77,13 @@ def checked(value: Any, num_elements: int, what: str) -> Runs:
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"{what} is not a list of [lo, hi) runs: {value!r}") from exc
     ok = all(0 <= lo < hi <= num_elements for lo, hi in runs) and all(
-        a[1] < b[0] for a, b in itertools.pairwise(runs))
+        a[1] < b[0] for a, b in itertools.pairwise(runs)
+    )
     if not ok:
         raise InvalidArgumentError(
             f"{what} is not sorted disjoint runs of positions in [0, {num_elements}): "
-            f"{list(runs)}; pass the state as the reads saved it")
+            f"{list(runs)}; pass the state as the reads saved it"
+        )
     return runs
 
 
