@@ -372,10 +372,10 @@ def test_the_sidecar_trainer_reads_the_daemons_files_through_its_read_only_mount
         local_dir = resolve_local_data_dir(dep.client_env[LOCAL_DATA_DIR.name])
         with CacheClient(dep.client_target, local_data_dir=local_dir) as cc:
             reads = DirectReads(cc._transport, True, local_dir)
-            lease, counted = reads.lease(cc._get("direct"))
-            assert lease is not None and counted
-            assert all(str(p).startswith(str(local_dir)) for p in lease.paths)
-            lease.close()
+            fetcher, counted = reads.fetcher(cc._get("direct"))
+            assert fetcher is not None and counted
+            assert all(str(p).startswith(str(local_dir)) for p in fetcher.paths)
+            fetcher.close()
     finally:
         proc.kill()
         proc.wait(30)

@@ -250,7 +250,7 @@ class LocalFetcher:
     def __init__(self, lease: read_lease.Lease, paths: list[Path], envs: list[Any]) -> None:
         self._lease = lease
         self._cache = cache = lease.cache
-        self._paths = paths
+        self.paths = paths
         self._envs = envs
         self._closing = threading.Event()
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
@@ -282,7 +282,7 @@ class LocalFetcher:
         with self._lock:
             released, self._released = self._released, True
         if not released:
-            _release_all(_pool(), self._paths, self._envs)
+            _release_all(_pool(), self.paths, self._envs)
         self._lease.release()
 
     def _read_ahead(self, shard: int) -> Any:
@@ -295,7 +295,7 @@ class LocalFetcher:
             ahead = self._ahead.get(shard)
             if ahead is None and not self._closing.is_set():
                 ahead = self._ahead[shard] = _pool().read_ahead(
-                    self._paths[shard], self._envs[shard]
+                    self.paths[shard], self._envs[shard]
                 )
             return ahead
 
@@ -323,7 +323,7 @@ class LocalFetcher:
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             offset = shard.first_element - first
             for local, lengths, data in pool.read_chunks(
-                self._paths[shard.index],
+                self.paths[shard.index],
                 start,
                 start + count,
                 self.chunk_bytes,
@@ -363,4 +363,4 @@ class LocalFetcher:
     def _getter(self, shard: int) -> contextlib.AbstractContextManager[Any]:
         from client.format.store import ShardGetter
 
-        return contextlib.nullcontext(ShardGetter(self._envs[shard], self._paths[shard]))
+        return contextlib.nullcontext(ShardGetter(self._envs[shard], self.paths[shard]))
