@@ -32,7 +32,7 @@ from client.read.planning import plan
 from client.tf import convert, graphs, malloc, tap
 from client.tf import fit as keras_fit
 from client.tf import reads as tf_reads
-from client.tf.flat_arrays import Wire
+from client.tf.flat_arrays import FlatArrays
 from client.tf.iterations import Iterations, generated
 from client.write import direct as direct_write
 from client.write.stream import CacheWriter
@@ -87,7 +87,7 @@ class DatasetBuilder:
         )
         fmt = convert.BatchFormat(convert.decode_spec(read.cache.element_spec), read.layout)
         reader = tf_reads.Reader(
-            Wire(fmt),
+            FlatArrays(fmt),
             functools.partial(self._chunks, read),
             read.epochs(),
             read.options.parallel_shards,
@@ -100,7 +100,7 @@ class DatasetBuilder:
         read = open_mix(self._daemons, self._local_data_dir, weights, size, options)
         fmt = _mixed_format(read.caches)
         reader = tf_reads.Reader(
-            Wire(fmt),
+            FlatArrays(fmt),
             functools.partial(self._chunks, read),
             read.epochs(),
             read.options.parallel_shards,
@@ -171,7 +171,7 @@ class DatasetBuilder:
         committed.begin, committed.options, committed.direct = begin, options, direct
         epochs = plan.Epochs(options)
         reader = tf_reads.Reader(
-            Wire(fmt),
+            FlatArrays(fmt),
             functools.partial(self._chunks, committed),
             epochs,
             options.parallel_shards,
@@ -182,7 +182,7 @@ class DatasetBuilder:
             iterations.source_started = malloc.tune
         decide = iterations.deciding(functools.partial(self._begin_epoch, committed))
         if source_count >= 0 and tap.enabled():  # the source stays in tf.data
-            taps = tap.TapEpochs(layout, decide, source_count, reader.wire.batch)
+            taps = tap.TapEpochs(layout, decide, source_count, reader.flat.batch)
 
             def tapped(source: Dataset, cardinality: int) -> Dataset:
                 return tf_reads.elements(

@@ -271,7 +271,7 @@ def tapped_batches(
         if drop_remainder
         else batched
     )
-    wire = iterations.reader.wire
+    flat = iterations.reader.flat
 
     def tapped(hold: np.ndarray, token: np.int64, *flat: np.ndarray) -> np.int32:
         if iterations.live(hold):  # a restored iteration's batches pass through: no write
@@ -287,7 +287,7 @@ def tapped_batches(
             # batches through): its 0 goes into the first leaf's shape, a reshape that
             # copies nothing, for TensorFlow prunes a stateless op only ordered by control.
             done = tf.numpy_function(
-                tapped, [hold, token, *wire.flat_of(batch)], tf.int32, stateful=False
+                tapped, [hold, token, *flat.flat_of(batch)], tf.int32, stateful=False
             )
             leaves = tf.nest.flatten(batch, expand_composites=True)
             leaves[0] = tf.reshape(leaves[0], tf.shape(leaves[0]) + done)

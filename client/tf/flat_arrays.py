@@ -12,7 +12,7 @@ from client.format.codec import VarLeaf
 _FIXED, _VAR, _EMPTY = "fixed", "var", "empty"  # convert.BatchFormat.kinds
 
 
-class Wire:
+class FlatArrays:
     """A cache's decoded batches as flat numpy arrays and back, in fmt.signature's form.
 
     numpy_function returns flat tensors; ``arrays`` flattens a decoded batch

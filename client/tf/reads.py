@@ -70,7 +70,7 @@ from client.tf.datasets import (
     declared,
     with_spec,
 )
-from client.tf.flat_arrays import Wire
+from client.tf.flat_arrays import FlatArrays
 
 log = logging.getLogger("client")
 
@@ -170,13 +170,13 @@ class Reader:
 
     def __init__(
         self,
-        wire: Wire,
+        flat: FlatArrays,
         open_chunks: OpenChunks,
         epochs: Any,
         parallel: int = 0,
         figures: ReadFigures | None = None,
     ) -> None:
-        self.wire = wire
+        self.flat = flat
         self._figures = figures  # what the read reports (client/observe/report.py), if anything
         self._open_chunks = open_chunks
         self._parallel = parallel or tf.data.AUTOTUNE
@@ -210,10 +210,10 @@ class Reader:
         if chunks is None:  # the iterator is gone; tf.data does not ask then
             raise RuntimeError(f"shardcache: no read is open for chunk {int(i)}")
         if pace is None:
-            return self.wire.arrays(*chunks.chunk(int(i)))
+            return self.flat.arrays(*chunks.chunk(int(i)))
         began = pace.now()
         n, batch = chunks.chunk(int(i))
-        arrays = self.wire.arrays(n, batch)
+        arrays = self.flat.arrays(n, batch)
         done = pace.now()
         pace.figures.chunk(
             getattr(chunks, "path", "mix"),
@@ -234,8 +234,8 @@ class Reader:
             )
 
             def chunk(i: tf.Tensor) -> Any:
-                flat = tf.numpy_function(self.chunk, [hold, i], self.wire.dtypes, stateful=False)
-                return self.wire.signature_of(flat)
+                flat = tf.numpy_function(self.chunk, [hold, i], self.flat.dtypes, stateful=False)
+                return self.flat.signature_of(flat)
 
             ds = tf.data.Dataset.range(count).map(
                 chunk, num_parallel_calls=self._parallel, deterministic=True

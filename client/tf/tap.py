@@ -45,7 +45,7 @@ Only sources of known cardinality take this path; the others keep the
 generator path, where a source error ends the generator for good. Sources with
 variable-shape, ragged or sparse leaves are flattened and ``ragged_batch``ed
 instead of ``batch``ed (convert._wire_batches), and the tap gets their batches
-in the reads' flat form (wire.Wire).
+in the reads' flat form (flat_arrays.FlatArrays).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class TapEpochs:
     def tap(self, token: np.int64, *flat: np.ndarray) -> None:
         """Queue one source batch of a live iteration for writing; it passes on unchanged.
 
-        The arrays (the batch's flat wire arrays, wire.Wire) are views of its
+        The arrays (the batch's flat wire arrays, flat_arrays.FlatArrays) are views of its
         tensors (numpy_function does not copy them) and keep those alive until
         the write-behind thread drops them.
         """
