@@ -36,7 +36,13 @@ from pathlib import Path
 
 from cacheserver import metrics
 from cacheserver.catalog.capacity import Capacity, expired_names, pick_victim, retained_summary
-from cacheserver.catalog.manifest import MATERIALIZE_SPEC, CacheRecord, validate_name, write_atomic
+from cacheserver.catalog.manifest import (
+    MATERIALIZE_SPEC,
+    CacheRecord,
+    remove_temp_files,
+    validate_name,
+    write_atomic,
+)
 from cacheserver.catalog.recovery import Recovered, RecoveryReport
 from cacheserver.catalog.remote import StoreTier
 from cacheserver.catalog.retention import Retention, RetentionBook
@@ -133,9 +139,14 @@ class Catalog:
         shutil.rmtree(self._trash, ignore_errors=True)
         self._trash.mkdir(exist_ok=True)
         found = Recovered.scan(self._caches_dir, self._remove_dir)
+        found.temp_files += remove_temp_files(self.data_dir)  # the instance token's
         for name in found.caches:
             self.retention.load(name)
-        survey.log(self.data_dir, kept={n: r.disk_bytes for n, r in found.caches.items()})
+        survey.log(
+            self.data_dir,
+            kept={n: r.disk_bytes for n, r in found.caches.items()},
+            temp_files=found.temp_files,
+        )
         return found
 
     def _remove_dir(self, d: Path) -> None:

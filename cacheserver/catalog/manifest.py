@@ -146,8 +146,13 @@ def _count(what: str, value: object) -> None:
         raise ValueError(f"{what} is {str(value)[:40]}, not an integer from 0 to 2^63-1")
 
 
+#: The temporary files write_atomic writes before its rename: a crash in between leaves one.
+TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
+
+
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
-    """Replace path with text: a crash leaves the old file or the new one, never half of it."""
+    """Replace path with text: a crash leaves the old file or the new one, never half of it
+    (and, at worst, a temporary file: remove_temp_files)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "w") as f:
@@ -173,3 +178,15 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
 def du(path: Path) -> int:
     """Disk space of the regular files below path."""
     return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+def remove_temp_files(directory: Path) -> int:
+    """Remove what write_atomic calls left in directory when the daemon died between their
+    write and rename (kill -9, a power cut); how many. Run at start, before anything
+    writes."""
+    removed = 0
+    for path in directory.iterdir():
+        if TEMP_FILE.match(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed

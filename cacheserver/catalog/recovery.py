@@ -12,7 +12,8 @@ of later on the first write.
 The scan (:meth:`Recovered.scan`) keeps every READY cache, notes the broken ones
 (a manifest that cannot be read), keeps interrupted materializations WRITING for
 the materializer to resume, and removes every other cache directory: a write
-whose writer is gone.
+whose writer is gone. In what it keeps it removes the temporary files of
+manifest and retention updates a crash interrupted (manifest.remove_temp_files).
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cacheserver.catalog.manifest import MATERIALIZE_SPEC, CacheRecord, validate_name
+from cacheserver.catalog.manifest import (
+    MATERIALIZE_SPEC,
+    CacheRecord,
+    remove_temp_files,
+    validate_name,
+)
 from cacheserver.logs import shown
 from client.wire.status import InvalidArgument
 
@@ -93,18 +99,20 @@ class RecoveryReport:
     def survey(cls, caches_dir: Path, trash: Path) -> RecoveryReport:
         return cls({d.name: _du(d) for d in sorted(caches_dir.iterdir()) if d.is_dir()}, _du(trash))
 
-    def log(self, data_dir: Path, kept: dict[str, int]) -> None:
+    def log(self, data_dir: Path, kept: dict[str, int], temp_files: int) -> None:
         """Log what was kept (name -> bytes) and what the scan discarded."""
         discarded = {n: b for n, b in self.dirs.items() if n not in kept}
         log.info(
             "recovered %s: kept %d caches (%d bytes), discarded %d interrupted writes "
-            "(%d bytes), emptied trash (%d bytes)",
+            "(%d bytes), emptied trash (%d bytes), removed %d temporary files of interrupted "
+            "updates",
             data_dir,
             len(kept),
             sum(kept.values()),
             len(discarded),
             sum(discarded.values()),
             self.trash_bytes,
+            temp_files,
         )
 
 
@@ -126,6 +134,8 @@ class Recovered:
     broken: dict[str, str] = field(default_factory=dict)
     #: Materializations a crash interrupted: kept WRITING for the materializer to resume.
     interrupted: list[CacheRecord] = field(default_factory=list)
+    #: Temporary files of manifest and retention updates a crash interrupted, removed.
+    temp_files: int = 0
 
     @classmethod
     def scan(cls, caches_dir: Path, remove: Callable[[Path], None]) -> Recovered:
@@ -137,10 +147,10 @@ class Recovered:
                 log.warning(
                     "ignoring %s: not a cache directory (no valid cache name)", shown(str(d))
                 )
-            elif manifest.exists():
-                found._load(d.name, manifest)
-            elif found._keep_materialization(d):
-                continue
+            elif manifest.exists() or found._keep_materialization(d):
+                if manifest.exists():
+                    found._load(d.name, manifest)
+                found.temp_files += remove_temp_files(d)
             else:
                 log.warning("discarding cache %r: its write was interrupted", d.name)
                 remove(d)

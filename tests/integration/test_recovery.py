@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from daemon import Daemon
 from mounts import mounted_tmpfs
 from wire import names, read_all, records, stub, write_cache, write_requests
 
+from cacheserver.catalog.leases import TOKEN_FILE
 from cacheserver.catalog.recovery import LOCK_FILE
 from client.wire.v1 import cache_service_pb2 as pb
 
@@ -38,6 +40,32 @@ def test_a_daemon_killed_mid_write_restarts_with_intact_caches_and_says_what_it_
     assert not torn.exists()
     summary = [line for line in fresh_daemon.log().splitlines() if "recovered " in line][-1]
     assert "kept 1 caches" in summary and "discarded 1 interrupted writes" in summary, summary
+
+
+def test_temporary_files_a_crash_left_mid_update_are_removed_at_start_and_caches_kept(
+    fresh_daemon: Daemon,
+) -> None:
+    kept = records(8, 64 << 10, 3)
+    with grpc.insecure_channel(fresh_daemon.unix_target) as ch:
+        write_cache(ch, "kept", kept)
+    fresh_daemon.kill()  # SIGKILL, then what one between write_atomic's write and rename leaves
+    cache_dir = fresh_daemon.data_dir / "caches" / "kept"
+    left = [
+        cache_dir / f".retention.json.{uuid.uuid4().hex}.tmp",
+        cache_dir / f".manifest.json.{uuid.uuid4().hex}.tmp",
+        fresh_daemon.data_dir / f".{TOKEN_FILE}.{uuid.uuid4().hex}.tmp",
+    ]
+    for path in left:
+        path.write_text('{"half": ')
+    mine = cache_dir / ".keep.tmp"  # not write_atomic's name: not the daemon's to remove
+    mine.write_text("x")
+    fresh_daemon.start()
+    with grpc.insecure_channel(fresh_daemon.unix_target) as ch:
+        assert names(ch) == ["kept"]
+        assert read_all(ch, "kept") == kept
+    assert not any(path.exists() for path in left) and mine.exists()
+    summary = [line for line in fresh_daemon.log().splitlines() if "recovered " in line][-1]
+    assert "removed 3 temporary files of interrupted updates" in summary, summary
 
 
 def test_a_second_daemon_on_the_same_data_dir_refuses_to_start_and_touches_nothing(
