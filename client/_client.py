@@ -257,10 +257,11 @@ class CacheClient(ArrayMethods):
         See docs/reading.md.
 
         direct: "auto" reads the shard files themselves when this process
-        runs on the daemon's host and sees its data dir (else over gRPC, logged
+        runs on the daemon's host and sees its data dir (else remotely, logged
         once at INFO); True insists (DirectReadUnavailableError says why not);
-        False always streams over gRPC. None: $SHARDCACHE_DIRECT, else "auto".
-        See docs/direct.md.
+        False always reads remotely. A remote read takes its bytes over the
+        daemon's data plane where it has one, else over gRPC.
+        None: $SHARDCACHE_DIRECT, else "auto". See docs/direct.md.
 
         tf.train.Checkpoint(iterator=it) saves this dataset's iterators, and
         restores them in any process (docs/reading.md, "Checkpoints").
