@@ -6,11 +6,11 @@
 #   deploy/container/debian-base.sh [IMAGE]     # default localhost/shardcache-base:bookworm
 #
 # Needs root, debootstrap and podman. The root filesystem is kept as a tarball under
-# $SHARDCACHE_IMAGE_CACHE (default /var/tmp/shardcache-image) and imported again from
+# $IMAGE_BASE_CACHE (default /var/tmp/shardcache-image) and imported again from
 # there when the image is gone; an image already present is left as it is.
 set -euo pipefail
 image=${1:-localhost/shardcache-base:bookworm}
-cache=${SHARDCACHE_IMAGE_CACHE:-/var/tmp/shardcache-image}
+cache=${IMAGE_BASE_CACHE:-/var/tmp/shardcache-image}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 tarball=$cache/bookworm-python3.tar
 
