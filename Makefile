@@ -92,6 +92,6 @@ image-tf:
 	IMAGE='$(IMAGE)-tf' IMAGE_BASE='$(IMAGE_BASE)' EXTRAS=s3,tf-cpu PYTHON='$(PYTHON)' \
 		deploy/container/build-image.sh
 
-image-test: image $(VENV)/.installed
+image-test: image $(VENV)/.dev
 	SHARDCACHE_IMAGE_TESTS=1 SHARDCACHE_IMAGE='$(IMAGE)' \
 		$(BIN)/python -m pytest -q -p no:cacheprovider tests/image

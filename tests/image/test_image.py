@@ -85,6 +85,21 @@ class Podman:
             )
         return result.stdout
 
+    def memory_volume(self, name: str) -> None:
+        """A tmpfs volume the daemon's uid owns, as the manifest's socket volume (an
+        emptyDir with medium: Memory)."""
+        self(
+            "volume",
+            "create",
+            "--opt",
+            "type=tmpfs",
+            "--opt",
+            "device=tmpfs",
+            "--opt",
+            "o=uid=10001,gid=10001,mode=0750",
+            name,
+        )
+
     def state(self, name: str, what: str) -> str:
         return self("inspect", "--format", "{{" + what + "}}", name).strip()
 
@@ -180,18 +195,7 @@ def pod(podman: Podman) -> Iterator[Pod]:
     p.volumes = {"cache": f"{p.name}-cache", "socket": f"{p.name}-socket"}
     try:
         podman("volume", "create", p.volumes["cache"])
-        # the manifest's socket volume is an emptyDir with medium: Memory
-        podman(
-            "volume",
-            "create",
-            "--opt",
-            "type=tmpfs",
-            "--opt",
-            "device=tmpfs",
-            "--opt",
-            "o=uid=10001,gid=10001,mode=0750",
-            p.volumes["socket"],
-        )
+        podman.memory_volume(p.volumes["socket"])
         podman("pod", "create", "--name", p.name, "--publish", f"127.0.0.1:{p.port}:50051")
         # the image's own command (the manifests'), locked down as the manifest locks it:
         # a read-only root with no tmpfs on /tmp or /run, as readOnlyRootFilesystem gives
@@ -387,17 +391,7 @@ def test_the_tf_image_materializes_an_entry_point_the_daemon_image_refuses_clear
         "2",
     ]
     try:
-        podman(
-            "volume",
-            "create",
-            "--opt",
-            "type=tmpfs",
-            "--opt",
-            "device=tmpfs",
-            "--opt",
-            "o=uid=10001,gid=10001,mode=0750",
-            socket_volume,
-        )
+        podman.memory_volume(socket_volume)
         for image in (IMAGE, TF_IMAGE):
             daemon = f"{name}-{image.rpartition(':')[2]}"
             podman(
