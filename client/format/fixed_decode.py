@@ -53,15 +53,25 @@ def handles(layout: Layout) -> bool:
 
 
 def decode_into(
-    layout: Layout, dec: Decompressor, values: Sequence[Any], empty: Empty = aligned_empty
+    layout: Layout,
+    dec: Decompressor,
+    values: Sequence[Any],
+    empty: Empty = aligned_empty,
+    lo: int = 0,
+    hi: int | None = None,
 ) -> tuple[int, list[np.ndarray]]:
-    """Decode stored values of a layout that handles() accepts: (elements, array per leaf),
-    the arrays made by empty (aligned to ALIGN, as aligned_empty's).
+    """Decode stored values of a layout that handles() accepts: (elements, array per leaf)
+    of the elements [lo, hi) of the values (hi: all), the arrays made by empty (aligned to
+    ALIGN, as aligned_empty's). Blocks are checked whole; only the kept rows are copied
+    (a batch's first and last blocks are cut by its ends).
 
     Raises RecordError with ``elements_before`` set, as blocks.decode_values does.
     """
     rs, k = layout.record_size, layout.block_elements
-    bodies, n = unpack_values(layout, dec, values, exact_records=True)
+    bodies, total = unpack_values(layout, dec, values, exact_records=True)
+    lo = min(lo, total)
+    hi = total if hi is None else max(lo, min(hi, total))
+    n = hi - lo
     outs = [empty((n, *leaf.fixed_shape), leaf.np_dtype) for leaf in layout.leaves]
     if not n:
         return 0, outs
@@ -73,21 +83,26 @@ def decode_into(
         )
         off += leaf.nbytes
     stride = layout.block_shuffle if k > 1 else 1
-    at = 0
-    for m, src in _pieces(bodies, n, rs, stride):
+    at = 0  # the first element of the piece, among all the values'
+    for m, src in _pieces(bodies, total, rs, stride):
+        r0, r1 = max(lo, at) - at, min(hi, at + m) - at  # the piece's rows to keep
+        at += m
+        if r0 >= r1:
+            continue
+        row = at - m + r0 - lo  # where they go
         if stride == 1:
-            rows = src.reshape(m, rs)
+            rows = src.reshape(m, rs)[r0:r1]
             for col, start, nbytes in columns:
                 if col is not None:
-                    col[at : at + m] = rows[:, start : start + nbytes]
+                    col[row : row + r1 - r0] = rows[:, start : start + nbytes]
         else:  # the block is stored byte-shuffled (client/format/blocks.py): unshuffle per leaf
-            planes = src
+            planes = src[:, r0:r1]
             for col, start, nbytes in columns:
                 if col is not None:
                     unshuffle_words(
-                        planes[:, :, start // stride : (start + nbytes) // stride], col[at : at + m]
+                        planes[:, :, start // stride : (start + nbytes) // stride],
+                        col[row : row + r1 - r0],
                     )
-        at += m
     return n, undelta_rows(layout, outs) if layout.row_delta else outs  # in place: writable
 
 

@@ -26,6 +26,7 @@ from client.read.assembly.mix_chunks import MixChunks
 from client.read.fetching import direct as direct_read
 from client.read.planning import mix as mixing
 from client.read.planning import plan
+from client.read.planning.shares import Batches
 
 #: Moves a read's first epoch and start given its cardinality (a Keras backup's position).
 Position = Callable[[int], tuple[int, int] | None]
@@ -56,9 +57,12 @@ class OpenRead:
         """Which epoch each iteration of one dataset reads, from the options' epoch on."""
         return plan.Epochs(self.options)
 
-    def chunks(self, epoch: int, start: int, batch: int = 1) -> EpochChunks | MixChunks:
+    def chunks(
+        self, epoch: int, start: int, batch: int = 1, batches: Batches | None = None
+    ) -> EpochChunks | MixChunks:
         """epoch's share, from position start, as numbered chunks; batch: the consumer cuts
-        batches of that many elements (chunks hold whole ones where they can)."""
+        batches of that many elements (chunks hold whole ones where they can); batches: the
+        chunks are the consumer's batches (read/assembly/chunks.py)."""
         options = self.options
         if isinstance(self.cache, mixing.Mix):
 
@@ -66,7 +70,13 @@ class OpenRead:
                 return self._reads(self.cache.sources[s], chunk_target(options.prefetch_bytes))
 
             return MixChunks(
-                self.cache, options, epoch, start, chunk_target(options.prefetch_bytes), open_source
+                self.cache,
+                options,
+                epoch,
+                start,
+                chunk_target(options.prefetch_bytes),
+                open_source,
+                batches,
             )
         return EpochChunks(
             self.daemons.home(self.cache.name),
@@ -79,6 +89,7 @@ class OpenRead:
             self.direct[self.cache.name],
             self.daemons.fleet,
             batch,
+            batches,
         )
 
     def records(self, chunk_bytes: int = CHUNK_BYTES) -> CacheReads:

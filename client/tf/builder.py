@@ -29,6 +29,7 @@ from client.read.assembly.chunks import EpochChunks
 from client.read.assembly.mix_chunks import MixChunks
 from client.read.opening import OpenRead, direct_reads, open_mix, open_read, opened
 from client.read.planning import plan
+from client.read.planning.shares import Batches
 from client.tf import convert, graphs, malloc, tap
 from client.tf import fit as keras_fit
 from client.tf import reads as tf_reads
@@ -108,15 +109,16 @@ class DatasetBuilder:
         return tf_reads.elements(fmt, reader.dataset, read.cardinality)
 
     def _chunks(
-        self, read: OpenRead | _Committed, epoch: int, start: int
+        self, read: OpenRead | _Committed, epoch: int, start: int, batches: Batches | None
     ) -> EpochChunks | MixChunks:
-        """epoch of read from position start of this share, in chunks (read/assembly/chunks.py); a
-        cc.cache() dataset's committed read (a restored read epoch looks it up)."""
+        """epoch of read from position start of this share, in chunks (read/assembly/chunks.py),
+        each a batch of the consumer's when batches are given; read: a cc.cache() dataset's
+        committed read (a restored read epoch looks it up)."""
         if isinstance(read, _Committed):
             read = self._committed(read)
         if self._tune_malloc:
             malloc.tune()
-        return read.chunks(epoch, start)
+        return read.chunks(epoch, start, batches=batches)
 
     def cache(
         self,
@@ -193,7 +195,7 @@ class DatasetBuilder:
                         taps,
                         iterations,
                         write_batch_elements(layout),
-                        rebatch_reads=False,
+                        batched_reads=False,
                         per_iteration=per_iteration,
                     ),
                     cardinality,

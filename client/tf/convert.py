@@ -25,6 +25,7 @@ from tensorflow.python.saved_model import nested_structure_coder
 from client.errors import InvalidArgumentError
 from client.format.codec import VarLeaf
 from client.format.layout import Layout, Leaf
+from client.read.planning.shares import Batches
 from client.tf.datasets import with_spec
 from client.tf.reads import Transform
 from client.tf.tap import READ, SOURCE, WRITE
@@ -249,7 +250,7 @@ def tapped_batches(
     iterations: Any,
     size: int,
     drop_remainder: bool = False,
-    rebatch_reads: bool = True,
+    batched_reads: bool = True,
     per_iteration: Transform = lambda batches: batches,
 ) -> tf.data.Dataset:
     """Batches of size elements of cc.cache()'s dataset, the source kept in tf.data.
@@ -261,8 +262,9 @@ def tapped_batches(
     pick. An iterator saved in a WRITE or SOURCE branch restores into an uncached
     run of the source from the saved position (Iterations). A
     write taps every batch of the source, the short last one included, and
-    drop_remainder drops that one only after the tap. rebatch_reads=False
-    leaves a read's decoded batches as they come (for ``unbatch``), and
+    drop_remainder drops that one only after the tap. A read epoch reads the
+    batches themselves (reads.Reader.batches); batched_reads=False leaves a
+    read's decoded chunks as they come (for ``unbatch``), and
     per_iteration transforms them inside each iteration (reads.elements).
     """
     batched = _finalized(_wire_batches(source, fmt, size))
@@ -324,9 +326,9 @@ def tapped_batches(
         written = batched.map(tap)
         if drop_remainder:
             written = tapped_ahead(written).filter(full)
-        reads = iterations.reader.batches(epoch, start)
-        if rebatch_reads:
-            reads = reads.rebatch(size, drop_remainder=drop_remainder)
+        reads = iterations.reader.batches(
+            epoch, start, batches=Batches(size, drop_remainder) if batched_reads else None
+        )
         return (
             only(written, tf.equal(mode, WRITE))
             .concatenate(only(dropped, tf.equal(mode, SOURCE)))

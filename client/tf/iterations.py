@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from client.read.planning.shares import Batches
 from client.tf.reads import Holds, Reader, Transform
 from client.tf.tap import READ
 
@@ -115,13 +116,15 @@ def generated(
     decide: Callable[[], Any],
     source: Callable[[Any], Iterator[Any]],
     signature: Any,
-    per_iteration: Transform,
+    per_iteration: Transform = lambda ds: ds,
+    batches: Batches | None = None,
 ) -> tf.data.Dataset:
     """cc.cache()'s batches on the generator path (sources that cannot be tapped).
 
     decide() returns a tap.Decision per iteration; a WRITE or SOURCE iteration
     yields source(decision) through from_generator (which cannot be saved), a
-    READ iteration the reader's checkpointable batches. from_generator's PyFunc
+    READ iteration the reader's checkpointable batches; batches: a batch()'s, the
+    source's rebatched and the reader's read as batches. from_generator's PyFunc
     is stateful and sits in every iteration's graph, so these datasets set the
     external state policy IGNORE: a save then fails only inside a from_generator
     run ("GeneratorDataset does not support checkpointing") and read iterations save.
@@ -148,7 +151,9 @@ def generated(
     ) -> tf.data.Dataset:
         read = tf.equal(mode, READ)
         written = tf.data.Dataset.from_generator(run, args=(token,), output_signature=signature)
-        reads = iterations.reader.batches(epoch, start)
+        if batches is not None:
+            written = written.rebatch(batches.size, drop_remainder=batches.drop_remainder)
+        reads = iterations.reader.batches(epoch, start, batches=batches)
         return written.take(tf.where(read, np.int64(0), np.int64(-1))).concatenate(
             reads.take(tf.where(read, np.int64(-1), np.int64(0)))
         )

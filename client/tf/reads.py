@@ -50,6 +50,7 @@ address is not the live hold's (``Holds.live``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import secrets
@@ -63,6 +64,7 @@ import tensorflow as tf
 
 from client.format.fixed_decode import aligned_empty
 from client.observe.report import Pace, ReadFigures
+from client.read.planning.shares import Batches
 from client.tf.datasets import (
     BatchBuilder,
     CachedElements,
@@ -76,8 +78,9 @@ log = logging.getLogger("client")
 
 #: What each iteration's batches go through inside the iteration (unbatch, rebatch).
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
-#: The chunks of epoch from position start (client/read/assembly/chunks.py's EpochChunks).
-OpenChunks = Callable[[int, int], Any]
+#: The chunks of epoch from position start (client/read/assembly/chunks.py's EpochChunks),
+#: each a batch of the consumer's when Batches are given.
+OpenChunks = Callable[[int, int, Batches | None], Any]
 #: Threads of the pool that runs a read's chunk calls (at least): with chunks of
 #: prefetch_bytes / 8, eight in flight hold about prefetch_bytes.
 READ_THREADS = 8
@@ -162,8 +165,9 @@ def own_threads(ds: tf.data.Dataset, threads: int) -> tf.data.Dataset:
 class Reader:
     """The Python side of a checkpointable read: an epoch's chunks by hold, served by index.
 
-    open_chunks(epoch, start) gives the chunks (client/read/assembly/chunks.py's
-    EpochChunks) of epoch's share from position start; epochs is the dataset's
+    open_chunks(epoch, start, batches) gives the chunks (client/read/assembly/chunks.py's
+    EpochChunks) of epoch's share from position start, the consumer's batches themselves
+    when batches (a ``batch()``'s size and drop_remainder) are given; epochs is the dataset's
     plan.Epochs: a restored iterator at epoch e moves it to e + 1 (the next
     iteration reads the next epoch).
     """
@@ -197,10 +201,12 @@ class Reader:
         self._epochs.seen(int(epoch))
         return np.int64(0)
 
-    def open(self, epoch: np.int64, start: np.int64) -> tuple[np.ndarray, np.int64]:
+    def open(
+        self, epoch: np.int64, start: np.int64, batches: Batches | None = None
+    ) -> tuple[np.ndarray, np.int64]:
         """numpy_function body run when an iteration's batches are asked (or restored): the
         epoch's chunks from start, as (hold, chunk count)."""
-        chunks = self._open_chunks(int(epoch), int(start))
+        chunks = self._open_chunks(int(epoch), int(start), batches)
         pace = Pace(self._figures) if self._figures is not None else None
         return self._holds.new((chunks, pace)), np.int64(chunks.count)
 
@@ -223,14 +229,19 @@ class Reader:
         )
         return arrays
 
-    def batches(self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0) -> tf.data.Dataset:
+    def batches(
+        self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0, batches: Batches | None = None
+    ) -> tf.data.Dataset:
         """The batches of epoch from start, in fmt.signature's form: range(count).map(chunk)
         with tf.data's parallelism, on a pool of the read's own, checkpointable as it is.
-        after: an int64 scalar computed first (the dataset is built on it)."""
+        after: an int64 scalar computed first (the dataset is built on it). batches: the
+        consumer's batch(size, drop_remainder), each chunk one of them (else chunks of
+        about prefetch_bytes / 8)."""
+        open_chunks = functools.partial(self.open, batches=batches)
 
         def chunks(_: tf.Tensor) -> tf.data.Dataset:  # opened once the batches are asked
             hold, count = tf.numpy_function(
-                self.open, [epoch, start], [tf.int64, tf.int64], stateful=False
+                open_chunks, [epoch, start], [tf.int64, tf.int64], stateful=False
             )
 
             def chunk(i: tf.Tensor) -> Any:
@@ -244,9 +255,12 @@ class Reader:
 
         return tf.data.Dataset.from_tensors(tf.cast(after, tf.int64)).flat_map(chunks)
 
-    def dataset(self, per_iteration: Transform) -> tf.data.Dataset:
+    def dataset(
+        self, per_iteration: Transform = lambda ds: ds, batches: Batches | None = None
+    ) -> tf.data.Dataset:
         """cc.dataset()'s iterations, one epoch each, checkpointable: per_iteration of the
-        batches (client/tf/reads.py's docstring says what runs inside the flat_map)."""
+        batches (client/tf/reads.py's docstring says what runs inside the flat_map), each
+        one of the consumer's when batches are given."""
 
         @tf.autograph.experimental.do_not_convert
         def begin(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
@@ -257,7 +271,7 @@ class Reader:
             # runs when flat_map builds the iteration, and when a restore rebuilds it from
             # the saved (epoch, start), whatever its inner datasets had used up
             seen = tf.numpy_function(self.seen, [epoch], tf.int64, stateful=False)
-            return per_iteration(self.batches(epoch, start, seen))
+            return per_iteration(self.batches(epoch, start, seen, batches))
 
         control = tf.data.Dataset.from_tensors(np.int64(0)).map(begin)
         return control.flat_map(iteration)
@@ -265,18 +279,19 @@ class Reader:
 
 def elements(
     fmt: Any,
-    iterations: Callable[[Transform], tf.data.Dataset],
+    iterations: Callable[..., tf.data.Dataset],
     cardinality: int,
     batched: BatchBuilder | None = None,
     ignoring: IgnoringBuilder | None = None,
 ) -> tf.data.Dataset:
-    """The element dataset of a cache read: iterations(per_iteration) builds it.
+    """The element dataset of a cache read: iterations(per_iteration) builds it, and
+    iterations(batches=Batches(size, drop_remainder)) the iterations of its batch().
 
     The elements of a cache of fixed-shape leaves with a known cardinality are
-    unbatched after the iterations' flat_map; the others inside each iteration,
-    and batch(B)'s batches are rebatched inside it (the module docstring says
-    why). batched and ignoring are datasets.CachedElements' (a tapped
-    cc.cache() gives its own).
+    unbatched after the iterations' flat_map; the others inside each iteration.
+    batch(B) reads the batches themselves: each chunk is one, decoded into arrays
+    of its own (client/read/assembly/chunks.py). batched and ignoring are
+    datasets.CachedElements' (a tapped cc.cache() gives its own).
     """
     outside = fmt.direct and cardinality >= 0
     ds = (
@@ -290,7 +305,7 @@ def elements(
     if batched is None:
 
         def batched(size: int, drop_remainder: bool) -> tf.data.Dataset:
-            return iterations(lambda batches: batches.rebatch(size, drop_remainder=drop_remainder))
+            return iterations(batches=Batches(size, drop_remainder))
 
     if not fmt.direct:
         return ds if ignoring is None else CachedElements(ds, None, cardinality, ignoring)

@@ -157,6 +157,21 @@ def test_chunks_keep_to_runs_and_cover_them() -> None:
     assert shares.Chunking((), 4).count == 0
 
 
+def test_batches_are_cut_across_runs_with_the_short_last_one_kept_or_dropped() -> None:
+    runs = ((3, 10), (20, 21), (40, 45))  # 13 positions
+    kept = shares.Batching(runs, shares.Batches(4))
+    assert [kept.pieces(i) for i in range(kept.count)] == [
+        [(3, 7)],
+        [(7, 10), (20, 21)],
+        [(40, 44)],
+        [(44, 45)],
+    ]
+    dropped = shares.Batching(runs, shares.Batches(4, drop_remainder=True))
+    assert dropped.count == 3
+    assert shares.Batching(runs, shares.Batches(13, drop_remainder=True)).pieces(0) == list(runs)
+    assert shares.Batching((), shares.Batches(4)).count == 0
+
+
 def test_a_single_state_of_another_split_says_to_pass_all_of_them() -> None:
     c = cache()
     state = state_of(c, ReadOptions(worker_index=1, num_workers=4), 5)

@@ -42,7 +42,7 @@ from client.read.fetching.factory import open_fetcher
 from client.read.fetching.fetch import Closed, Indices, chunk_positions
 from client.read.planning.order import EpochOrder
 from client.read.planning.plan import ReadOptions, epoch_range
-from client.read.planning.shares import Chunking
+from client.read.planning.shares import Batches, Batching, Chunking
 from client.wire.limits import MAX_INDICES
 
 #: Stored bytes per chunk: large enough that a call's fixed cost is small against
@@ -74,13 +74,16 @@ class CacheReads:
         #: how the chunks come, for the read's report (client/observe/report.py)
         self.path = self._fetch.path
         self.buffers = Buffers()  # the chunks' arrays, reused (client/read/assembly/buffers.py)
+        self._layout = layout
         self._decode = Decoder(cache, layout, self.buffers.empty)
 
     def __call__(self, indices: Indices, epoch_start: bool = False) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of the records at indices, in their order."""
         try:
             parts = [
-                self._decode(indices, chunk) for chunk in self._fetch.stream(indices, epoch_start)
+                self._decode(request, chunk)
+                for at, request in _requests(indices)
+                for chunk in self._fetch.stream(request, epoch_start and not at)
             ]
         except Closed:
             raise
@@ -93,9 +96,75 @@ class CacheReads:
             joined(column, self.buffers.empty) for column in zip(*(batch for _, batch in parts))
         ]
 
+    def batch_arrays(self, n: int) -> list[np.ndarray]:
+        """Uninitialised arrays of n elements, one per leaf (a cache of fixed-shape leaves),
+        for fill(): aligned, in the pass's reused maps, so TensorFlow adopts them as they are."""
+        return [
+            np.empty((n, *leaf.fixed_shape), object)
+            if leaf.np_dtype.hasobject
+            else self.buffers.empty((n, *leaf.fixed_shape), leaf.np_dtype)
+            for leaf in self._layout.leaves
+        ]
+
+    def fill(
+        self, indices: Indices, outs: list[np.ndarray], at: int, epoch_start: bool = False
+    ) -> None:
+        """Decode the records at indices into rows [at, at + len(indices)) of outs
+        (batch_arrays'): each fetched chunk straight into its rows where the decoder can
+        write there (one copy per byte), else decoded and copied in (a block cut by the
+        request's ends, a leaf of strings)."""
+        try:
+            for offset, request in _requests(indices):
+                first = at + offset
+                for chunk in self._fetch.stream(request, epoch_start and not offset):
+                    row = first + max(chunk[0], 0)  # the request's rows the chunk holds
+                    n, batch = self._decode(request, chunk, _Rows(outs, row, first + len(request)))
+                    for out, column in zip(outs, batch):
+                        target = out[row : row + n]
+                        if column.dtype.hasobject or column.ctypes.data != target.ctypes.data:
+                            target[...] = column
+        except Closed:
+            raise
+        except ShardcacheError as exc:
+            self._fetch.failed(exc)
+            raise
+
     def close(self) -> None:
         self._fetch.close()
         self.buffers.close()
+
+
+def _requests(indices: Indices) -> list[tuple[int, Indices]]:
+    """indices as the requests that ask for them, each with its offset: a run of the stored
+    order in one, any other order in requests of at most MAX_INDICES."""
+    if isinstance(indices, range) or len(indices) <= MAX_INDICES:
+        return [(0, indices)]
+    return [(lo, indices[lo : lo + MAX_INDICES]) for lo in range(0, len(indices), MAX_INDICES)]
+
+
+class _Rows:
+    """An Empty (codec.Empty) that hands the decoder rows of the batch it fills: its k-th
+    array of a leaf's shape and dtype is leaf k's rows from row on, when they fit before
+    end; any other array (scratch, a leaf that does not fit) is the pass's own."""
+
+    def __init__(self, outs: list[np.ndarray], row: int, end: int) -> None:
+        self._outs = outs
+        self._row = row
+        self._end = end
+        self._leaf = 0
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        if self._leaf < len(self._outs):
+            out = self._outs[self._leaf]
+            if (
+                shape[1:] == out.shape[1:]
+                and dtype == out.dtype
+                and not dtype.hasobject
+                and self._row + shape[0] <= self._end
+            ):
+                self._leaf += 1
+                return out[self._row : self._row + shape[0]]
+        return aligned_empty(shape, dtype)
 
 
 class EpochChunks:
@@ -106,7 +175,9 @@ class EpochChunks:
     allows one, the shard files then read here. batch: the consumer cuts batches of this
     many elements from the start: chunks hold whole batches where they can (see
     batch_positions), so that a batch is a slice of one chunk's arrays, not a copy
-    joined from several.
+    joined from several. batches: the chunks are the consumer's batches themselves
+    (shares.Batching), each decoded into arrays of its own (CacheReads.fill): one copy
+    of every byte from the shard files (or the socket) to the batch.
     """
 
     def __init__(
@@ -121,34 +192,53 @@ class EpochChunks:
         direct: DirectReads | None = None,
         fleet: Fleet | None = None,
         batch: int = 1,
+        batches: Batches | None = None,
     ) -> None:
         self._order: EpochOrder
         self._order, runs = epoch_range(cache, options, epoch, start)
-        self._per_chunk = batch_positions(
-            chunk_positions(cache, chunk_target(prefetch_bytes)),
-            batch,
-            Layout.from_json(cache.layout_json).block_elements,
-        )
+        per_element = cache.stored_bytes / max(cache.num_elements, 1)
+        self._chunks: Chunking | Batching
+        if batches is not None:
+            self._chunks = Batching(runs, batches)
+            per_chunk = batches.size
+        else:
+            per_chunk = batch_positions(
+                chunk_positions(cache, chunk_target(prefetch_bytes)),
+                batch,
+                Layout.from_json(cache.layout_json).block_elements,
+            )
+            self._chunks = Chunking(runs, per_chunk)  # no chunk crosses two runs
         #: stored bytes of a chunk, about
-        self.chunk_bytes = chunk_bytes = int(
-            self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1)
-        )
+        self.chunk_bytes = chunk_bytes = int(per_chunk * per_element)
         self._reads = CacheReads(
             transport, cache, layout, options, chunk_bytes, bool(runs), direct, fleet
         )
-        self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
         self.count = self._chunks.count
         self.path = self._reads.path
 
     def chunk(self, i: int) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of chunk i: its positions [p0, p1) of the epoch."""
-        p0, p1 = self._chunks.bounds(i)
-        indices: Indices = (
-            range(p0, p1)
-            if self._order.mode == "none"  # the stored order
-            else self._order.indices(np.arange(p0, p1))
-        )
-        return self._reads(indices, self._reads.epoch_start and i == 0)
+        epoch_start = self._reads.epoch_start and i == 0
+        if isinstance(self._chunks, Chunking):
+            return self._reads(self._indices(*self._chunks.bounds(i)), epoch_start)
+        pieces = self._chunks.pieces(i)
+        n = sum(p1 - p0 for p0, p1 in pieces)
+        outs = self._reads.batch_arrays(n)
+        if self._order.mode != "none":  # one request for the batch's positions, in any order
+            positions = np.concatenate([np.arange(p0, p1) for p0, p1 in pieces])
+            self._reads.fill(self._order.indices(positions), outs, 0, epoch_start)
+            return n, outs
+        at = 0
+        for p0, p1 in pieces:  # one ascending run of the stored order each
+            self._reads.fill(range(p0, p1), outs, at, epoch_start and not at)
+            at += p1 - p0
+        return n, outs
+
+    def _indices(self, p0: int, p1: int) -> Indices:
+        """The cache's indices at positions [p0, p1) of the epoch's order."""
+        if self._order.mode == "none":  # the stored order
+            return range(p0, p1)
+        return self._order.indices(np.arange(p0, p1))
 
     def close(self) -> None:
         self._reads.close()

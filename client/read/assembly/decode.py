@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from typing import Any
 
@@ -29,9 +28,8 @@ class Decoder:
         # blocks as the cache has them (a format 1 cache has none), whatever the caller's
         stored = Layout.from_json(cache.layout_json)
         self._layout = dataclasses.replace(stored, leaves=layout.leaves)
-        self._decode = functools.partial(
-            decode_into if handles(self._layout) else decode_values, empty=empty
-        )
+        self._into = handles(self._layout)
+        self._empty = empty
         self._local = threading.local()
 
     def _where(self, index: int) -> str:
@@ -44,8 +42,11 @@ class Decoder:
             )
         return f"shard {shard} record {local} (element {index})"
 
-    def __call__(self, indices: Indices, chunk: Chunk) -> tuple[int, list[Any]]:
-        """Decode chunk, keeping only its elements at positions [0, len(indices))."""
+    def __call__(
+        self, indices: Indices, chunk: Chunk, empty: Empty | None = None
+    ) -> tuple[int, list[Any]]:
+        """Decode chunk, keeping only its elements at positions [0, len(indices)); empty:
+        this chunk's arrays (the decoder's own by default)."""
         dec = getattr(self._local, "dec", None)
         if dec is None:
             dec = self._local.dec = Decompressor()
@@ -53,7 +54,16 @@ class Decoder:
         values: list[memoryview] = []
         try:
             values = data if isinstance(data, list) else split_chunk(lengths, data)
-            n, batch = self._decode(self._layout, dec, values)
+            if self._into:  # only the request's rows are copied out of the chunk's blocks
+                return decode_into(
+                    self._layout,
+                    dec,
+                    values,
+                    empty or self._empty,
+                    max(0, -position),
+                    len(indices) - position,
+                )
+            n, batch = decode_values(self._layout, dec, values, empty or self._empty)
         except RecordError as exc:
             before = getattr(exc, "elements_before", None)
             if not values:

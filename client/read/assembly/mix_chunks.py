@@ -26,7 +26,7 @@ from client.read.assembly.chunks import CacheReads, joined
 from client.read.planning import shares
 from client.read.planning.mix import Mix, MixOrder
 from client.read.planning.plan import ReadOptions, share_of
-from client.read.planning.shares import Chunking
+from client.read.planning.shares import Batching, Chunking
 from client.wire.limits import MAX_INDICES
 
 #: Threads that open the sources' reads (their leases) when an epoch opens; then they end.
@@ -46,6 +46,7 @@ class MixChunks:
         start: int,
         chunk_bytes: int,
         open_source: OpenSource,
+        batches: shares.Batches | None = None,
     ) -> None:
         self._order = MixOrder(mix, options.mode, epoch)
         runs = shares.skip(share_of(mix, options, epoch), start)
@@ -55,7 +56,9 @@ class MixChunks:
         self._lock = threading.Lock()
         self._sources: dict[int, CacheReads] = {}
         self._closed = False
-        self._chunks = Chunking(runs, self._per_chunk)
+        self._chunks = (
+            Chunking(runs, self._per_chunk) if batches is None else Batching(runs, batches)
+        )
         self.count = self._chunks.count
         if self.count:  # each source's lease is a call to its daemon: ask them together
             wanted = [s for s, n in enumerate(mix.counts) if n]
@@ -76,8 +79,8 @@ class MixChunks:
 
     def chunk(self, i: int) -> tuple[int, list[Any]]:
         """(elements, decoded batch) of chunk i, rows in the mixed order."""
-        p0, p1 = self._chunks.bounds(i)
-        source, element = self._order.pairs(np.arange(p0, p1))
+        positions = np.concatenate([np.arange(p0, p1) for p0, p1 in self._chunks.pieces(i)])
+        source, element = self._order.pairs(positions)
         by_source = np.lexsort((element, source))  # rows as the requests give them
         sources, firsts = np.unique(source[by_source], return_index=True)
         ends = [*firsts[1:], len(by_source)]
@@ -87,7 +90,7 @@ class MixChunks:
             rows = by_source[lo:hi]
             _, batch = reads(element[rows], first)
             parts.append((rows, batch))
-        n = p1 - p0
+        n = len(positions)
         if len(parts) == 1:
             rows, batch = parts[0]
             return n, [_taken(column, np.argsort(rows)) for column in batch]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from client.errors import InvalidArgumentError
@@ -106,3 +107,45 @@ class Chunking:
         lo, hi = self._runs[k]
         p0 = lo + (i - (self._ends[k - 1] if k else 0)) * self._per_chunk
         return p0, min(p0 + self._per_chunk, hi)
+
+    def pieces(self, i: int) -> list[tuple[int, int]]:
+        """Chunk i's positions as Batching.pieces gives a batch's: one run."""
+        return [self.bounds(i)]
+
+
+@dataclass(frozen=True)
+class Batches:
+    """A consumer's batch(size, drop_remainder): the chunks of a read are its batches."""
+
+    size: int
+    drop_remainder: bool = False
+
+
+class Batching:
+    """runs cut into batches of exactly batches.size consecutive positions of the share, the
+    last one shorter (or dropped, with drop_remainder): chunk i is batch i of the share.
+
+    A batch crosses from one run to the next where the share's runs meet (a resumed split
+    leaves a few): it is then read in pieces, one per run, into one batch.
+    """
+
+    def __init__(self, runs: Runs, batches: Batches) -> None:
+        self._runs = runs
+        self._size = batches.size
+        self._starts = list(itertools.accumulate((hi - lo for lo, hi in runs), initial=0))
+        total = self._starts[-1]
+        self.count = total // self._size if batches.drop_remainder else -(-total // self._size)
+
+    def pieces(self, i: int) -> list[tuple[int, int]]:
+        """The positions [p0, p1) of batch i, one piece per run it touches, in order."""
+        at, end = i * self._size, min((i + 1) * self._size, self._starts[-1])
+        pieces = []
+        k = bisect.bisect_right(self._starts, at) - 1
+        while at < end:
+            lo, hi = self._runs[k]
+            p0 = lo + at - self._starts[k]
+            p1 = min(hi, p0 + end - at)
+            pieces.append((p0, p1))
+            at += p1 - p0
+            k += 1
+        return pieces

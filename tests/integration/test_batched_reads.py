@@ -1,0 +1,193 @@
+"""batch(B) on a cache's dataset reads the batches themselves: one copy from the shard files
+(or the socket) into each batch's arrays, which TensorFlow takes as they are.
+
+Every read option must give, batch for batch, what the element read batched by tf.data
+gives: stored order, both shuffles, worker shares, a start mid-epoch, an elastic resume,
+a partial last batch or drop_remainder, over shard boundaries and blocks cut by a batch's
+ends, read directly, over gRPC and over the data plane.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from sharded import write_sharded  # noqa: E402
+
+from client import CacheClient  # noqa: E402
+from client.read.assembly import buffers  # noqa: E402
+
+N = 500
+
+
+def source(n: int, width: int) -> tf.data.Dataset:
+    """Element i: x = i repeated width times (float32), and i."""
+    return tf.data.Dataset.range(n).map(
+        lambda i: {"x": tf.fill([width], tf.cast(i, tf.float32)), "i": i}
+    )
+
+
+#: layouts, as (width, block_bytes, shard_bytes): blocks of a few elements (cut by most
+#: batches' ends), one small element per stored value (the vectorized decoder), one large
+#: element per value (the aligned decoder); shards of about a fifth of the stored bytes
+LAYOUTS = {"blocks": (32, 1024, 1000), "records": (32, None, 2500), "large": (4096, None, 2800)}
+
+
+@pytest.fixture(scope="module")
+def caches(daemon: Any) -> dict[str, str]:
+    names = {}
+    with CacheClient(daemon.unix_target) as cc:
+        for layout, (width, block_bytes, shard_bytes) in LAYOUTS.items():
+            name = names[layout] = f"batched-{layout}"
+            write_sharded(
+                cc,
+                source(N, width),
+                name,
+                shard_bytes,
+                chunk_bytes=1024,
+                block_bytes=block_bytes,
+                batch_elements=16,
+            )
+            assert len(cc._get(name).shards) >= 4  # batches cross shard boundaries
+    return names
+
+
+@pytest.fixture(scope="module")
+def clients(daemon: Any) -> Iterator[dict[str, tuple[CacheClient, bool]]]:
+    """direct: the shard files; grpc: a unix socket's client; plane: a TCP client's."""
+    with CacheClient(daemon.unix_target) as unix, CacheClient(daemon.tcp_target) as tcp:
+        yield {"direct": (unix, True), "grpc": (unix, False), "plane": (tcp, False)}
+
+
+def checked(element: dict[str, np.ndarray]) -> list[int]:
+    """The ids of a batch (or an element), each checked to carry its own record."""
+    x, i = element["x"], np.atleast_1d(element["i"])
+    assert (x == i.reshape(-1, 1).astype(np.float32)).all()
+    return i.tolist()
+
+
+def state(cc: CacheClient, name: str) -> list[Any]:
+    """Two workers of a shuffled split, 40 and 70 elements into their epoch 1."""
+    return [
+        cc.read_state(
+            name, elements_seen=N // 2 + seen, shuffle=True, seed=4, worker_index=w, num_workers=2
+        )
+        for w, seen in enumerate((40, 70))
+    ]
+
+
+READS: dict[str, dict[str, Any]] = {
+    "stored": {},
+    "shuffled": {"shuffle": True, "seed": 3, "epoch": 1},
+    "shards": {"shuffle": "shards", "seed": 3},
+    "share": {"worker_index": 1, "num_workers": 3},
+    "start": {"start": 37},
+    "elastic": {"shuffle": True, "seed": 4, "worker_index": 2, "num_workers": 3},
+}
+
+
+#: every read of the blocked cache; the two orders of the others
+CASES = [("blocks", read) for read in READS] + [
+    (layout, read) for layout in ("records", "large") for read in ("stored", "shuffled")
+]
+
+
+@pytest.mark.parametrize(("layout", "read"), CASES)
+def test_batches_are_the_elements_batched_for_every_read(
+    clients: dict[str, tuple[CacheClient, bool]], caches: dict[str, str], layout: str, read: str
+) -> None:
+    name = caches[layout]
+    for path, (cc, direct) in clients.items():
+        if path != "direct" and read not in ("stored", "shuffled"):
+            continue  # the same chunks as the direct read; their fetchers are tested apart
+        opts = dict(READS[read], direct=direct)
+        if read == "elastic":
+            opts["resume"] = state(cc, name)
+        unbatched = cc.dataset(name, **opts)
+        elements = [i for e in unbatched.as_numpy_iterator() for i in checked(e)]
+        for size, drop in ((7, False), (64, True)):
+            batched = cc.dataset(name, **opts).batch(size, drop_remainder=drop)
+            width = LAYOUTS[layout][0]
+            assert batched.element_spec["x"].shape.as_list() == [size if drop else None, width]
+            batches = [checked(b) for b in batched.as_numpy_iterator()]
+            want = [elements[k : k + size] for k in range(0, len(elements), size)]
+            if drop and want and len(want[-1]) < size:
+                want.pop()
+            assert batches == want, (path, size, drop)
+            known = int(unbatched.cardinality()) >= 0  # not when a start makes epochs differ
+            assert int(batched.cardinality()) == (len(want) if known else -2)
+
+
+def test_a_cc_cache_reads_its_batches_as_batches_from_its_second_epoch(
+    cc: CacheClient, name: str
+) -> None:
+    ds = cc.cache(source(N, 32), name=name).batch(64, drop_remainder=True)
+    want = [list(range(k, k + 64)) for k in range(0, N - 63, 64)]
+    for _ in range(3):  # a write epoch, then reads
+        assert [checked(b) for b in ds.as_numpy_iterator()] == want
+
+
+def addresses(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """Where each batch's x lies in memory, as TensorFlow holds it after batch()."""
+
+    def where(x: np.ndarray) -> np.int64:
+        return np.int64(x.ctypes.data)
+
+    return ds.map(lambda b: tf.numpy_function(where, [b["x"]], tf.int64, stateful=False))
+
+
+def test_the_arrays_a_read_decodes_into_are_the_batches_tensorflow_hands_on(
+    clients: dict[str, tuple[CacheClient, bool]],
+    caches: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: set[int] = set()
+    empty = buffers.Buffers.empty
+
+    def recorded(self: buffers.Buffers, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        array = empty(self, shape, dtype)
+        made.add(array.ctypes.data)
+        return array
+
+    monkeypatch.setattr(buffers.Buffers, "empty", recorded)
+    for path in ("direct", "plane"):
+        cc, direct = clients[path]
+        ds = cc.dataset(caches["large"], direct=direct, shuffle=True, seed=1).batch(16)
+        seen = [int(a) for a in addresses(ds).as_numpy_iterator()]
+        assert len(seen) == -(-N // 16)
+        assert all(a % 64 == 0 for a in seen)  # aligned: adopted by TensorFlow as it is
+        assert set(seen) <= made, f"{path}: a batch was copied after it was decoded"
+        made.clear()
+
+
+def anonymous_maps(nbytes: int) -> int:
+    """Anonymous maps of this process of exactly nbytes (a batch's arrays, buffers.py)."""
+    count = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in re.split("-", fields[0]))
+        if hi - lo == nbytes and len(fields) < 6:
+            count += 1
+    return count
+
+
+def test_a_hundred_epochs_hold_no_more_batch_arrays_than_the_first(
+    clients: dict[str, tuple[CacheClient, bool]], caches: dict[str, str]
+) -> None:
+    cc, _ = clients["direct"]
+    size = 64
+    nbytes = size * 4096 * 4  # a batch's x: 1 MiB, in a map of its own (buffers.MIN_BYTES)
+    ds = cc.dataset(caches["large"], direct=True).batch(size).repeat(100)
+    held = []
+    for k, _ in enumerate(ds):
+        if k % (-(-N // size)) == 0:
+            held.append(anonymous_maps(nbytes))
+    assert len(held) == 100
+    assert max(held[10:]) <= max(held[:10]), held
