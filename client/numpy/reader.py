@@ -24,6 +24,7 @@ from client.numpy.prefetch import MAX_AHEAD, Prefetch, threads
 from client.read.assembly.chunks import EpochChunks
 from client.read.opening import open_read
 from client.read.planning import plan
+from client.read.planning.shares import Batches
 
 
 class ArrayReader:
@@ -90,7 +91,9 @@ class ArrayReader:
             self._at = (epoch, start, seen + n)
 
     def _open(self, epoch: int, start: int) -> Prefetch:
-        chunks = self._read.chunks(epoch, start, self.options.batch_size or 1)
+        size = self.options.batch_size
+        batches = None if size is None else Batches(size, self.options.drop_remainder)
+        chunks = self._read.chunks(epoch, start, batches)
         assert isinstance(chunks, EpochChunks)
         parallel = self.options.parallel_shards
         if parallel:

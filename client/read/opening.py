@@ -58,11 +58,10 @@ class OpenRead:
         return plan.Epochs(self.options)
 
     def chunks(
-        self, epoch: int, start: int, batch: int = 1, batches: Batches | None = None
+        self, epoch: int, start: int, batches: Batches | None = None
     ) -> EpochChunks | MixChunks:
-        """epoch's share, from position start, as numbered chunks; batch: the consumer cuts
-        batches of that many elements (chunks hold whole ones where they can); batches: the
-        chunks are the consumer's batches (read/assembly/chunks.py)."""
+        """epoch's share, from position start, as numbered chunks; batches: the chunks are
+        the consumer's batches (read/assembly/chunks.py)."""
         options = self.options
         if isinstance(self.cache, mixing.Mix):
 
@@ -88,7 +87,6 @@ class OpenRead:
             options.prefetch_bytes,
             self.direct[self.cache.name],
             self.daemons.fleet,
-            batch,
             batches,
         )
 

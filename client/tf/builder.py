@@ -118,7 +118,7 @@ class DatasetBuilder:
             read = self._committed(read)
         if self._tune_malloc:
             malloc.tune()
-        return read.chunks(epoch, start, batches=batches)
+        return read.chunks(epoch, start, batches)
 
     def cache(
         self,

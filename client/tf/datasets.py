@@ -1,20 +1,19 @@
 """The dataset cc.cache() and cc.dataset() return, and its batch() without unbatch.
 
-The generator behind a cache's dataset yields decoded batches (blocks of
-elements); ``unbatch`` splits them into elements, and the consumer's
-``batch(B)`` copies the elements into batches again: two copies of every byte.
-``CachedElements`` is that element dataset, unchanged for every other use, but
-its ``batch()`` builds ``rebatch(B)`` on the decoded batches instead, which
-tf.data documents as "functionally equivalent to unbatch().batch(N), but more
-efficient, performing one copy instead of two": the same batches, in the same
-order, with the same ``element_spec`` and cardinality. Measured in one process,
-alternating (docs/reading.md): 8-9% faster epochs on 1 KB and 602 KB elements.
-A cc.cache() dataset whose source is tapped (client/tf/tap.py) builds its
-``batch(B)`` from the source's own ``batch(B)`` on a write epoch (no copy
-added) and from ``rebatch(B)`` on a read epoch.
+The reads behind a cache's dataset yield decoded chunks (blocks of elements);
+``unbatch`` splits them into elements, and the consumer's ``batch(B)`` would
+copy the elements into batches again: a second copy of every byte, into fresh
+memory. ``CachedElements`` is that element dataset, unchanged for every other
+use, but its ``batch()`` reads the batches themselves: each chunk is one batch,
+decoded into arrays of its own (client/read/assembly/chunks.py), so the bytes
+are copied once, from the page cache (or the socket) to the batch. The same
+batches, in the same order, with the same ``element_spec`` and cardinality as
+``unbatch().batch(B)``. A cc.cache() dataset whose source is tapped
+(client/tf/tap.py) builds its ``batch(B)`` from the source's own ``batch(B)``
+on a write epoch (no copy added) and from the read batches on a read epoch.
 
-Only caches whose leaves all have a fixed shape get it (their generator yields
-the element structure itself, batched); the others (variable shapes, ragged,
+Only caches whose leaves all have a fixed shape get it (their reads yield the
+element structure itself, batched); the others (variable shapes, ragged,
 sparse) keep a map after ``unbatch``, and their ``batch()`` is tf.data's. A
 batch size that is not a Python integer also goes to tf.data's ``batch()``.
 """
@@ -105,8 +104,8 @@ class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
 
     ``elements`` is the unbatched form (cardinality declared, spec declared)
     that iterating this dataset runs; ``batched(size, drop_remainder)``, when
-    given, builds the batches: ``rebatch`` on the generator's decoded batches,
-    or a tapped write epoch's batches of the source (client/tf/tap.py).
+    given, builds the batches: the reads' own, or a tapped write epoch's batches
+    of the source (client/tf/tap.py).
     ``cardinality`` is the element count, or < 0 when unknown. ``ignoring``,
     when given, builds the dataset again over the source's ``ignore_errors()``
     (a tapped cc.cache(): see ignore_errors()).
@@ -150,9 +149,9 @@ class CachedElements(dataset_ops.UnaryUnchangedStructureDataset):
     ) -> tf.data.Dataset:
         """tf.data's batch(), built on the cache's batches without unbatching them.
 
-        num_parallel_calls and deterministic have nothing to do here: rebatch
-        copies each element once, in order, on the iterator's thread, and a
-        write epoch batches the source itself.
+        num_parallel_calls and deterministic have nothing to do here: the read
+        decodes each batch in its own call, in order, and a write epoch batches
+        the source itself.
         """
         if (
             self._batched is None

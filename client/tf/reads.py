@@ -14,7 +14,7 @@ chunk's index: ``tf.train.Checkpoint(iterator=it)`` saves both, and a restored
 iterator, in any process, rebuilds the inner dataset from the saved element
 (``open`` runs again) and asks the chunks from the saved index on. A chunk's
 batch is a function of its index alone (client/read/assembly/chunks.py); the elements
-after unbatch (or ``rebatch``) do not depend on how they were cut. Every
+after unbatch do not depend on how they were cut. Every
 dataset is checkpointable: there is no other read path.
 
 The numpy_functions are declared stateless: what each returns is a function
@@ -34,8 +34,8 @@ element n + 1, and ``unbatch`` asks for a batch only when its current one is
 used up, so the elements of a cache of fixed-shape leaves are unbatched after
 the flat_map, as tf.data's own ops and at their speed; what buffers or looks
 ahead runs inside it (the assembling map of variable-shape caches, the
-``rebatch`` of ``batch()``, which asks past a short last batch), and so does
-the unbatch of a dataset of unknown cardinality.
+rebatch of a generated write epoch's batches, which asks past a short last
+batch), and so does the unbatch of a dataset of unknown cardinality.
 
 The iteration's Python objects (the epoch's chunks, a write's state) are owned
 by a *hold*: a small 64-byte-aligned array that ``begin``/``open`` return and
@@ -76,7 +76,7 @@ from client.tf.flat_arrays import FlatArrays
 
 log = logging.getLogger("client")
 
-#: What each iteration's batches go through inside the iteration (unbatch, rebatch).
+#: What each iteration's batches go through inside the iteration (unbatch).
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]
 #: The chunks of epoch from position start (client/read/assembly/chunks.py's EpochChunks),
 #: each a batch of the consumer's when Batches are given.

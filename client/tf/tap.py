@@ -11,7 +11,7 @@ bytes to store leave it::
     control.flat_map(lambda hold, token, mode, epoch, start:
         finalized(source.batch(B)).map(tap(token)).take(-1 if mode == WRITE else 0)
         .concatenate(finalized(source.batch(B)).take(-1 if mode == SOURCE else 0))
-        .concatenate(reader.batches(epoch, start).rebatch(B).take(-1 if mode == READ else 0)))
+        .concatenate(reader.batches(epoch, start, Batches(B)).take(-1 if mode == READ else 0)))
 
 (``convert.tapped_batches`` builds it, client/tf/iterations.py runs the control;
 ``take(0)`` never starts its input.) B is

@@ -17,7 +17,6 @@ from client.format.lookup import gather_chunks
 from client.format.store import ReaderPool, ShardWriter
 from client.format.values import Compressor, Decompressor, split_chunk
 from client.read.assembly.buffers import Buffers
-from client.read.assembly.chunks import batch_positions
 from tests.unit.test_blocks import batch_of
 
 SMALL = Layout((Leaf("float32", (256,)), Leaf("int64", ())))  # 1 KB records
@@ -96,12 +95,3 @@ def test_several_leaves_of_a_large_batch_are_copied_into_one_array_from_empty() 
     assert buffers.made == 1
     for have, original in zip(few, data):
         np.testing.assert_array_equal(have, original[:3])
-
-
-def test_chunks_hold_whole_batches_unless_blocks_already_hold_one() -> None:
-    assert batch_positions(6, 64, 1) == 64  # 4 MiB of 602 KB images: a batch per chunk
-    assert batch_positions(4000, 64, 1) == 3968
-    assert batch_positions(4000, 1, 1) == 4000
-    assert batch_positions(3810, 64, 254) == 3810  # whole blocks: a batch spans two rarely
-    assert batch_positions(254, 1000, 254) == 1000
-    assert batch_positions(100, 10**6, 1) == 100  # more than one request may ask

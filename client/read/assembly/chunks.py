@@ -75,6 +75,8 @@ class CacheReads:
         self.path = self._fetch.path
         self.buffers = Buffers()  # the chunks' arrays, reused (client/read/assembly/buffers.py)
         self._layout = layout
+        #: every leaf has a fixed shape: batches can be filled (batch_arrays, fill)
+        self.fixed = all(leaf.fixed for leaf in layout.leaves)
         self._decode = Decoder(cache, layout, self.buffers.empty)
 
     def __call__(self, indices: Indices, epoch_start: bool = False) -> tuple[int, list[Any]]:
@@ -172,12 +174,10 @@ class EpochChunks:
 
     chunk(i) is thread-safe and depends on i alone; close() ends the lease and
     cancels calls in flight. direct: a read lease (client/read/fetching/direct.py) when it
-    allows one, the shard files then read here. batch: the consumer cuts batches of this
-    many elements from the start: chunks hold whole batches where they can (see
-    batch_positions), so that a batch is a slice of one chunk's arrays, not a copy
-    joined from several. batches: the chunks are the consumer's batches themselves
-    (shares.Batching), each decoded into arrays of its own (CacheReads.fill): one copy
-    of every byte from the shard files (or the socket) to the batch.
+    allows one, the shard files then read here. batches: the chunks are the consumer's
+    batches themselves (shares.Batching), each decoded into arrays of its own
+    (CacheReads.fill): one copy of every byte from the shard files (or the socket) to
+    the batch. Without, chunks of about prefetch_bytes / 8 of stored records.
     """
 
     def __init__(
@@ -191,7 +191,6 @@ class EpochChunks:
         prefetch_bytes: int,
         direct: DirectReads | None = None,
         fleet: Fleet | None = None,
-        batch: int = 1,
         batches: Batches | None = None,
     ) -> None:
         self._order: EpochOrder
@@ -202,11 +201,7 @@ class EpochChunks:
             self._chunks = Batching(runs, batches)
             per_chunk = batches.size
         else:
-            per_chunk = batch_positions(
-                chunk_positions(cache, chunk_target(prefetch_bytes)),
-                batch,
-                Layout.from_json(cache.layout_json).block_elements,
-            )
+            per_chunk = chunk_positions(cache, chunk_target(prefetch_bytes))
             self._chunks = Chunking(runs, per_chunk)  # no chunk crosses two runs
         #: stored bytes of a chunk, about
         self.chunk_bytes = chunk_bytes = int(per_chunk * per_element)
@@ -222,16 +217,25 @@ class EpochChunks:
         if isinstance(self._chunks, Chunking):
             return self._reads(self._indices(*self._chunks.bounds(i)), epoch_start)
         pieces = self._chunks.pieces(i)
-        n = sum(p1 - p0 for p0, p1 in pieces)
+        requests: list[Indices] = (
+            [range(p0, p1) for p0, p1 in pieces]  # one ascending run of the stored order each
+            if self._order.mode == "none"
+            else [self._order.indices(np.concatenate([np.arange(p0, p1) for p0, p1 in pieces]))]
+        )
+        n = sum(len(request) for request in requests)
+        if not self._reads.fixed:  # variable shapes: each request decoded, then joined
+            parts = [self._reads(r, epoch_start and not k) for k, r in enumerate(requests)]
+            if len(parts) == 1:
+                return parts[0]
+            return n, [
+                joined(column, self._reads.buffers.empty)
+                for column in zip(*(batch for _, batch in parts))
+            ]
         outs = self._reads.batch_arrays(n)
-        if self._order.mode != "none":  # one request for the batch's positions, in any order
-            positions = np.concatenate([np.arange(p0, p1) for p0, p1 in pieces])
-            self._reads.fill(self._order.indices(positions), outs, 0, epoch_start)
-            return n, outs
         at = 0
-        for p0, p1 in pieces:  # one ascending run of the stored order each
-            self._reads.fill(range(p0, p1), outs, at, epoch_start and not at)
-            at += p1 - p0
+        for k, request in enumerate(requests):
+            self._reads.fill(request, outs, at, epoch_start and not k)
+            at += len(request)
         return n, outs
 
     def _indices(self, p0: int, p1: int) -> Indices:
@@ -242,17 +246,6 @@ class EpochChunks:
 
     def close(self) -> None:
         self._reads.close()
-
-
-def batch_positions(per_chunk: int, batch: int, k: int) -> int:
-    """Positions per chunk for a consumer of batches of batch elements: per_chunk rounded to
-    whole batches, at least one (a batch of 64 602 KB images was cut from 11 chunks of ~4
-    MiB and joined: a second copy of every byte). Caches in blocks (k > 1) keep chunks of
-    whole blocks when those hold a batch or more: a batch then spans two chunks at most
-    once per chunk."""
-    if batch <= 1 or batch > MAX_INDICES or (k > 1 and per_chunk >= batch):
-        return per_chunk
-    return max(1, round(per_chunk / batch)) * batch
 
 
 def chunk_target(prefetch_bytes: int) -> int:
