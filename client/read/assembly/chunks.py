@@ -66,14 +66,21 @@ class CacheReads:
         direct: DirectReads | None = None,
         fleet: Fleet | None = None,
     ) -> None:
+        self.buffers = Buffers()  # the chunks' arrays, reused (client/read/assembly/buffers.py)
         self._fetch, counted = open_fetcher(
-            transport, cache, options.reconnect_timeout, chunk_bytes, reading, direct, fleet
+            transport,
+            cache,
+            options.reconnect_timeout,
+            chunk_bytes,
+            reading,
+            direct,
+            fleet,
+            self.buffers.empty,
         )
         #: True until the request that starts the pass (the daemon counts its hit) is sent.
         self.epoch_start = not counted
         #: how the chunks come, for the read's report (client/observe/report.py)
         self.path = self._fetch.path
-        self.buffers = Buffers()  # the chunks' arrays, reused (client/read/assembly/buffers.py)
         self._layout = layout
         #: every leaf has a fixed shape: batches can be filled (batch_arrays, fill)
         self.fixed = all(leaf.fixed for leaf in layout.leaves)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from client._fleet import Fleet, routed
 from client._transport import Transport, pb
+from client.format.codec import Empty
 from client.read.fetching import plane as data_plane
 from client.read.fetching.direct import DirectReads
 from client.read.fetching.fetch import Calls, Fetcher, Remote
@@ -35,10 +36,12 @@ def open_fetcher(
     reading: bool = True,
     direct: DirectReads | None = None,
     fleet: Fleet | None = None,
+    empty: Empty | None = None,
 ) -> tuple[Fetcher, bool]:
     """(the fetcher of one pass over cache, whether the daemon counted the pass's hit
     already). reading: the pass reads something (no lease is taken for an empty one);
-    direct: how this dataset reads directly (None: never); fleet: the fleet read from."""
+    direct: how this dataset reads directly (None: never); fleet: the fleet read from;
+    empty: makes the arrays a data-plane pass receives chunks into."""
     per_message = message_bytes(chunk_bytes)
     by_owner = fleet is not None and routed(cache)
     counted = False
@@ -53,7 +56,7 @@ def open_fetcher(
     if fleet is not None and by_owner:  # members on this host are read from their files
         remote = FleetFetcher(fleet, cache, calls, per_message, direct)
     elif reading:  # its requests count the hit
-        lease = data_plane.for_transport(transport).lease(cache)
+        lease = data_plane.for_transport(transport).lease(cache, empty)
         if lease is not None:
             remote = PlaneFetcher(lease, grpc_fetcher)
     return Reconnecting(remote, calls, cache.name, reconnect_timeout), counted

@@ -36,6 +36,7 @@ import numpy as np
 from client import settings
 from client._transport import Transport, pb
 from client.errors import ServerUnavailableError
+from client.format.codec import Empty
 from client.read.fetching import lease as read_lease
 from client.read.fetching.fetch import Indices, Piece, Stateless, is_run, shard_runs
 from client.read.fetching.rpc import GrpcFetcher
@@ -115,9 +116,11 @@ class DataPort:
         self._warned = False
         self._none = not self.host or target.startswith("unix:")  # no TCP: never asked
 
-    def lease(self, cache: pb.Cache) -> PlaneLease | None:
+    def lease(self, cache: pb.Cache, empty: Empty | None = None) -> PlaneLease | None:
         """A lease with a ticket for one pass, or None: read over gRPC. Its requests
-        count the pass's hit (plane.EPOCH_START), not the lease."""
+        count the pass's hit (plane.EPOCH_START), not the lease. empty: makes the arrays
+        chunks are received into (the pass's Buffers.empty: reused, so a warm pass writes
+        into memory already faulted in; fresh ones otherwise)."""
         if self._none or not enabled():
             return None
         try:
@@ -132,7 +135,7 @@ class DataPort:
             self._none = True
             return None
         lease.renew_in_background("the pass reads on")
-        return PlaneLease(self, lease)
+        return PlaneLease(self, lease, empty)
 
     def connect(self, ticket: bytes, port: int) -> socket.socket:
         """A data connection that presented ticket; PlaneStatus when it cannot be had."""
@@ -201,8 +204,9 @@ def _client_context(transport: Transport) -> ssl.SSLContext:
 class PlaneLease:
     """One pass's lease with a ticket: its renewal, and its data connections."""
 
-    def __init__(self, port: DataPort, lease: read_lease.Lease) -> None:
+    def __init__(self, port: DataPort, lease: read_lease.Lease, empty: Empty | None = None) -> None:
         self._lease = lease
+        self._empty = empty or _fresh
         self.plane = port
         self.ticket, self.port = lease.granted.ticket, lease.granted.data_port
         self.where = f"{port.host}:{self.port}"
@@ -273,7 +277,7 @@ class PlaneLease:
         try:
             for number, request in enumerate(requests):
                 sock.sendall(request)
-                for chunk in _chunks(sock):
+                for chunk in _chunks(sock, self._empty):
                     yield (number, *chunk)
             done = True
         except PlaneStatus as exc:
@@ -396,8 +400,13 @@ class PlaneCall:
             self._sock.shutdown(socket.SHUT_RDWR)
 
 
-def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]:
-    """One request's CHUNK frames until its END: (first, values, u32 lengths, data)."""
+def _fresh(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype)  # no zero fill; the decoder copies out of it
+
+
+def _chunks(sock: socket.socket, empty: Empty) -> Iterator[tuple[int, int, bytes, memoryview]]:
+    """One request's CHUNK frames until its END: (first, values, u32 lengths, data), data
+    received into an array from empty."""
     header = bytearray(plane.FRAME.size)
     while True:
         plane.recv_exact(sock, memoryview(header))
@@ -409,7 +418,7 @@ def _chunks(sock: socket.socket) -> Iterator[tuple[int, int, bytes, memoryview]]
         if kind != plane.CHUNK:
             raise plane.FramingError(f"frame kind {kind} in a response")
         lengths = plane.recv_bytes(sock, 4 * n)
-        data = np.empty(size, np.uint8).data  # no zero fill; the decoder copies out of it
+        data = empty((size,), np.dtype(np.uint8)).data
         plane.recv_exact(sock, data)
         yield first, n, lengths, data
 
