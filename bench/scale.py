@@ -52,6 +52,7 @@ from harness import BENCH_DIR, BenchDaemon, arguments, child_env, write_json
 from probes import drop_page_cache, machine_facts, reproducing_command
 
 from client import CacheClient
+from tests.sharded import write_tiny_shards
 
 DEFAULT_POINTS = "10x10,100x1,10x1000,100x100,1000x10,100x1000,1000x100,1x100000,10x10000"
 QUICK_POINTS = "10x10,100x1,10x100,1x1000"
@@ -143,40 +144,8 @@ def system_limits() -> dict[str, Any]:
 # ---------------------------------------------------------------------- the daemon section
 def build_cache(cc: CacheClient, name: str, shards: int, per_shard: int) -> int:
     """Write cache name of shards shards, per_shard int64 elements each, through WriteCache:
-    one chunk per shard. Returns the sum of its elements (0, 1, 2, ...)."""
-    from client._transport import pb
-    from client.format import spec
-    from client.format.blocks import BlockPacker
-    from client.format.layout import Layout, Leaf
-    from client.format.values import Compressor
-    from client.write.stream import CacheWriter
-
-    leaf = Leaf("int64", ())
-    layout = Layout((leaf,))
-    begin = pb.WriteBegin(
-        name=name,
-        fingerprint=f"version:{name}",
-        layout_json=layout.to_json(),
-        element_spec=spec.encode(leaf),
-        shard_bytes=1,  # a shard ends at the first chunk: one shard per chunk
-    )
-    writer = CacheWriter(cc._transport, begin, chunk_bytes=1)
-    decision = writer.begin().decision
-    if decision != pb.WRITE_DECISION_ACCEPTED:
-        writer.abort()
-        raise RuntimeError(f"cache {name!r}: the daemon answered {decision}, not ACCEPTED")
-    packer = BlockPacker(layout, Compressor())
-    try:
-        for s in range(shards):
-            first = s * per_shard
-            elements = np.arange(first, first + per_shard, dtype=np.int64)
-            writer.add(*packer.add([elements], per_shard))
-        cache = writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
-    if len(cache.shards) != shards:
-        raise RuntimeError(f"cache {name!r} has {len(cache.shards)} shards, not {shards}")
+    one chunk per shard (tests/sharded.py). Returns the sum of its elements (0, 1, 2, ...)."""
+    write_tiny_shards(cc, name, shards, per_shard)
     n = shards * per_shard
     return n * (n - 1) // 2
 
