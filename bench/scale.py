@@ -16,7 +16,9 @@ memory maps (lines of ``/proc/PID/maps``); once after the start, once after ever
 was read once over gRPC (``cc.numpy(direct=False)``, every shard opened by the daemon; each
 read checked for its element count and sum). ``--daemon-nofile N`` starts the daemon under
 ``prlimit --nofile=N`` (a fd limit below the shard count). The machine's limits
-(``ulimit -n``, ``vm.max_map_count``) are recorded beside each point.
+(``ulimit -n``, ``vm.max_map_count``) are recorded beside each point. Writing and reading
+each cost a few ms per shard (two fsyncs a shard; a ReadShard call a shard): a point of
+100,000 shards takes several minutes of each, the default points an hour or more.
 
 Section ``epochs``: for each size of ``--sizes`` and element kind of ``--elements`` (``1k``:
 1 KiB uint8 rows; ``image``: 224x224x3 uint8), the same random elements (rows of a fixed
