@@ -58,7 +58,7 @@ _POOL: Any = None  # client.format.store.ReaderPool, made on first use (imports 
 _POOL_LOCK = threading.Lock()
 Mode = bool | str
 #: Shards of one pass with a read-ahead (a thread and a file descriptor each) at a time.
-READ_AHEADS = 16
+READ_AHEADS = 32
 
 
 def resolve_mode(direct: Mode | None) -> Mode:
