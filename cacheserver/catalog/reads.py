@@ -16,6 +16,7 @@ import numpy as np
 
 from cacheserver import metrics
 from cacheserver.catalog.catalog import Catalog
+from cacheserver.catalog.manifest import CacheRecord
 from client.format import lookup
 from client.format.blocks import block_elements
 from client.wire.chunks import chunk_size
@@ -85,6 +86,23 @@ def read_shard(
     )
 
 
+#: The shards' first elements and the stored bytes of the caches read by index lately, by id
+#: (a shuffled pass asks once per chunk: summing every shard each time was quadratic).
+_INDEX: dict[int, tuple[CacheRecord, int, np.ndarray, int]] = {}
+_INDEX_KEPT = 64
+
+
+def _index(record: CacheRecord) -> tuple[np.ndarray, int]:
+    entry = _INDEX.get(id(record))
+    if entry is None or entry[0] is not record or entry[1] != len(record.shards):
+        firsts = np.array([s.first_element for s in record.shards], np.uint64)
+        stored = sum(s.stored_bytes for s in record.shards)
+        if len(_INDEX) >= _INDEX_KEPT:
+            _INDEX.clear()
+        entry = _INDEX[id(record)] = (record, len(record.shards), firsts, stored)
+    return entry[2], entry[3]
+
+
 def read_elements(
     catalog: Catalog, name: str, fingerprint: str, indices: bytes, chunk_bytes: int
 ) -> Iterator[tuple[int, bytes, bytes]]:
@@ -99,8 +117,8 @@ def read_elements(
         raise InvalidArgument(
             f"element index {bad} is out of range: cache {name!r} has {total} elements"
         )
-    window = lookup.window_records(chunk_bytes, total, sum(s.stored_bytes for s in record.shards))
-    firsts = np.array([s.first_element for s in record.shards], np.uint64)
+    firsts, stored_bytes = _index(record)
+    window = lookup.window_records(chunk_bytes, total, stored_bytes)
 
     def opened(shard: int) -> Any:
         if catalog.tier is not None:

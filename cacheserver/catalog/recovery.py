@@ -92,12 +92,21 @@ def _du(path: Path) -> int:
 class RecoveryReport:
     """What the data dir held at start, and the one line saying what recovery made of it."""
 
-    dirs: dict[str, int]  # cache directory name -> bytes on disk
+    dirs: dict[str, int]  # cache directory without a manifest -> bytes on disk
     trash_bytes: int
 
     @classmethod
     def survey(cls, caches_dir: Path, trash: Path) -> RecoveryReport:
-        return cls({d.name: _du(d) for d in sorted(caches_dir.iterdir()) if d.is_dir()}, _du(trash))
+        """The bytes of what the scan may discard: the directories without a manifest (a
+        READY cache's size is in its manifest: walking its files cost ~0.2 ms a shard)."""
+        return cls(
+            {
+                d.name: _du(d)
+                for d in sorted(caches_dir.iterdir())
+                if d.is_dir() and not (d / "manifest.json").exists()
+            },
+            _du(trash),
+        )
 
     def log(self, data_dir: Path, kept: dict[str, int], temp_files: int) -> None:
         """Log what was kept (name -> bytes) and what the scan discarded."""

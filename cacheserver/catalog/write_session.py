@@ -41,6 +41,9 @@ class WriteSession:
         self._done = False
         self._k = block_elements(record.layout_json)
         self._staging: Path | None = None  # same-host writes (cacheserver/catalog/direct_writes.py)
+        #: Elements of the committed shards: record.num_elements sums every shard, and a
+        #: cache of 100,000 small shards summed them once per shard (quadratic).
+        self._committed = record.num_elements
 
     def append(self, values: Sequence[bytes | memoryview], raw_bytes: int) -> None:
         if self._writer is not None and self._writer.stored_bytes >= self.shard_bytes:
@@ -57,12 +60,13 @@ class WriteSession:
         writer.commit()
         shard = ShardInfo(
             len(self.record.shards),
-            self.record.num_elements,
+            self._committed,
             writer.num_elements,
             writer.stored_bytes,
             writer.raw_bytes,
         )
         self.record.add_shard(self._dir, shard)
+        self._committed += writer.num_elements
 
     def stage(self) -> Path:
         """Same-host writes: the directory the client writes its shard files into."""
@@ -83,11 +87,12 @@ class WriteSession:
             shards,
             lambda n: self._capacity.reserve(self.record.name, n, written=True),
         )
+        self._committed = self.record.num_elements
 
     @property
     def num_elements(self) -> int:
         pending = self._writer.num_elements if self._writer else 0
-        return self.record.num_elements + pending
+        return self._committed + pending
 
     def finish(self, num_elements: int) -> CacheRecord:
         """Commit the last shard and the manifest: the cache becomes READY.

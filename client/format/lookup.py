@@ -15,7 +15,7 @@ catalog.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -53,22 +53,22 @@ def gather_chunks(
     open_shard(i) opens shard i for random reads; firsts are the shards' first
     global indices; where names the cache in errors. Shared by ReadElements and
     the client's direct reads. views: data is the list of the chunk's values, each a
-    view into the shard's map (valid while it stays held) or a one-element block, and
-    lengths is empty; otherwise they are joined.
+    view into the shard's map (valid while the caller holds the shard: the context
+    open_shard returned may be closed before they are used, as at most OPEN_SHARDS stay
+    open) or a one-element block, and lengths is empty; otherwise they are joined.
     """
     shard_of = np.searchsorted(firsts, wanted, side="right") - 1
     local = wanted - firsts[shard_of]
     extract = Extractor(layout_json)
     span = extract.span(window, wanted.size)
-    with contextlib.ExitStack() as stack:
-        open_shards: dict[int, ShardGetter] = {}
+    opened: collections.OrderedDict[int, tuple[AbstractContextManager[ShardGetter], ShardGetter]]
+    opened = collections.OrderedDict()  # least recently used first
+    try:
         for first in range(0, wanted.size, span):
             stop = min(first + span, wanted.size)
             shards, values = shard_of[first:stop], [b""] * (stop - first)
             for shard in np.unique(shards):
-                getter = open_shards.get(int(shard))
-                if getter is None:
-                    getter = open_shards[int(shard)] = stack.enter_context(open_shard(int(shard)))
+                getter = _getter(open_shard, opened, int(shard))
                 at = np.flatnonzero(shards == shard)
                 got = extract.get(
                     getter, local[first:stop][at], f"{where} shard {int(shard)}", views
@@ -82,6 +82,32 @@ def gather_chunks(
                     continue
                 lengths = struct.pack(f"<{len(part)}I", *map(len, part))
                 yield start, lengths, b"".join(part)
+    finally:
+        while opened:
+            opened.popitem()[1][0].__exit__(None, None, None)
+
+
+#: Shards one request keeps open at most: a shuffled request over a cache of 100,000 small
+#: shards touches up to one shard per index, and kept every one open (a file and a map each)
+#: until it ended, past the process's file limit.
+OPEN_SHARDS = 16
+
+
+def _getter(
+    open_shard: Callable[[int], AbstractContextManager[ShardGetter]],
+    opened: collections.OrderedDict[int, tuple[AbstractContextManager[ShardGetter], ShardGetter]],
+    shard: int,
+) -> ShardGetter:
+    """Shard's getter, opened unless it is among the OPEN_SHARDS used last (the least
+    recently used one closed past them)."""
+    if shard in opened:
+        opened.move_to_end(shard)
+        return opened[shard][1]
+    context = open_shard(shard)
+    opened[shard] = context, context.__enter__()
+    while len(opened) > OPEN_SHARDS:
+        opened.popitem(last=False)[1][0].__exit__(None, None, None)
+    return opened[shard][1]
 
 
 #: A ReadElements request on blocks decodes up to this many bytes of elements at once.

@@ -219,6 +219,10 @@ class ReaderPool:
     def release(self, path: Path, ent: _Env) -> None:
         self._release(path, ent)
 
+    def retain(self, ent: _Env) -> _Env:
+        """One more hold on an environment already held (release(path, env) it as well)."""
+        return self._retain(ent)
+
     def _retain(self, ent: _Env) -> _Env:
         with self._lock:
             ent.refs += 1

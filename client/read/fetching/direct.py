@@ -18,13 +18,16 @@ the pass releases it at its end.
 
 All shards are opened when the lease is taken and stay open until the pass
 ends, so the pass reads one snapshot: a cache deleted (or deleted and rebuilt)
-meanwhile keeps serving the files that were mapped. If renewing fails (the
+meanwhile keeps serving the files that were mapped. A cache of more shards than
+the process may hold open is opened as the pass goes instead, a bounded set at a
+time (client/read/fetching/open_shards.py). If renewing fails (the
 daemon died, or the lease expired), the pass still finishes from those files,
 logs one warning and stops renewing. docs/direct.md has the decisions.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -46,6 +49,7 @@ from client.errors import (
 from client.format.layout import Layout
 from client.read.fetching import lease as read_lease
 from client.read.fetching.fetch import Closed, is_run, shard_runs
+from client.read.fetching.open_shards import OpenShards
 from client.wire.limits import DEFAULT_CHUNK_BYTES
 from client.wire.status import DataLoss
 
@@ -53,6 +57,8 @@ log = logging.getLogger("client")
 _POOL: Any = None  # client.format.store.ReaderPool, made on first use (imports lmdb)
 _POOL_LOCK = threading.Lock()
 Mode = bool | str
+#: Shards of one pass with a read-ahead (a thread and a file descriptor each) at a time.
+READ_AHEADS = 32
 
 
 def resolve_mode(direct: Mode | None) -> Mode:
@@ -157,21 +163,18 @@ class DirectReads:
             lease.release()
             self._refuse(why)
             return None, epoch_start
-        envs: list[Any] = []  # None: a shard not held (not asked for)
-        wanted = set(range(len(paths)) if shards is None else shards)
-        pool = _pool()
         try:
-            for index, path in enumerate(paths):
-                envs.append(pool.hold(path) if index in wanted else None)
+            held = OpenShards(
+                _pool(), paths, range(len(paths)) if shards is None else shards, cache.name
+            )
         except DataLoss as exc:
-            _release_all(pool, paths, envs)
             lease.release()
             raise DataLossError(f"cache {cache.name!r}: {exc}") from exc
         lease.renew_in_background(
             "this pass finishes from the shard files it holds open, "
             "the daemon may evict the cache meanwhile"
         )
-        return LocalFetcher(lease, paths, envs), epoch_start
+        return LocalFetcher(lease, paths, held), epoch_start
 
     def _refuse(self, why: str) -> None:
         if self.mode is True:
@@ -235,39 +238,35 @@ def local_view(
     return "", paths
 
 
-def _release_all(pool: Any, paths: list[Path], envs: list[Any]) -> None:
-    for path, env in zip(paths, envs):
-        if env is not None:
-            pool.release(path, env)
-
-
 class LocalFetcher:
     """A Fetcher of one pass's leased shard files: chunks of records by index, as gRPC's
     (position in the request, u32 lengths, data), read here. close() ends the pass."""
 
     path = "direct"
 
-    def __init__(self, lease: read_lease.Lease, paths: list[Path], envs: list[Any]) -> None:
+    def __init__(self, lease: read_lease.Lease, paths: list[Path], held: OpenShards) -> None:
         self._lease = lease
         self._cache = cache = lease.cache
         self.paths = paths
-        self._envs = envs
+        self._held = held
         self._closing = threading.Event()
         self._firsts = np.array([s.first_element for s in cache.shards], np.uint64)
         layout = Layout.from_json(cache.layout_json)
         self._k = layout.block_elements
         # values as views into the held map, no joined copy: decode_into and decode_batch
         # copy fixed-shape numeric values out into fresh arrays before the pass ends and the
-        # map goes (docs/reading.md); other layouts' arrays may be views of their values
-        self._views = layout.fixed_numeric
+        # map goes (docs/reading.md); other layouts' arrays may be views of their values. A
+        # pass opening its shards as it goes may close a map before then: copies.
+        self._views = layout.fixed_numeric and not held.lazy
         self.chunk_bytes = DEFAULT_CHUNK_BYTES  # of records per chunk
         self._lock = threading.Lock()
-        self._ahead: dict[int, Any] = {}  # per shard, for every read of the pass
+        # per shard, for every read of the pass, least recently used first
+        self._ahead: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._released = False
         self._cause = ""
 
     def holds(self, shard: int) -> bool:
-        return shard < len(self._envs) and self._envs[shard] is not None
+        return self._held.holds(shard)
 
     def failed(self, cause: ShardcacheError) -> None:
         self._cause = self._cause or str(cause)  # the maps stay: other chunks may read them
@@ -276,27 +275,29 @@ class LocalFetcher:
         """Stop the read-aheads, close the shards, end the lease on the daemon."""
         self._closing.set()
         with self._lock:
-            aheads, self._ahead = list(self._ahead.values()), {}
+            aheads, self._ahead = list(self._ahead.values()), collections.OrderedDict()
         for ahead in aheads:
             ahead.close()
         with self._lock:
             released, self._released = self._released, True
         if not released:
-            _release_all(_pool(), self.paths, self._envs)
+            self._held.close()
         self._lease.release()
 
-    def _read_ahead(self, shard: int) -> Any:
+    def _read_ahead(self, shard: int, env: Any) -> Any:
         """The shard's read-ahead: one thread per shard and pass, however many reads
-        (chunked reads ask for a few MiB at a time, client/read/assembly/chunks.py)."""
-        ahead = self._ahead.get(shard)
-        if ahead is not None:  # no lock once it is made
-            return ahead
+        (chunked reads ask for a few MiB at a time, client/read/assembly/chunks.py); the
+        least recently used closed past READ_AHEADS shards (a thread and a file each)."""
         with self._lock:
             ahead = self._ahead.get(shard)
-            if ahead is None and not self._closing.is_set():
-                ahead = self._ahead[shard] = _pool().read_ahead(
-                    self.paths[shard], self._envs[shard]
-                )
+            if ahead is not None:
+                self._ahead.move_to_end(shard)
+                return ahead
+            if self._closing.is_set():
+                return None
+            ahead = self._ahead[shard] = _pool().read_ahead(self.paths[shard], env)
+            while len(self._ahead) > READ_AHEADS:
+                self._ahead.popitem(last=False)[1].close()  # a reader of it reads on without
             return ahead
 
     def stream(self, indices: Any, epoch_start: bool = False) -> Iterator[Any]:
@@ -322,17 +323,18 @@ class LocalFetcher:
         pool = _pool()
         for shard, start, count in shard_runs(self._cache, first, first + len(indices)):
             offset = shard.first_element - first
-            for local, lengths, data in pool.read_chunks(
-                self.paths[shard.index],
-                start,
-                start + count,
-                self.chunk_bytes,
-                block_elements=self._k,
-                held=self._envs[shard.index],
-                views=self._views,
-                ahead=self._read_ahead(shard.index),
-            ):
-                yield offset + local, lengths, data
+            with self._held.using(shard.index) as env:
+                for local, lengths, data in pool.read_chunks(
+                    self.paths[shard.index],
+                    start,
+                    start + count,
+                    self.chunk_bytes,
+                    block_elements=self._k,
+                    held=env,
+                    views=self._views,
+                    ahead=self._read_ahead(shard.index, env),
+                ):
+                    yield offset + local, lengths, data
 
     def gather(self, indices: np.ndarray) -> Iterator[Any]:
         """The records at indices, one element per value, as ReadElements sends them."""
@@ -360,7 +362,9 @@ class LocalFetcher:
         except DataLoss as exc:
             raise DataLossError(str(exc)) from exc
 
-    def _getter(self, shard: int) -> contextlib.AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def _getter(self, shard: int) -> Iterator[Any]:
         from client.format.store import ShardGetter
 
-        return contextlib.nullcontext(ShardGetter(self._envs[shard], self.paths[shard]))
+        with self._held.using(shard) as env:
+            yield ShardGetter(env, self.paths[shard])

@@ -157,9 +157,33 @@ def is_run(indices: Indices) -> bool:
 
 
 def shard_runs(cache: pb.Cache, first: int, stop: int) -> Iterator[tuple[Any, int, int]]:
-    """(shard, shard-local start, count) of each shard holding global indices [first, stop)."""
-    for shard in cache.shards:
+    """(shard, shard-local start, count) of each shard holding global indices [first, stop).
+
+    The first shard is found by bisection: a pass asks once per chunk, and walking every
+    shard each time made a pass over a cache of many shards quadratic."""
+    shards = cache.shards
+    index = max(0, int(np.searchsorted(_firsts(cache), first, side="right")) - 1)
+    while index < len(shards):
+        shard = shards[index]
+        if shard.first_element >= stop:
+            return
         end = shard.first_element + shard.num_elements
-        if end > first and shard.first_element < stop:
+        if end > first:
             start = max(first, shard.first_element)
             yield shard, start - shard.first_element, min(stop, end) - start
+        index += 1
+
+
+#: The shards' first elements of the caches read lately, by id (a pb.Cache is unhashable).
+_FIRSTS: dict[int, tuple[pb.Cache, np.ndarray]] = {}
+_FIRSTS_KEPT = 64
+
+
+def _firsts(cache: pb.Cache) -> np.ndarray:
+    entry = _FIRSTS.get(id(cache))
+    if entry is None or entry[0] is not cache or len(entry[1]) != len(cache.shards):
+        firsts = np.fromiter((s.first_element for s in cache.shards), np.uint64, len(cache.shards))
+        if len(_FIRSTS) >= _FIRSTS_KEPT:
+            _FIRSTS.clear()
+        entry = _FIRSTS[id(cache)] = (cache, firsts)
+    return entry[1]
