@@ -84,4 +84,5 @@ def stale(doc_text: str, root: Path) -> str | None:
     )
     if not changed:
         return None
-    return f"the bench inputs changed since the generated block was measured: {', '.join(changed)}; {fix}"
+    changed_text = ", ".join(changed)
+    return f"the bench inputs changed since the generated block was measured: {changed_text}; {fix}"

@@ -106,6 +106,7 @@ def machine_facts(tmp_dir: Path | None = None) -> dict[str, Any]:
         "numpy": _dist_version("numpy"),
         "platform": platform.platform(),
         "git_revision": git_revision(),
+        "date": datetime.date.today().isoformat(),
         "inputs": inputs.digests(REPO_ROOT),
     }
 
