@@ -120,9 +120,7 @@ class Newcomer:
 
 def serving(target: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
     with (
-        grpc.secure_channel(target, credentials)
-        if credentials
-        else grpc.insecure_channel(target)
+        grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
     ) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
