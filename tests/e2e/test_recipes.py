@@ -28,6 +28,7 @@ from waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "getting-started.md"
+README = ROOT / "README.md"
 REMOTE_HOST = "127.0.0.2"  # the "other host": another loopback address of this machine
 
 
@@ -165,6 +166,10 @@ def test_every_recipe_block_on_the_page_is_one_the_test_runs() -> None:
         "read_remote.py",
         "run-remote",
     }
+
+
+def test_the_readme_starts_the_daemon_as_getting_started_does() -> None:
+    assert recipes(README) == {"serve": recipes()["serve"]}
 
 
 def test_the_quickstart_runs_without_root_and_top_sees_the_daemon(user: Newcomer) -> None:
