@@ -5,7 +5,8 @@ A newcomer's setup: no root paths (a HOME and XDG_RUNTIME_DIR of the test's own)
 loopback with its metrics on, a pipeline cached, read from a second process, read from "another
 host" (a second loopback address, 127.0.0.2, over TLS with a token, the files of the daemon out
 of its sight: SHARDCACHE_DIRECT=false), and `cacheserver top` against the metrics. Only the
-ports change (free ones instead of 50051, 50052, 9464) and the remote host's name.
+ports change (free ones instead of 50051, 50052, 9464) and the remote host's name. The tests
+run in the page's order, as one user: the remote read reads the quickstart's cache.
 """
 
 from __future__ import annotations
