@@ -8,7 +8,7 @@ its ``batch()`` builds ``rebatch(B)`` on the decoded batches instead, which
 tf.data documents as "functionally equivalent to unbatch().batch(N), but more
 efficient, performing one copy instead of two": the same batches, in the same
 order, with the same ``element_spec`` and cardinality. Measured in one process,
-alternating (docs/reading.md): 8-9% faster epochs on 1 KB and 602 KB elements.
+alternating: 8-9% faster epochs on 1 KB and 602 KB elements.
 A cc.cache() dataset whose source is tapped (client/tf/tap.py) builds its
 ``batch(B)`` from the source's own ``batch(B)`` on a write epoch (no copy
 added) and from ``rebatch(B)`` on a read epoch.
