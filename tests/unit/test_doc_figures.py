@@ -27,11 +27,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HOME = "docs/benchmarks.md"
 
-#: Files whose figures another change is moving into docs/benchmarks.md. TEMPORARY: emptied when
-#: those changes are merged; until then their violations are reported as xfail, not failed.
-TEMPORARY_EXEMPT = frozenset(
-    {"README.md", "docs/getting-started.md", "docs/reading.md", "docs/deploy.md"}
-)
 
 _NUMBER = r"(?<![\w.])(?<![A-Za-z]-)\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(
@@ -111,7 +106,7 @@ def test_a_figure_ok_marker_needs_a_reason() -> None:
     assert figures("reads 63% <!-- figure-ok: -->")
 
 
-@pytest.mark.parametrize("path", [d for d in docs() if d != HOME and d not in TEMPORARY_EXEMPT])
+@pytest.mark.parametrize("path", [d for d in docs() if d != HOME])
 def test_no_doc_outside_benchmarks_quotes_a_figure(path: str) -> None:
     found = figures((ROOT / path).read_text())
     assert not found, (
@@ -119,10 +114,3 @@ def test_no_doc_outside_benchmarks_quotes_a_figure(path: str) -> None:
         f"command that measures them and link there (or mark a setting's line "
         f"<!-- figure-ok: why -->): " + "; ".join(found)
     )
-
-
-@pytest.mark.parametrize("path", sorted(TEMPORARY_EXEMPT))
-@pytest.mark.xfail(reason="temporarily exempt (TEMPORARY_EXEMPT): reported, not failed")
-def test_the_temporarily_exempt_docs_quote_no_figure(path: str) -> None:
-    found = figures((ROOT / path).read_text())
-    assert not found, f"{path}: " + "; ".join(found)
