@@ -258,7 +258,7 @@ class LocalFetcher:
         self._k = layout.block_elements
         # values as views into the held map, no joined copy: decode_into and decode_batch
         # copy fixed-shape numeric values out into fresh arrays before the pass ends and the
-        # map goes (docs/read-path.md); other layouts' arrays may be views of their values
+        # map goes (docs/design.md); other layouts' arrays may be views of their values
         self._views = layout.fixed_numeric
         self.chunk_bytes = DEFAULT_CHUNK_BYTES  # of records per chunk
         self._lock = threading.Lock()
