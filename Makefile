@@ -15,7 +15,7 @@ TF     ?= tf-cpu
 # more pytest options for make test and make unit
 ARGS   ?=
 
-.PHONY: demo test unit lint bench bench-quick screenshots proto
+.PHONY: demo test unit lint bench bench-quick bench-check screenshots proto
 
 # One stamp per purpose, each installing the extras it needs into the one .venv (again when
 # pyproject.toml changes): demo TensorFlow alone; dev the tests' libraries, servers and lint
@@ -64,6 +64,11 @@ bench: $(VENV)/.bench
 
 bench-quick: $(VENV)/.bench
 	$(BIN)/python bench/run.py --quick
+
+# make bench-check: fails when docs/benchmarks.md's generated block was measured from other bench
+# inputs (bench/inputs.py) than this tree's; make bench then measures them again.
+bench-check: $(VENV)/.demo
+	$(BIN)/python bench/render.py --check docs/benchmarks.md
 
 # make screenshots: docs/img/tensorboard_input_stall.png and docs/img/cacheserver_top.png from a
 # real daemon and real Keras training (~1 min); needs Chromium (apt-get install -y chromium).

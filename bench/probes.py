@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import inputs
 from harness import MB, REPO_ROOT
 
 
@@ -105,6 +106,8 @@ def machine_facts(tmp_dir: Path | None = None) -> dict[str, Any]:
         "numpy": _dist_version("numpy"),
         "platform": platform.platform(),
         "git_revision": git_revision(),
+        "date": datetime.date.today().isoformat(),
+        "inputs": inputs.digests(REPO_ROOT),
     }
 
 

@@ -381,8 +381,16 @@ def _machine_line(machine: dict[str, Any]) -> str:
     )
 
 
-def group_header(payload: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
-    """The lines each table group opens with: command, machine, revision."""
+def machine_line(machine: dict[str, Any]) -> str:
+    """When and where a payload was measured: the one line a report states it in."""
+    return f"Measured {machine.get('date') or '(date not recorded)'} on {_machine_line(machine)}."
+
+
+def group_header(
+    payload: dict[str, Any], extra: tuple[str, ...] = (), with_machine: bool = True
+) -> list[str]:
+    """The lines each table group opens with: command, machine (unless the report states it
+    once), revision."""
     machine = payload["machine"]
     quick = (
         " (**the quick configuration**: small sizes, for checking a change, not for quoting)"
@@ -391,7 +399,7 @@ def group_header(payload: dict[str, Any], extra: tuple[str, ...] = ()) -> list[s
     )
     return [
         f"- Command: `{payload['command']}`{quick}",
-        f"- Machine: {_machine_line(machine)}",
+        *([f"- Machine: {_machine_line(machine)}"] if with_machine else []),
         f"- Source: revision {machine.get('git_revision') or 'unknown'}",
         *extra,
         "",
@@ -406,8 +414,9 @@ def _raw_of(entry: dict[str, Any], client: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def render_store(section: dict[str, Any]) -> list[str]:
-    """The object store tier's tables, from one run of ``store.py``."""
+def render_store(section: dict[str, Any], with_machine: bool = True) -> list[str]:
+    """The object store tier's tables, from one run of ``store.py`` (``with_machine=False``: in
+    a report that states the machine once)."""
     config = section["config"]
     lines = ["### The object store tier", ""]
     if section.get("error"):
@@ -418,7 +427,7 @@ def render_store(section: dict[str, Any]) -> list[str]:
         f"{config['cache_mib']} MiB ({config['element_bytes'] // 1024} KiB elements of random "
         "int32) written with `cc.cache`; servers on loopback, on the machine's own disk"
     )
-    lines += group_header(section, (what,))
+    lines += group_header(section, (what,), with_machine)
     raw_rows: list[list[str]] = []
     tier_rows: list[list[str]] = []
     for entry in section["servers"]:

@@ -63,7 +63,7 @@ def _no_checkpoint_keyword(method: _Method) -> _Method:
         if "checkpoint" in kwargs:
             raise InvalidArgumentError(
                 f"{method.__name__}() no longer takes checkpoint=: every dataset's iterators "
-                'save in tf.train.Checkpoint (docs/reading.md, "Checkpoints"); drop the '
+                'save in tf.train.Checkpoint (docs/resume.md, "Iterator checkpoints"); drop the '
                 "argument"
             )
         return method(*args, **kwargs)
@@ -264,12 +264,12 @@ class CacheClient(ArrayMethods):
         None: $SHARDCACHE_DIRECT, else "auto". See docs/direct.md.
 
         tf.train.Checkpoint(iterator=it) saves this dataset's iterators, and
-        restores them in any process (docs/reading.md, "Checkpoints").
+        restores them in any process (docs/resume.md, "Iterator checkpoints").
 
         resume_from: the backup_dir of Keras's BackupAndRestore (client.keras's,
         under Keras 3): a fit run again after an interruption continues its
         interrupted epoch at the next unseen batch of batch_size elements (this
-        worker's); no backup there: epoch= (docs/reading.md, "Keras fit").
+        worker's); no backup there: epoch= (docs/resume.md, "Keras fit").
         """
         options = plan.ReadOptions.of(locals())
         if resume_from is not None and (resume is not None or start):
@@ -389,7 +389,7 @@ class CacheClient(ArrayMethods):
         the cache; an iteration that writes it yields the whole source in source
         order (see docs/reading.md); direct is cc.dataset()'s too. Iterators save as
         cc.dataset()'s, a write iteration's too when the source's cardinality is known
-        (restored, it runs the source on uncached: docs/reading.md, "Checkpoints").
+        (restored, it runs the source on uncached: docs/resume.md, "Iterator checkpoints").
         resume= needs the cache READY.
 
         block_bytes: raw bytes per stored block of small fixed-shape elements
@@ -460,7 +460,7 @@ class CacheClient(ArrayMethods):
         there; it records the cache's fingerprint and the order, so resuming a
         different cache, seed or shuffle mode raises ResumeMismatchError instead
         of repeating or skipping elements. The states of every worker of a split,
-        as a list, resume with any number of workers (docs/reading.md, "Resume").
+        as a list, resume with any number of workers (docs/resume.md).
         """
         options = plan.ReadOptions.of(locals())
         if options.shuffle and seed is None:

@@ -6,7 +6,7 @@
     model.fit(ds.batch(B), epochs=10, callbacks=[backup])
 
 A fit run again after an interruption continues its interrupted epoch at the
-next unseen batch (docs/reading.md, "Keras fit").
+next unseen batch (docs/resume.md, "Keras fit").
 """
 
 from client.tf.fit import backup_and_restore_class

@@ -7,7 +7,7 @@ out of it, and allocates with numpy's default alignment (16 bytes). TensorFlow's
 only when its data is aligned to ``EIGEN_MAX_ALIGN_BYTES`` (64 here); otherwise
 it copies the whole batch once more. On 602 KB float32 images that made four
 passes over every byte between the fetched chunk and TF's tensor (join, column
-copy, TF's copy, plus the CRC read); docs/reading.md counts them.
+copy, TF's copy, plus the CRC read); docs/design.md counts them.
 
 Here each leaf's batch array is allocated 64-byte aligned and each record body
 (or unshuffled block) is copied straight into its rows: one copy per byte, and

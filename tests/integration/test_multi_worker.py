@@ -115,7 +115,7 @@ def test_keras_fit_multi_worker_trains_each_workers_share(
     n, batch = 96, 8
     write_cache(cc, name, n)
     # Keras 3 fails under MultiWorkerMirroredStrategy even on a plain tf.data pipeline
-    # (README, "Multi-worker training"); tf-keras runs it.
+    # (docs/reading.md, "Worker shares"); tf-keras runs it.
     results = run_program(
         "fit",
         daemon.tcp_target,

@@ -1,4 +1,4 @@
-"""The read path's fast paths against a real daemon (docs/reading.md, "Copies per byte").
+"""The read path's fast paths against a real daemon (docs/design.md).
 
 Large fixed-shape elements (>= 64 KiB) are decoded straight into aligned batch arrays
 (client/format/fixed_decode.py), read directly from views into the shard's map (no joined

@@ -80,7 +80,7 @@ def catching(ds: tf.data.Dataset, limit: int = 5) -> tuple[list[object], list[st
 
 @SHAPES
 def test_without_batch_a_source_error_loses_the_elements_batched_with_it(cc, name, shape) -> None:
-    """The known difference (README, "Differences from ds.cache()"): the write epoch reads
+    """The known difference (docs/reading.md, "Differences from ds.cache()"): the write epoch reads
     its source in batches of ~4 MiB, here all 20 elements; ds.cache() yields the 7 before
     the error. tf.data's batch drops a batch whose input raised (docs/writing.md)."""
     expected, _ = until_error(source(shape).cache())

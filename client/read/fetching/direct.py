@@ -255,7 +255,7 @@ class LocalFetcher:
         self._k = layout.block_elements
         # values as views into the held map, no joined copy: decode_into and decode_batch
         # copy fixed-shape numeric values out into fresh arrays before the pass ends and the
-        # map goes (docs/reading.md); other layouts' arrays may be views of their values. A
+        # map goes (docs/design.md); other layouts' arrays may be views of their values. A
         # pass opening its shards as it goes may close a map before then: copies.
         self._views = layout.fixed_numeric and not held.lazy
         self.chunk_bytes = DEFAULT_CHUNK_BYTES  # of records per chunk
