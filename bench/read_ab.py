@@ -1,17 +1,21 @@
 """Reproduces docs/benchmarks.md, "Read paths, interleaved" (and "Scaling with cores", ...).
 
 Warm reads interleaved in one process: shardcache's direct, data-plane and gRPC reads, by
-``parallel_shards`` (``--parallel``, 0: AUTOTUNE), beside ``cache(filename)``, ``snapshot``
-(uncompressed) and ``Dataset.load`` of the same source.
+``parallel_shards`` (``--parallel``, 0: AUTOTUNE), beside tf.data's in-memory ``cache()``,
+``cache(filename)``, ``snapshot`` (uncompressed) and ``Dataset.load`` of the same source.
 
     .venv/bin/python bench/read_ab.py --parallel 0,2,8 --repeat 5
     .venv/bin/python bench/read_ab.py --modes direct,grpc ...   # some of the three reads
     taskset -c 0 .venv/bin/python bench/read_ab.py ...      # on one core
+    .venv/bin/python bench/read_ab.py --daemon-cpus 0 --reader-cpus 1   # as if two hosts
     .venv/bin/python bench/read_ab.py --map ...             # elements through a map
 
 ``--map`` reads ``ds.map(identity).batch(B)`` instead of ``ds.batch(B)``: elements one by
 one through tf.data's ``unbatch``, the path of a pipeline that maps the cache's elements,
-instead of the cache's own ``batch()`` (``rebatch`` of its decoded batches).
+instead of the cache's own ``batch()`` (the batches read as batches).
+
+``--daemon-cpus``/``--reader-cpus`` pin the daemon and this process (the reads, tf.data's
+threads) to CPU sets of their own, as if the daemon ran on another host.
 
 ``--observed`` adds, for each shardcache read, the same read by a client that reports
 nothing (``CacheClient(report=False)``: no counts) and the read wrapped in ``cc.timed()``
@@ -58,7 +62,7 @@ from probes import cpu_seconds, run_line
 from timing import Arm, local_arm, markdown_table, ratio
 from workloads import WORKLOADS, make_source
 
-BASELINES = ("cache(filename)", "snapshot", "Dataset.load")
+BASELINES = ("cache()", "cache(filename)", "snapshot", "Dataset.load")
 #: shardcache's reads: which client reads, and whether directly.
 MODES = {"direct": ("unix", True), "plane": ("tcp", False), "grpc": ("unix", False)}
 #: --observed's variants of each read: without reports, and timed on top.
@@ -93,6 +97,15 @@ def shardcache_reads(
     return reads
 
 
+def cpu_list(text: str) -> set[int]:
+    """taskset's CPU list ("1", "0,2", "0-3") as a set."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def parse_modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -105,6 +118,9 @@ def tf_data_reads(src: Any, tmp: Path, batch: int, mapped: bool = False) -> dict
     """tf.data's caches of ``src``, written once: the baselines."""
     import tensorflow as tf
 
+    memory = src.cache()  # tf.data's in-memory cache: what shardcache replaces
+    for _ in memory:
+        pass
     cached = src.cache(str(tmp / "file"))
     for _ in cached:
         pass
@@ -112,6 +128,7 @@ def tf_data_reads(src: Any, tmp: Path, batch: int, mapped: bool = False) -> dict
         pass
     src.save(str(tmp / "saved"))
     return {
+        "cache()": batched(memory, batch, mapped),
         "cache(filename)": batched(cached, batch, mapped),
         "snapshot": batched(src.snapshot(str(tmp / "snapshot"), compression=None), batch, mapped),
         "Dataset.load": batched(tf.data.Dataset.load(str(tmp / "saved")), batch, mapped),
@@ -227,19 +244,30 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also each read without reports, and wrapped in cc.timed()",
     )
+    parser.add_argument(
+        "--daemon-cpus", metavar="LIST", help="pin the daemon to these CPUs (taskset's list)"
+    )
+    parser.add_argument(
+        "--reader-cpus", metavar="LIST", help="pin this process, the reader, to these CPUs"
+    )
     parser.add_argument("--child", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--child-tcp", metavar="TARGET", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
+    if args.reader_cpus:  # before TensorFlow sizes its thread pools
+        os.sched_setaffinity(0, cpu_list(args.reader_cpus))
     from client import CacheClient
 
     parallel = [int(p) for p in args.parallel.split(",")]
     modes = parse_modes(args.modes)
     tmp = Path(tempfile.mkdtemp(prefix="read-ab-"))
-    daemons = {"head": BenchDaemon(tmp, "head", tcp=True)}
+    pinned = ["taskset", "-c", args.daemon_cpus] if args.daemon_cpus else []
+    daemons = {"head": BenchDaemon(tmp, "head", tcp=True, prefix=pinned)}
     if args.baseline_root is not None:
-        daemons["base"] = BenchDaemon(tmp, "base", root=args.baseline_root.resolve(), tcp=True)
+        daemons["base"] = BenchDaemon(
+            tmp, "base", root=args.baseline_root.resolve(), tcp=True, prefix=pinned
+        )
     children: list[ChildArms] = []
     rates: dict[str, list[float]] = {}
     cpu: dict[str, list[tuple[float, float]]] = {}
