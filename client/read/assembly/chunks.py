@@ -65,9 +65,17 @@ class CacheReads:
         reading: bool = True,
         direct: DirectReads | None = None,
         fleet: Fleet | None = None,
+        pass_shards: list[int] | None = None,
     ) -> None:
         self._fetch, counted = open_fetcher(
-            transport, cache, options.reconnect_timeout, chunk_bytes, reading, direct, fleet
+            transport,
+            cache,
+            options.reconnect_timeout,
+            chunk_bytes,
+            reading,
+            direct,
+            fleet,
+            pass_shards or [],
         )
         #: True until the request that starts the pass (the daemon counts its hit) is sent.
         self.epoch_start = not counted
@@ -134,7 +142,15 @@ class EpochChunks:
             self._per_chunk * cache.stored_bytes / max(cache.num_elements, 1)
         )
         self._reads = CacheReads(
-            transport, cache, layout, options, chunk_bytes, bool(runs), direct, fleet
+            transport,
+            cache,
+            layout,
+            options,
+            chunk_bytes,
+            bool(runs),
+            direct,
+            fleet,
+            self._order.shards(runs),  # a daemon streaming some fetches them ahead
         )
         self._chunks = Chunking(runs, self._per_chunk)  # no chunk crosses two runs
         self.count = self._chunks.count

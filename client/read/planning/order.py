@@ -103,6 +103,7 @@ class EpochOrder:
         self.mode = mode
         self.size = int(sum(shard_sizes))
         self._keys = round_keys(seed, epoch)
+        self._stored_ends = np.cumsum(np.asarray(shard_sizes, np.int64))
         if mode != "shards":
             return
         sizes = np.asarray(shard_sizes, np.int64)
@@ -122,6 +123,22 @@ class EpochOrder:
         self._last_place = permute(last, self._blocks, self._shard_keys, inverse=True).astype(
             np.int64
         )
+
+    def shards(self, runs: Sequence[tuple[int, int]]) -> list[int]:
+        """The shards that the positions of runs read, in the order they read them, each
+        once; [] for "elements", whose every stretch of positions touches most shards."""
+        if self.mode == "elements":
+            return []
+        ends = self._stored_ends if self.mode == "none" else self._ends
+        out: list[int] = []
+        for p0, p1 in runs:
+            if p1 <= p0:
+                continue
+            lo = int(np.searchsorted(ends, p0, side="right"))
+            hi = int(np.searchsorted(ends, p1 - 1, side="right"))
+            places = range(lo, hi + 1)
+            out.extend(places if self.mode == "none" else (int(self._shard[i]) for i in places))
+        return list(dict.fromkeys(out))
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Global element indices (uint64) at these positions (int64, each < size)."""
