@@ -90,10 +90,10 @@ class Pull:
         return len(done), sum(self.stored.objects[i].size for i in done)
 
     def settled(self) -> bool:
-        """Every shard resident or streamed, none being fetched: a partially resident cache
-        at rest, which eviction may drop whole (the store holds it)."""
+        """A partially resident cache with no shard being fetched: at rest, so eviction
+        may drop it whole (the store holds it)."""
         with self.cond:
-            return self.partial and all(s in ("done", "streamed") for s in self.state)
+            return self.partial and "running" not in self.state
 
     def next_streamed(self, shards: list[int]) -> int | None:
         """The first of shards that is streamed, if any."""

@@ -65,7 +65,9 @@ def gather_chunks(
         for first in range(0, wanted.size, span):
             stop = min(first + span, wanted.size)
             shards, values = shard_of[first:stop], [b""] * (stop - first)
-            for shard in np.unique(shards):
+            found, first_at = np.unique(shards, return_index=True)
+            for shard in found[np.argsort(first_at)]:  # in the request's order: a daemon
+                # streaming some shards fetches them ahead in that order
                 getter = open_shards.get(int(shard))
                 if getter is None:
                     getter = open_shards[int(shard)] = stack.enter_context(open_shard(int(shard)))

@@ -103,7 +103,8 @@ class EpochOrder:
         self.mode = mode
         self.size = int(sum(shard_sizes))
         self._keys = round_keys(seed, epoch)
-        self._stored_ends = np.cumsum(np.asarray(shard_sizes, np.int64))
+        self._stored_sizes = np.asarray(shard_sizes, np.int64)
+        self._stored_ends = np.cumsum(self._stored_sizes)
         if mode != "shards":
             return
         sizes = np.asarray(shard_sizes, np.int64)
@@ -129,15 +130,16 @@ class EpochOrder:
         once; [] for "elements", whose every stretch of positions touches most shards."""
         if self.mode == "elements":
             return []
-        ends = self._stored_ends if self.mode == "none" else self._ends
+        stored = self.mode == "none"
+        ends = self._stored_ends if stored else self._ends
+        sizes = self._stored_sizes if stored else self._n
         out: list[int] = []
         for p0, p1 in runs:
             if p1 <= p0:
                 continue
             lo = int(np.searchsorted(ends, p0, side="right"))
             hi = int(np.searchsorted(ends, p1 - 1, side="right"))
-            places = range(lo, hi + 1)
-            out.extend(places if self.mode == "none" else (int(self._shard[i]) for i in places))
+            out.extend(i if stored else int(self._shard[i]) for i in range(lo, hi + 1) if sizes[i])
         return list(dict.fromkeys(out))
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
