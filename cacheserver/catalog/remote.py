@@ -568,6 +568,7 @@ class StoreTier:
     def _finish(self, pull: Pull) -> None:
         """Every shard is here: the cache becomes an ordinary local, stored cache."""
         name = pull.stored.record.name
+        pull.window.close()  # room came back for every shard: nothing is streamed any more
         with self._lock:
             if self._pulls.get(name) is not pull or pull.cancelled:
                 return
