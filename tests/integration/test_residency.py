@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from daemon import Daemon, free_port
 from exposition import scrape
+from fleet import LoopbackFleet
 from sharded import write_sharded
 from stores import source, store_daemon, wait_for
 
@@ -200,3 +201,23 @@ def test_a_pass_survives_the_daemon_killed_mid_stream(published) -> None:
         d.restart()  # kill -9, then a new daemon on the same socket and data dir
         got += [int(i) for _, i in it]
     assert sorted(got) == list(range(N))
+
+
+def test_a_fleet_whose_members_hold_less_than_their_shares_reads_exactly(published) -> None:
+    store, total = published
+    fleet = LoopbackFleet(store, extra_args=("--max-bytes", str(total // 4)))
+    try:
+        for _ in range(3):
+            fleet.add()
+        with CacheClient(targets=fleet.targets) as cc:
+            for e in range(2):
+                assert sorted(epoch(cc, e)) == list(range(N)), f"epoch {e}"
+        infos = []
+        for d in fleet.members:
+            with CacheClient(d.unix_target) as one:
+                infos.append(one.info(NAME))
+    finally:
+        fleet.close()
+    # each member streamed what did not fit of the shards it owns
+    assert sum(i.streamed_reads for i in infos) > 0
+    assert all(i.resident_bytes <= total // 4 for i in infos)
