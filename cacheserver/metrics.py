@@ -24,7 +24,9 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -198,6 +200,59 @@ STORE_UNPUBLISHED = Gauge(
     "Committed caches waiting to be published (or retrying).",
     registry=REGISTRY,
 )
+
+
+class Residency(Collector):
+    """Per cache, for the caches larger than the daemon's room (partially resident,
+    cacheserver/catalog/pulls.py): resident shards and bytes, store bytes streamed,
+    shard reads by where they were served, and the hit ratio. ``source`` gives
+    name -> (resident shards, resident bytes, streamed bytes, resident reads, streamed
+    reads); the daemon's store tier sets it."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], dict[str, tuple[int, int, int, int, int]]] = dict
+
+    def collect(self) -> Any:
+        shards = GaugeMetricFamily(
+            "shardcache_cache_resident_shards",
+            "Shards of a partially resident cache on local disk.",
+            labels=["cache"],
+        )
+        nbytes = GaugeMetricFamily(
+            "shardcache_cache_resident_bytes",
+            "Bytes of a partially resident cache's shards on local disk.",
+            labels=["cache"],
+            unit="bytes",
+        )
+        streamed = CounterMetricFamily(
+            "shardcache_cache_streamed_bytes",
+            "Store bytes fetched to stream a partially resident cache's other shards.",
+            labels=["cache"],
+            unit="bytes",
+        )
+        reads = CounterMetricFamily(
+            "shardcache_cache_shard_reads",
+            "Shard reads of a partially resident cache (one per read request and shard), "
+            "by where they were served: resident or streamed.",
+            labels=["cache", "source"],
+        )
+        ratio = GaugeMetricFamily(
+            "shardcache_cache_hit_ratio",
+            "Of a partially resident cache's shard reads, those served from resident shards.",
+            labels=["cache"],
+        )
+        for name, (n, b, s, hit, miss) in sorted(self.source().items()):
+            shards.add_metric([name], n)
+            nbytes.add_metric([name], b)
+            streamed.add_metric([name], s)
+            reads.add_metric([name, "resident"], hit)
+            reads.add_metric([name, "streamed"], miss)
+            ratio.add_metric([name], hit / (hit + miss) if hit + miss else 1.0)
+        yield from (shards, nbytes, streamed, reads, ratio)
+
+
+RESIDENCY = Residency()
+REGISTRY.register(RESIDENCY)
 
 for _kind in ("read", "write"):
     ACTIVE_STREAMS.labels(_kind)

@@ -43,6 +43,22 @@ class CacheInfo:
     store_requests: dict[str, int] = field(default_factory=dict)
     store_bytes_in: int = 0
     store_bytes_out: int = 0
+    #: Residency (docs/operations.md, "Caches larger than the room"): the shards on the
+    #: daemon's disk and their bytes (a cache larger than the daemon's room keeps some and
+    #: streams the others from the store), the store bytes streamed for them, and the
+    #: shard reads served resident and streamed (hit_ratio).
+    resident_shards: int = 0
+    resident_bytes: int = 0
+    store_streamed_bytes: int = 0
+    resident_reads: int = 0
+    streamed_reads: int = 0
+
+    @property
+    def hit_ratio(self) -> float:
+        """Of the shard reads since the daemon started, those served from resident shards
+        (1.0 when none was read)."""
+        total = self.resident_reads + self.streamed_reads
+        return self.resident_reads / total if total else 1.0
 
     @property
     def compression_ratio(self) -> float:
@@ -75,6 +91,11 @@ class CacheInfo:
             dict(c.store.requests),
             c.store.bytes_in,
             c.store.bytes_out,
+            c.store.resident_shards,
+            c.store.resident_bytes,
+            c.store.streamed_bytes,
+            c.store.resident_reads,
+            c.store.streamed_reads,
         )
 
 

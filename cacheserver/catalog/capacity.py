@@ -77,11 +77,23 @@ class Capacity:
         with self._lock:
             self._pending.pop(name, None)
 
-    def reserve(self, name: str, nbytes: int, written: bool = False) -> None:
+    def unreserve(self, name: str, nbytes: int) -> None:
+        """Give back nbytes of what cache name reserved (a streamed shard's window slot
+        freed, cacheserver/catalog/window.py)."""
+        with self._lock:
+            left = self._pending.get(name, 0) - nbytes
+            if left > 0:
+                self._pending[name] = left
+            else:
+                self._pending.pop(name, None)
+
+    def reserve(self, name: str, nbytes: int, written: bool = False, headroom: int = 0) -> None:
         """Make room for nbytes more of cache name, evicting if need be, or raise.
 
         written: the bytes are on the filesystem already (a same-host writer's files,
-        cacheserver/catalog/direct_writes.py), so free space counts them already."""
+        cacheserver/catalog/direct_writes.py), so free space counts them already.
+        headroom: room that must stay free beside them (a partially resident cache keeps
+        its stream window's, cacheserver/catalog/pulls.py)."""
         assert self._catalog is not None
         if not (self.max_bytes or self.min_free_bytes):
             with self._lock:
@@ -89,7 +101,7 @@ class Capacity:
             return
         with self._lock:  # one reservation at a time: two writers must not both evict
             while True:
-                problem = self._shortfall(nbytes, written)
+                problem = self._shortfall(nbytes + headroom, written)
                 if problem is None:
                     self._pending[name] += nbytes
                     return

@@ -54,6 +54,7 @@ from client.wire.status import (
     CacheExists,
     CacheNotFound,
     CacheWriting,
+    CapacityExceeded,
     DataLoss,
     FingerprintMismatch,
     InvalidArgument,
@@ -96,7 +97,13 @@ class Catalog:
         self.tier: StoreTier | None = None
         if bucket is not None:
             self.tier = StoreTier(
-                bucket, self._caches_dir, self.capacity, self._ready_record, pull_all=pull_all
+                bucket,
+                self._caches_dir,
+                self.capacity,
+                self._ready_record,
+                pull_all=pull_all,
+                pinned=lambda name: self.retention.get(name).pinned,
+                forget_maps=self.shard_readers.forget,
             )
             self.tier.start([r for r in self._caches.values() if r.state == "READY"])
 
@@ -255,6 +262,15 @@ class Catalog:
             raise InvalidArgument(f"ttl_seconds must be >= 0 (0 clears it), got {ttl_seconds}")
         with self._lock:
             record = self.get_ready(name)
+            partial = self.tier.partial().get(name) if self.tier is not None else None
+            if pinned and partial is not None:
+                shards, _ = partial.resident()
+                raise CapacityExceeded(
+                    f"cache {name!r} cannot be pinned: only {shards} of its "
+                    f"{len(record.shards)} shards fit in this daemon's room (the others are "
+                    "streamed from the store); raise --max-bytes or free room, delete the "
+                    "local copy (cacheserver rm NAME) and pin it once it is read whole"
+                )
             self.retention.update(name, pinned, ttl_seconds)
         return record
 

@@ -63,6 +63,9 @@ class Lease:
     fell_back: bool = False
     #: Who took it (the RPC edge's principal): its grant is the ticket's.
     holder: object = None
+    #: The shards not on local disk (a partially resident cache's streamed ones): a direct
+    #: reader reads them through the daemon.
+    streamed: list[int] = field(default_factory=list)
 
 
 def _digest(ticket: bytes) -> bytes:
@@ -133,11 +136,14 @@ class LeaseTable:
         shards: Sequence[int] = (),
         peer: str = "",
         holder: object = None,
+        pass_shards: Sequence[int] = (),
     ) -> tuple[Lease, CacheRecord, list[Path]]:
         """Lease the READY cache name: (lease, its record, absolute shard directories).
 
-        shards: the ones the reader reads (empty: all), on disk when this returns.
-        peer: the caller's IP address, to get a data-plane ticket bound to it."""
+        shards: the ones the reader reads (empty: all), on disk when this returns unless
+        streamed. peer: the caller's IP address, to get a data-plane ticket bound to it.
+        pass_shards: the pass's shards in its order, while the lease lives the order in
+        which the daemon fetches a partially resident cache's streamed shards ahead."""
         self.catalog.get_ready(name, fingerprint)  # NOT_FOUND / WRITING / mismatch first
         lease = Lease(secrets.token_hex(16), name, 0.0, holder=holder)
         lease.reading.enter_context(reads.reading(self.catalog, name, hit=epoch_start))
@@ -163,13 +169,19 @@ class LeaseTable:
             if epoch_start:
                 metrics.DIRECT_READS.inc()
         try:  # a cache being pulled from the object store: the shards read here first
-            if any(s >= len(record.shards) for s in shards):
-                raise InvalidArgument(
-                    f"cache {name!r} has {len(record.shards)} shards; "
-                    f"shard {max(shards)} does not exist"
-                )
+            for asked in (shards, pass_shards):
+                if any(s >= len(record.shards) for s in asked):
+                    raise InvalidArgument(
+                        f"cache {name!r} has {len(record.shards)} shards; "
+                        f"shard {max(asked)} does not exist"
+                    )
             if self.catalog.tier is not None and not peer:  # data-plane reads ensure theirs
-                self.catalog.tier.ensure(name, list(shards) or range(len(record.shards)))
+                lease.streamed = self.catalog.tier.ensure(
+                    name, list(shards) or range(len(record.shards))
+                )
+            if self.catalog.tier is not None and pass_shards:
+                self.catalog.tier.plan(name, lease.id, list(pass_shards))
+                lease.reading.callback(self.catalog.tier.unplan, name, lease.id)
         except BaseException:
             self.release(lease.id)
             raise

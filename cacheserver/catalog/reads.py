@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,22 +69,50 @@ def read_shard(
             f"{count} records from {start} run past the end of shard "
             f"{shard} ({info.num_elements} elements)"
         )
-    if catalog.tier is not None:
-        catalog.tier.ensure(name, [shard])
     chunk = chunk_size(chunk_bytes)
     stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
-    chunks = catalog.shard_readers.read_chunks(
-        catalog.shard_path(record, shard), start, stop, chunk, k, join=join
-    )
-    return (
-        (
-            first,
-            lengths,
-            data,  # whole blocks: the first and last may stick out
-            min(first + len(lengths) // 4 * k, stop) - max(first, start),
-        )
-        for first, lengths, data in chunks
-    )
+
+    def chunks() -> Iterator[tuple[int, bytes, bytes, int]]:
+        with _shard_files(catalog, record, shard) as path:
+            for first, lengths, data in catalog.shard_readers.read_chunks(
+                path, start, stop, chunk, k, join=join
+            ):
+                # whole blocks: the first and last may stick out
+                yield (
+                    first,
+                    lengths,
+                    data,
+                    min(first + len(lengths) // 4 * k, stop) - max(first, start),
+                )
+
+    return chunks()
+
+
+@contextmanager
+def _shard_files(catalog: Catalog, record: CacheRecord, shard: int) -> Iterator[Path]:
+    """Where to read shard of record while the block lasts: its directory in the cache, or,
+    for a partially resident cache's streamed shard, its copy in the stream window."""
+    resident = catalog.shard_path(record, shard)
+    if catalog.tier is None:
+        yield resident
+        return
+    with catalog.tier.shard_files(record.name, shard, resident) as path:
+        yield path
+
+
+class _Streamed:
+    """A ShardGetter of one shard that holds its files only for each get_many: a request
+    in any order (ReadElements) never holds more than one streamed shard at once."""
+
+    def __init__(self, catalog: Catalog, record: CacheRecord, shard: int) -> None:
+        self._catalog, self._record, self._shard = catalog, record, shard
+
+    def get_many(self, keys: bytes, views: bool = False) -> list[Any]:
+        with (
+            _shard_files(self._catalog, self._record, self._shard) as path,
+            self._catalog.shard_readers.opened(path) as getter,
+        ):
+            return getter.get_many(keys, False)  # copies: the files may go after this
 
 
 #: The shards' first elements and the stored bytes of the caches read by index lately, by id
@@ -122,7 +151,9 @@ def read_elements(
 
     def opened(shard: int) -> Any:
         if catalog.tier is not None:
-            catalog.tier.ensure(name, [shard])
+            catalog.tier.fetch_ahead(name, shard)
+        if catalog.tier is not None and catalog.tier.ensure(name, [shard]):
+            return nullcontext(_Streamed(catalog, record, shard))
         return catalog.shard_readers.opened(catalog.shard_path(record, shard))
 
     return lookup.gather_chunks(

@@ -31,11 +31,12 @@ it owns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -82,6 +83,13 @@ class StoreStatus:
     detail: str = ""
     #: requests by kind, bytes in and out, this daemon's calls for the cache cost the store
     cost: Tally = field(default_factory=Tally)
+    #: Residency (cacheserver/catalog/pulls.py): shards on local disk and their bytes,
+    #: store bytes streamed through the window, shard reads served resident and streamed.
+    resident_shards: int = 0
+    resident_bytes: int = 0
+    streamed_bytes: int = 0
+    resident_reads: int = 0
+    streamed_reads: int = 0
 
 
 @dataclass
@@ -128,8 +136,12 @@ class StoreTier:
         ready: Callable[[str], CacheRecord | None],
         *,
         pull_all: bool = True,
+        pinned: Callable[[str], bool] = lambda name: False,
+        forget_maps: Callable[[Path], None] = lambda path: None,
     ) -> None:
         self.bucket = bucket
+        self._pinned = pinned  # the catalog's: whether a cache is pinned now
+        self._forget_maps = forget_maps  # closes the idle maps of files about to go
         self._pull_all = pull_all  # else on-read: only the shards asked for
         self._caches_dir = caches_dir
         self._capacity = capacity
@@ -139,6 +151,9 @@ class StoreTier:
         self._due: dict[str, float] = {}  # publish queue: name -> when to try
         self._attempts: dict[str, int] = {}
         self._pulls: dict[str, Pull] = {}
+        #: per cache, the shard orders of the passes reading it (by lease id): a read of
+        #: one of their shards fetches the next streamed one ahead (fetch_ahead)
+        self._plans: dict[str, dict[str, tuple[list[int], dict[int, int]]]] = {}
         self._lookups = Lookups(self._fetch)
         self._stopped = False
         self._pullers = ThreadPoolExecutor(PULL_SHARDS, thread_name_prefix="shardcache-pull")
@@ -147,6 +162,7 @@ class StoreTier:
             target=self._publish_loop, daemon=True, name="shardcache-publish"
         )
         metrics.STORE_UNPUBLISHED.set_function(lambda: len(self._due))
+        metrics.RESIDENCY.source = self.residency
 
     def start(self, records: list[CacheRecord]) -> None:
         """Queue the READY caches found at startup that the store does not hold yet."""
@@ -183,18 +199,54 @@ class StoreTier:
         cost = self.bucket.requests.of(name)
         with self._lock:
             pull = self._pulls.get(name)
-            if pull is not None:
-                return StoreStatus(
-                    PULLING, pull.done_bytes, pull.stored.size, pull.state.count("done"), cost=cost
-                )
-            return replace(self._status.get(name) or StoreStatus(LOCAL), cost=cost)
+            status = self._status.get(name)
+        if pull is not None:
+            shards, nbytes = pull.resident()
+            window = pull.window
+            return StoreStatus(
+                PULLING,
+                pull.done_bytes,
+                pull.stored.size,
+                shards,
+                f"partially resident: {shards} of {len(pull.state)} shards on local disk, "
+                "the others streamed from the store for each pass"
+                if pull.partial
+                else "",
+                cost=cost,
+                resident_shards=shards,
+                resident_bytes=nbytes,
+                streamed_bytes=window.streamed_bytes,
+                resident_reads=pull.resident_reads,
+                streamed_reads=window.reads,
+            )
+        status = replace(status or StoreStatus(LOCAL), cost=cost)
+        record = self._ready(name)
+        if record is not None:  # whole on local disk
+            status.resident_shards, status.resident_bytes = len(record.shards), record.disk_bytes
+        return status
+
+    def residency(self) -> dict[str, tuple[int, int, int, int, int]]:
+        """Per partially resident cache: (resident shards, resident bytes, store bytes
+        streamed, shard reads served resident, streamed), for /metrics."""
+        out = {}
+        for name, pull in self.partial().items():
+            shards, nbytes = pull.resident()
+            window = pull.window
+            out[name] = (shards, nbytes, window.streamed_bytes, pull.resident_reads, window.reads)
+        return out
+
+    def partial(self) -> dict[str, Pull]:
+        """The pulls of the caches that do not fit whole (partially resident), by name."""
+        with self._lock:
+            return {name: pull for name, pull in self._pulls.items() if pull.partial}
 
     def evictable(self, name: str) -> bool:
         """Whether the local copy of name may be dropped: the store holds it, whole."""
         with self._lock:
-            return (
-                name not in self._pulls and getattr(self._status.get(name), "state", "") == STORED
-            )
+            pull = self._pulls.get(name)
+            if pull is not None:  # a partially resident cache at rest: the store holds it
+                return pull.settled()
+            return getattr(self._status.get(name), "state", "") == STORED
 
     def forget(self, name: str) -> None:
         """The local copy is gone (deleted, evicted): stop publishing or pulling it."""
@@ -205,9 +257,7 @@ class StoreTier:
             pull = self._pulls.pop(name, None)
         self._lookups.forget(name)
         if pull is not None:
-            with pull.cond:
-                pull.cancelled = True
-                pull.cond.notify_all()
+            pull.close()
             self._capacity.release(name)
 
     # ------------------------------------------------------------------ publishing
@@ -425,7 +475,15 @@ class StoreTier:
         directory = self._dir(name)
         directory.mkdir()
         write_atomic(directory / PULLING_FILE, json.dumps(stored.to_doc()), durable=False)
-        pull = Pull(stored, directory, self.bucket, self._capacity, self._finish)
+        pull = Pull(
+            stored,
+            directory,
+            self.bucket,
+            self._capacity,
+            self._finish,
+            pinned=lambda: self._pinned(name),
+            forget=self._forget_maps,
+        )
         with self._lock:
             self._pulls[name] = pull
         if not self._pull_all:
@@ -448,18 +506,69 @@ class StoreTier:
             self._pullers.submit(pull.in_background, index)
         return replace(stored.record, disk_bytes=0)
 
-    def ensure(self, name: str, shards: range | list[int]) -> None:
-        """Return once every shard in shards of name is on local disk (fetching or waiting)."""
+    def ensure(self, name: str, shards: range | list[int]) -> list[int]:
+        """Return once every shard in shards of name that has room is on local disk
+        (fetching or waiting); returns the others, which are streamed (pulls.py)."""
         with self._lock:
             pull = self._pulls.get(name)
         if pull is None:
+            return []
+        return [index for index in shards if not pull.fetch(index, wait=True)]
+
+    @contextlib.contextmanager
+    def shard_files(self, name: str, shard: int, resident: Path) -> Iterator[Path]:
+        """The directory to read shard of name from while the block lasts: resident (its
+        place in the cache) once it is on local disk, else its stream window's copy."""
+        with self._lock:
+            pull = self._pulls.get(name)
+        if pull is None:
+            yield resident
             return
-        for index in shards:
-            pull.fetch(index, wait=True)
+        self.fetch_ahead(name, shard)
+        if pull.fetch(shard, wait=True):
+            yield resident
+            return
+        with pull.window.hold(shard) as path:
+            yield path
+
+    def plan(self, name: str, lease: str, order: list[int]) -> None:
+        """A pass over name reads order's shards in that order (its read lease says so):
+        its streamed shards are fetched ahead of it, the first one now."""
+        places = {shard: at for at, shard in enumerate(order)}
+        with self._lock:
+            self._plans.setdefault(name, {})[lease] = (order, places)
+        if order:
+            self.fetch_ahead(name, order[0], first=True)
+
+    def unplan(self, name: str, lease: str) -> None:
+        with self._lock:
+            plans = self._plans.get(name, {})
+            plans.pop(lease, None)
+            if not plans:
+                self._plans.pop(name, None)
+
+    def fetch_ahead(self, name: str, shard: int, first: bool = False) -> None:
+        """A read of shard of name: in the order of each pass that reads it, fetch the next
+        streamed shard (first: shard itself, if streamed) into the window in the
+        background, before the reader asks for it."""
+        with self._lock:
+            pull = self._pulls.get(name)
+            orders = list(self._plans.get(name, {}).values())
+        if pull is None or not pull.partial:
+            return
+        for order, places in orders:
+            at = places.get(shard)
+            if at is None:
+                continue
+            following = pull.next_streamed(order[at if first else at + 1 : at + 65])
+            if following is not None:
+                with contextlib.suppress(RuntimeError):  # shut down meanwhile
+                    self._pullers.submit(pull.window.prefetch, following)
 
     def _finish(self, pull: Pull) -> None:
         """Every shard is here: the cache becomes an ordinary local, stored cache."""
         name = pull.stored.record.name
+        pull.window.close()  # room came back for every shard: nothing is streamed any more
         with self._lock:
             if self._pulls.get(name) is not pull or pull.cancelled:
                 return
@@ -473,6 +582,7 @@ class StoreTier:
             write_atomic(pull.directory / "manifest.json", record.to_json())
             (pull.directory / PULLING_FILE).unlink(missing_ok=True)
             del self._pulls[name]
+            self._plans.pop(name, None)
             self._status[name] = StoreStatus(
                 STORED, record.disk_bytes, record.disk_bytes, len(record.shards)
             )

@@ -134,6 +134,14 @@ def _size(n: float) -> str:
     raise AssertionError
 
 
+def _store_cell(c: Any) -> str:
+    """A cache's store state; for one larger than the daemon's room (partially resident),
+    how much of it is here and its hit ratio: PULLING 4/16 resident, hit 0.25."""
+    if c.store_state == "PULLING" and c.resident_reads + c.streamed_reads:
+        return f"{c.store_state} {c.resident_shards}/{c.num_shards} resident, hit {c.hit_ratio:.2f}"
+    return c.store_state or "-"
+
+
 def render(f: Frame, where: str) -> Any:
     """The frame as rich renderables, one under the other."""
     from rich.console import Group
@@ -175,7 +183,7 @@ def render(f: Frame, where: str) -> Any:
             f"{c.num_elements:,}",
             _size(c.disk_bytes),
             str(c.hits),
-            c.store_state or "-",
+            _store_cell(c),
         )
     if not any(t for t, _ in f.store_requests.values()):
         return Group(head, readers, caches)

@@ -345,6 +345,11 @@ class CacheService(pb_grpc.CacheServiceServicer):
                     requests=status.cost.requests,
                     bytes_in=status.cost.bytes_in,
                     bytes_out=status.cost.bytes_out,
+                    resident_shards=status.resident_shards,
+                    resident_bytes=status.resident_bytes,
+                    streamed_bytes=status.streamed_bytes,
+                    resident_reads=status.resident_reads,
+                    streamed_reads=status.streamed_reads,
                 )
             )
         return cache
@@ -449,7 +454,13 @@ class CacheService(pb_grpc.CacheServiceServicer):
         holder = self.callers.check(context, Verb.READ, request.name)
         peer = peer_ip(context.peer()) if request.data_plane and self.data_port else ""
         lease, record, paths = self.leases.acquire(
-            request.name, request.fingerprint, request.epoch_start, request.shards, peer, holder
+            request.name,
+            request.fingerprint,
+            request.epoch_start,
+            request.shards,
+            peer,
+            holder,
+            request.pass_shards,
         )
         return pb.AcquireReadLeaseResponse(
             lease_id=lease.id,
@@ -461,6 +472,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
             instance_token_path=str(self.leases.token_path),
             ticket=lease.ticket,
             data_port=self.data_port if lease.ticket else 0,
+            streamed_shards=lease.streamed,
         )
 
     def _plane_missed(self, context: grpc.ServicerContext, name: str) -> None:

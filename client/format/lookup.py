@@ -67,7 +67,9 @@ def gather_chunks(
         for first in range(0, wanted.size, span):
             stop = min(first + span, wanted.size)
             shards, values = shard_of[first:stop], [b""] * (stop - first)
-            for shard in np.unique(shards):
+            found, first_at = np.unique(shards, return_index=True)
+            for shard in found[np.argsort(first_at)]:  # in the request's order: a daemon
+                # streaming some shards fetches them ahead in that order
                 getter = _getter(open_shard, opened, int(shard))
                 at = np.flatnonzero(shards == shard)
                 got = extract.get(

@@ -116,3 +116,30 @@ def test_an_empty_cache_has_an_empty_order_in_every_mode() -> None:
     for mode in ("none", "elements", "shards"):
         for sizes in ([], [0], [0, 0]):
             assert full(EpochOrder(mode, 1, 0, sizes, 4)) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=shard_sizes,
+    mode=st.sampled_from(["none", "shards"]),
+    seed=seeds,
+    block=st.integers(1, 50),
+    cuts=st.lists(st.floats(0, 1), min_size=2, max_size=6),
+)
+def test_the_shards_of_runs_are_those_their_positions_read_in_that_order(
+    sizes, mode, seed, block, cuts
+) -> None:
+    order = EpochOrder(mode, seed, 3, sizes, block)
+    bounds = sorted(int(c * order.size) for c in cuts)
+    runs = list(zip(bounds[::2], bounds[1::2]))
+    firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    read = [
+        int(np.searchsorted(firsts, i, side="right") - 1)
+        for p0, p1 in runs
+        for i in order.indices(np.arange(p0, p1)).tolist()
+    ]
+    assert order.shards(runs) == list(dict.fromkeys(read))
+
+
+def test_an_exact_shuffle_names_no_shard_order() -> None:
+    assert EpochOrder("elements", 1, 0, [5, 5]).shards([(0, 10)]) == []

@@ -65,6 +65,7 @@ class CacheReads:
         reading: bool = True,
         direct: DirectReads | None = None,
         fleet: Fleet | None = None,
+        pass_shards: list[int] | None = None,
     ) -> None:
         self.buffers = Buffers()  # the chunks' arrays, reused (client/read/assembly/buffers.py)
         self._fetch, counted = open_fetcher(
@@ -76,6 +77,7 @@ class CacheReads:
             direct,
             fleet,
             self.buffers.empty,
+            pass_shards or [],
         )
         #: True until the request that starts the pass (the daemon counts its hit) is sent.
         self.epoch_start = not counted
@@ -213,7 +215,15 @@ class EpochChunks:
         #: stored bytes of a chunk, about
         self.chunk_bytes = chunk_bytes = int(per_chunk * per_element)
         self._reads = CacheReads(
-            transport, cache, layout, options, chunk_bytes, bool(runs), direct, fleet
+            transport,
+            cache,
+            layout,
+            options,
+            chunk_bytes,
+            bool(runs),
+            direct,
+            fleet,
+            self._order.shards(runs),  # a daemon streaming some fetches them ahead
         )
         self.count = self._chunks.count
         self.path = self._reads.path

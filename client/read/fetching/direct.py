@@ -137,25 +137,37 @@ class DirectReads:
         return True
 
     def _acquire(
-        self, cache: pb.Cache, epoch_start: bool, shards: Sequence[int]
+        self,
+        cache: pb.Cache,
+        epoch_start: bool,
+        shards: Sequence[int],
+        pass_shards: Sequence[int] = (),
     ) -> read_lease.Lease | None:
         try:
             return read_lease.acquire(
-                self._transport, cache, epoch_start=epoch_start, shards=shards
+                self._transport,
+                cache,
+                epoch_start=epoch_start,
+                shards=shards,
+                pass_shards=pass_shards,
             )
         except read_lease.NotGranted as exc:
             self._refuse(str(exc))
             return None
 
     def fetcher(
-        self, cache: pb.Cache, shards: Sequence[int] | None = None, epoch_start: bool = True
+        self,
+        cache: pb.Cache,
+        shards: Sequence[int] | None = None,
+        epoch_start: bool = True,
+        pass_shards: Sequence[int] = (),
     ) -> tuple[LocalFetcher | None, bool]:
         """(a fetcher of cache's leased shard files for one pass, or None: read remotely;
         whether the daemon counted the pass's hit already). shards: only these are opened
-        (None: all)."""
+        (None: all); pass_shards: the pass's shards in its order, for the daemon."""
         if self.mode is False or not self._verify(cache, shards or ()):
             return None, False
-        lease = self._acquire(cache, epoch_start, shards or ())
+        lease = self._acquire(cache, epoch_start, shards or (), pass_shards)
         if lease is None:
             return None, False
         why, paths = local_view(lease.granted, self._local, shards or ())
@@ -163,10 +175,10 @@ class DirectReads:
             lease.release()
             self._refuse(why)
             return None, epoch_start
+        streamed = set(lease.granted.streamed_shards)  # read through the daemon
         try:
-            held = OpenShards(
-                _pool(), paths, range(len(paths)) if shards is None else shards, cache.name
-            )
+            wanted = range(len(paths)) if shards is None else shards
+            held = OpenShards(_pool(), paths, [s for s in wanted if s not in streamed], cache.name)
         except DataLoss as exc:
             lease.release()
             raise DataLossError(f"cache {cache.name!r}: {exc}") from exc
@@ -174,7 +186,7 @@ class DirectReads:
             "this pass finishes from the shard files it holds open, "
             "the daemon may evict the cache meanwhile"
         )
-        return LocalFetcher(lease, paths, held), epoch_start
+        return LocalFetcher(lease, paths, held, streamed & set(range(len(paths)))), epoch_start
 
     def _refuse(self, why: str) -> None:
         if self.mode is True:
@@ -229,7 +241,8 @@ def local_view(
             f"daemon serves ({hint})"
         ), []
     paths = [here(d) for d in granted.shard_dirs]
-    for path in [paths[s] for s in shards] if shards else paths:
+    streamed = set(granted.streamed_shards)  # not on the daemon's disk: read through it
+    for path in [paths[s] for s in shards or range(len(paths)) if s not in streamed]:
         if not os.access(path / "data.mdb", os.R_OK):
             return (
                 f"cannot read {path / 'data.mdb'}: permission denied; run as a user or "
@@ -244,8 +257,17 @@ class LocalFetcher:
 
     path = "direct"
 
-    def __init__(self, lease: read_lease.Lease, paths: list[Path], held: OpenShards) -> None:
-        self._lease = lease
+    def __init__(
+        self,
+        lease: read_lease.Lease,
+        paths: list[Path],
+        held: OpenShards,
+        streamed: set[int] | None = None,
+    ) -> None:
+        self.lease = self._lease = lease
+        #: Shards the daemon streams from the object store (not held here): a
+        #: PartialFetcher sends their reads to the daemon (client/read/fetching/partial.py).
+        self.streamed = streamed or set()
         self._cache = cache = lease.cache
         self.paths = paths
         self._held = held

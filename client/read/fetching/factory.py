@@ -1,10 +1,11 @@
 """The one choice of a pass's fetcher (fetching/fetch.py's Fetcher): which kind reads it.
 
 In order: the leased shard files when this process sees the daemon's (a same-host
-pass, client/read/fetching/direct.py); a fleet's owners when the cache is read from a fleet
-(client/read/fetching/fleet.py); the daemon's data plane when it offers one
-(client/read/fetching/plane.py); else gRPC. The three remote kinds reconnect alike
-(fetch.Reconnecting).
+pass, client/read/fetching/direct.py; a partially resident cache's streamed shards
+through the daemon beside them, client/read/fetching/partial.py); a fleet's owners
+when the cache is read from a fleet (client/read/fetching/fleet.py); the daemon's data
+plane when it offers one (client/read/fetching/plane.py); else gRPC. The three remote
+kinds reconnect alike (fetch.Reconnecting).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from client.read.fetching import plane as data_plane
 from client.read.fetching.direct import DirectReads
 from client.read.fetching.fetch import Calls, Fetcher, Remote
 from client.read.fetching.fleet import FleetFetcher
+from client.read.fetching.partial import PartialFetcher
 from client.read.fetching.plane import PlaneFetcher
 from client.read.fetching.reconnect import Reconnecting
 from client.read.fetching.rpc import GrpcFetcher
@@ -37,19 +39,23 @@ def open_fetcher(
     direct: DirectReads | None = None,
     fleet: Fleet | None = None,
     empty: Empty | None = None,
+    pass_shards: list[int] | None = None,
 ) -> tuple[Fetcher, bool]:
     """(the fetcher of one pass over cache, whether the daemon counted the pass's hit
     already). reading: the pass reads something (no lease is taken for an empty one);
     direct: how this dataset reads directly (None: never); fleet: the fleet read from;
-    empty: makes the arrays a data-plane pass receives chunks into."""
+    empty: makes the arrays a data-plane pass receives chunks into; pass_shards: the
+    shards the pass reads, in its order (the lease tells the daemon)."""
     per_message = message_bytes(chunk_bytes)
     by_owner = fleet is not None and routed(cache)
     counted = False
+    local = None
     if direct is not None and reading and not by_owner:
-        local, counted = direct.fetcher(cache)
+        local, counted = direct.fetcher(cache, pass_shards=pass_shards or ())
         if local is not None:
             local.chunk_bytes = per_message
-            return local, counted
+            if not local.streamed:
+                return local, counted
     calls = Calls()
     grpc_fetcher = GrpcFetcher(transport, cache, calls, per_message)
     remote: Remote = grpc_fetcher
@@ -59,4 +65,7 @@ def open_fetcher(
         lease = data_plane.for_transport(transport).lease(cache, empty)
         if lease is not None:
             remote = PlaneFetcher(lease, grpc_fetcher)
-    return Reconnecting(remote, calls, cache.name, reconnect_timeout), counted
+    reconnecting = Reconnecting(remote, calls, cache.name, reconnect_timeout)
+    if local is not None:  # a partially resident cache: its streamed shards go remote
+        return PartialFetcher(local, reconnecting, local.streamed), counted
+    return reconnecting, counted

@@ -32,11 +32,13 @@ def acquire(
     epoch_start: bool = False,
     shards: Sequence[int] = (),
     data_plane: bool = False,
+    pass_shards: Sequence[int] = (),
 ) -> Lease:
     """A lease on cache for one pass, not yet renewing (Lease.renew_in_background).
 
     epoch_start: the lease counts the pass's hit; shards: only these are held
-    (empty: all); data_plane: ask for a ticket to the data port. Raises the
+    (empty: all); data_plane: ask for a ticket to the data port; pass_shards: the
+    pass's shards in its order (a daemon streaming some fetches them ahead). Raises the
     errors of the call (not found, replaced, unavailable) as they are, and
     NotGranted when the daemon answers with none of those but grants no lease.
     """
@@ -46,6 +48,7 @@ def acquire(
         epoch_start=epoch_start,
         shards=shards,
         data_plane=data_plane,
+        pass_shards=pass_shards,
     )
     try:
         granted = transport.call(transport.stub.AcquireReadLease, request)

@@ -103,6 +103,8 @@ class EpochOrder:
         self.mode = mode
         self.size = int(sum(shard_sizes))
         self._keys = round_keys(seed, epoch)
+        self._stored_sizes = np.asarray(shard_sizes, np.int64)
+        self._stored_ends = np.cumsum(self._stored_sizes)
         if mode != "shards":
             return
         sizes = np.asarray(shard_sizes, np.int64)
@@ -122,6 +124,23 @@ class EpochOrder:
         self._last_place = permute(last, self._blocks, self._shard_keys, inverse=True).astype(
             np.int64
         )
+
+    def shards(self, runs: Sequence[tuple[int, int]]) -> list[int]:
+        """The shards that the positions of runs read, in the order they read them, each
+        once; [] for "elements", whose every stretch of positions touches most shards."""
+        if self.mode == "elements":
+            return []
+        stored = self.mode == "none"
+        ends = self._stored_ends if stored else self._ends
+        sizes = self._stored_sizes if stored else self._n
+        out: list[int] = []
+        for p0, p1 in runs:
+            if p1 <= p0:
+                continue
+            lo = int(np.searchsorted(ends, p0, side="right"))
+            hi = int(np.searchsorted(ends, p1 - 1, side="right"))
+            out.extend(i if stored else int(self._shard[i]) for i in range(lo, hi + 1) if sizes[i])
+        return list(dict.fromkeys(out))
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Global element indices (uint64) at these positions (int64, each < size)."""

@@ -114,7 +114,7 @@ class Cache(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ...) -> None: ...
 
 class StoreStatus(_message.Message):
-    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out")
+    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out", "resident_shards", "resident_bytes", "streamed_bytes", "resident_reads", "streamed_reads")
     class RequestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,11 @@ class StoreStatus(_message.Message):
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_READS_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_READS_FIELD_NUMBER: _ClassVar[int]
     state: StoreState
     done_bytes: int
     total_bytes: int
@@ -138,7 +143,12 @@ class StoreStatus(_message.Message):
     requests: _containers.ScalarMap[str, int]
     bytes_in: int
     bytes_out: int
-    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
+    resident_shards: int
+    resident_bytes: int
+    streamed_bytes: int
+    resident_reads: int
+    streamed_reads: int
+    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., resident_shards: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., streamed_bytes: _Optional[int] = ..., resident_reads: _Optional[int] = ..., streamed_reads: _Optional[int] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
     __slots__ = ("store",)
@@ -439,21 +449,23 @@ class ReadElementsResponse(_message.Message):
     def __init__(self, position: _Optional[int] = ..., lengths: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class AcquireReadLeaseRequest(_message.Message):
-    __slots__ = ("name", "fingerprint", "epoch_start", "shards", "data_plane")
+    __slots__ = ("name", "fingerprint", "epoch_start", "shards", "data_plane", "pass_shards")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_START_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    PASS_SHARDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     fingerprint: str
     epoch_start: bool
     shards: _containers.RepeatedScalarFieldContainer[int]
     data_plane: bool
-    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., epoch_start: bool = ..., shards: _Optional[_Iterable[int]] = ..., data_plane: bool = ...) -> None: ...
+    pass_shards: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., epoch_start: bool = ..., shards: _Optional[_Iterable[int]] = ..., data_plane: bool = ..., pass_shards: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AcquireReadLeaseResponse(_message.Message):
-    __slots__ = ("lease_id", "ttl_seconds", "cache", "data_dir", "shard_dirs", "instance_token", "instance_token_path", "ticket", "data_port")
+    __slots__ = ("lease_id", "ttl_seconds", "cache", "data_dir", "shard_dirs", "instance_token", "instance_token_path", "ticket", "data_port", "streamed_shards")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
@@ -463,6 +475,7 @@ class AcquireReadLeaseResponse(_message.Message):
     INSTANCE_TOKEN_PATH_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_SHARDS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     ttl_seconds: float
     cache: Cache
@@ -472,7 +485,8 @@ class AcquireReadLeaseResponse(_message.Message):
     instance_token_path: str
     ticket: bytes
     data_port: int
-    def __init__(self, lease_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ..., data_dir: _Optional[str] = ..., shard_dirs: _Optional[_Iterable[str]] = ..., instance_token: _Optional[str] = ..., instance_token_path: _Optional[str] = ..., ticket: _Optional[bytes] = ..., data_port: _Optional[int] = ...) -> None: ...
+    streamed_shards: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., cache: _Optional[_Union[Cache, _Mapping]] = ..., data_dir: _Optional[str] = ..., shard_dirs: _Optional[_Iterable[str]] = ..., instance_token: _Optional[str] = ..., instance_token_path: _Optional[str] = ..., ticket: _Optional[bytes] = ..., data_port: _Optional[int] = ..., streamed_shards: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RenewReadLeaseRequest(_message.Message):
     __slots__ = ("lease_id",)

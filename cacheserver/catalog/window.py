@@ -1,0 +1,209 @@
+"""The stream window of a partially resident cache: non-resident shards, fetched for a pass.
+
+A cache pulled from the object store that does not fit in the daemon's room keeps a
+stable subset of its shards resident (cacheserver/catalog/pulls.py); a read of any other
+shard goes through this window. The window holds at most ``slots`` such shards, each
+fetched from the store once (one GET, checked like a pull) into
+``<cache dir>/stream/shard-NNNNN.<n>/`` and counted in the daemon's capacity as the
+cache's bytes while it stays. A slot in use by a read is kept; when a read needs a shard
+the window lacks and every slot is taken, the least recently used idle slot is dropped
+(its files deleted, its bytes given back), else the read waits for one to go idle. So
+the window's room is bounded (``slots`` shards) and freed as the pass moves on.
+
+:meth:`StreamWindow.prefetch` fetches a shard before a read asks for it, into a free or
+idle slot, without waiting: the reads of a run of stored order ask for the next
+non-resident shard ahead of the reader. Knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cacheserver import metrics
+from cacheserver.catalog.capacity import Capacity
+from cacheserver.tier.bucket import Bucket, StoredObject
+from client.wire.status import CacheServerError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Streamed shards a partially resident cache may hold at once: one per reader in
+#: flight and one fetched ahead, for the usual two to three readers.
+WINDOW_SLOTS = 4
+
+
+@dataclass
+class _Slot:
+    shard: int
+    path: Path
+    ready: bool = False
+    users: int = 0
+    last: float = 0.0
+    size: int = 0  # bytes reserved in the capacity for it
+
+
+class StreamWindow:
+    """At most ``slots`` non-resident shards of one cache, fetched as reads need them."""
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        objects: list[StoredObject],
+        bucket: Bucket,
+        capacity: Capacity,
+        forget: Callable[[Path], None],
+        slots: int = WINDOW_SLOTS,
+    ) -> None:
+        self.name = name
+        self._dir = directory / "stream"
+        self._objects = objects
+        self._bucket = bucket
+        self._capacity = capacity
+        self._forget = forget  # closes the daemon's idle maps of a slot's files
+        self.slots = slots
+        self._cond = threading.Condition()
+        self._slots: dict[int, _Slot] = {}
+        self._serial = itertools.count()
+        self._closed = False
+        #: store bytes fetched into the window, shards fetched, shard reads it served
+        self.streamed_bytes = 0
+        self.fetches = 0
+        self.reads = 0
+
+    @staticmethod
+    def room(objects: list[StoredObject], slots: int = WINDOW_SLOTS) -> int:
+        """The bytes a window of slots of these objects may take: the largest ones'."""
+        return sum(sorted((o.size for o in objects), reverse=True)[:slots])
+
+    def reserved(self) -> int:
+        """The bytes the window's slots hold in the capacity now."""
+        with self._cond:
+            return sum(s.size for s in self._slots.values())
+
+    def held(self) -> list[int]:
+        with self._cond:
+            return sorted(s.shard for s in self._slots.values() if s.ready)
+
+    @contextlib.contextmanager
+    def hold(self, shard: int) -> Iterator[Path]:
+        """The directory of shard's files, fetched if need be, kept while the block lasts."""
+        slot = self._take(shard, wait=True)
+        assert slot is not None
+        try:
+            yield slot.path
+        finally:
+            with self._cond:
+                slot.users -= 1
+                slot.last = time.monotonic()
+                self._cond.notify_all()
+
+    def prefetch(self, shard: int) -> None:
+        """Fetch shard into a free or idle slot unless it is here; never waits; errors are
+        logged only (the read that needs it fetches it again)."""
+        try:
+            slot = self._take(shard, wait=False)
+        except CacheServerError as exc:
+            log.info("cache %r: fetching shard %d ahead failed: %s", self.name, shard, exc)
+            return
+        if slot is not None:
+            with self._cond:
+                slot.users -= 1
+                slot.last = time.monotonic()
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """The cache is gone (evicted, deleted, whole): reads waiting fail, slots dropped."""
+        with self._cond:
+            self._closed = True
+            slots, self._slots = list(self._slots.values()), {}
+            self._cond.notify_all()
+        for slot in slots:
+            self._drop(slot)
+
+    def _take(self, shard: int, wait: bool) -> _Slot | None:
+        """shard's slot with one more user, fetched; None (wait=False): no slot free."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StoreUnavailable(
+                        f"cache {self.name!r} was evicted or deleted while it was being read"
+                    )
+                slot = self._slots.get(shard)
+                if slot is not None:
+                    if slot.ready:
+                        slot.users += 1
+                        self.reads += int(wait)
+                        return slot
+                    if not wait:
+                        return None  # being fetched: the read will find it
+                    self._cond.wait()
+                    continue
+                victim = None
+                if len(self._slots) >= self.slots:
+                    idle = [s for s in self._slots.values() if s.ready and not s.users]
+                    if not idle:
+                        if not wait:
+                            return None
+                        self._cond.wait()
+                        continue
+                    victim = min(idle, key=lambda s: s.last)
+                    del self._slots[victim.shard]
+                path = self._dir / f"shard-{shard:05d}.{next(self._serial)}"
+                slot = self._slots[shard] = _Slot(shard, path, users=1)
+                self.reads += int(wait)
+                break
+        if victim is not None:
+            self._drop(victim)
+        try:
+            self._fetch(slot)
+        except BaseException:
+            with self._cond:
+                if self._slots.get(shard) is slot:
+                    del self._slots[shard]
+                self._cond.notify_all()
+            self._drop(slot)
+            raise
+        with self._cond:
+            slot.ready, slot.last = True, time.monotonic()
+            self._cond.notify_all()
+            closed = self._closed
+        if closed:
+            self._drop(slot)
+            raise StoreUnavailable(
+                f"cache {self.name!r} was evicted or deleted while it was being read"
+            )
+        return slot
+
+    def _fetch(self, slot: _Slot) -> None:
+        obj = self._objects[slot.shard]
+        self._capacity.reserve(self.name, obj.size)
+        slot.size = obj.size
+        slot.path.mkdir(parents=True, exist_ok=True)
+
+        def progress(n: int) -> None:
+            metrics.STORE_PULLED_BYTES.inc(n)
+            with self._cond:
+                self.streamed_bytes += n
+
+        try:
+            self._bucket.download(obj, slot.path / "data.mdb", progress)
+        except CacheServerError:
+            metrics.STORE_ERRORS.labels("pull").inc()
+            raise
+        with self._cond:
+            self.fetches += 1
+
+    def _drop(self, slot: _Slot) -> None:
+        self._forget(slot.path)
+        shutil.rmtree(slot.path, ignore_errors=True)
+        if slot.size:
+            self._capacity.unreserve(self.name, slot.size)
+            slot.size = 0
