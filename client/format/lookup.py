@@ -91,8 +91,11 @@ def gather_chunks(
 
 #: Shards one request keeps open at most: a shuffled request over a cache of 100,000 small
 #: shards touches up to one shard per index, and kept every one open (a file and a map each)
-#: until it ended, past the process's file limit.
-OPEN_SHARDS = 16
+#: until it ended, past the process's file limit. Requests run at once (a reader's batches
+#: in flight, several readers) each hold this many: two keep a daemon of 16 such requests
+#: under 128 files with its pool's idle shards, and a shard closed here goes back to that
+#: pool (ReaderPool.MAX_IDLE), which hands it out again without opening it.
+OPEN_SHARDS = 2
 
 
 def _getter(
