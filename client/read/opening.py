@@ -21,6 +21,7 @@ from typing import Any
 
 from client._daemons import Daemons
 from client.format.layout import Layout
+from client.read.assembly.buffers import Buffers
 from client.read.assembly.chunks import CHUNK_BYTES, CacheReads, EpochChunks, chunk_target
 from client.read.assembly.mix_chunks import MixChunks
 from client.read.fetching import direct as direct_read
@@ -48,6 +49,8 @@ class OpenRead:
     #: What every iteration yields; -2 when the first one is resumed mid-epoch (a Keras
     #: position keeps a whole share: Keras keeps its steps an epoch).
     cardinality: int
+    #: The large arrays the read decodes into, reused by every pass (read/assembly/buffers.py).
+    buffers: Buffers = dataclasses.field(default_factory=Buffers)
 
     @property
     def layout(self) -> Layout:
@@ -88,6 +91,7 @@ class OpenRead:
             self.direct[self.cache.name],
             self.daemons.fleet,
             batches,
+            self.buffers,
         )
 
     def records(self, chunk_bytes: int = CHUNK_BYTES) -> CacheReads:
@@ -104,6 +108,7 @@ class OpenRead:
             True,
             self.direct[cache.name],
             self.daemons.fleet,
+            buffers=self.buffers,
         )
 
 

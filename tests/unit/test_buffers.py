@@ -55,12 +55,15 @@ def test_small_arrays_come_from_malloc_and_are_not_held() -> None:
     assert buffers.made == buffers.held() == 0
 
 
-def test_a_free_buffer_of_another_size_is_replaced_not_added_to() -> None:
+def test_a_free_buffer_too_small_is_replaced_and_a_larger_one_serves_smaller_arrays() -> None:
     buffers = Buffers()
-    big = buffers.empty((64, 224, 224, 3), np.dtype(np.float32))
-    del big
+    small = buffers.empty(*IMAGES)  # 8 images
+    del small
     for _ in range(10):
-        buffers.empty(*IMAGES)  # 8 images: less than half the big one
+        buffers.empty((64, 224, 224, 3), np.dtype(np.float32))  # a batch of 64: the 8 replaced
+    assert buffers.held() == 1 and buffers.made == 2
+    for _ in range(10):
+        buffers.empty(*IMAGES)  # a short last batch: in the full one's map
     assert buffers.held() == 1 and buffers.made == 2
 
 

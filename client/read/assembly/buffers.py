@@ -1,4 +1,4 @@
-"""Buffers: a pass's large batch arrays, in maps of its own, reused once nothing refers to them.
+"""Buffers: a read's large batch arrays, in maps of its own, reused once nothing refers to them.
 
 Each chunk is decoded into fresh arrays that TensorFlow takes without a copy
 and keeps until the chunk's elements have left the pipeline. Made with malloc,
@@ -12,13 +12,17 @@ warmed-up process, nearly all of it free memory held in 17 arenas, and grew
 by ~25 MB with each further pass (malloc_trim frees almost none of it: it
 cannot trim an arena's top). docs/design.md has the alternatives measured.
 
-A pass makes its large arrays (MIN_BYTES and up) in anonymous private maps
+A read makes its large arrays (MIN_BYTES and up) in anonymous private maps
 instead, and reuses a map as soon as its reference count says that only the
-pass holds it: every array made from it (TensorFlow's tensor, a trimmed view)
-keeps it referenced, so a map still in use is never handed out. The pass holds
+read holds it: every array made from it (TensorFlow's tensor, a trimmed view)
+keeps it referenced, so a map still in use is never handed out. The read holds
 as many as were in use at once (the chunks in flight plus those tf.data keeps
-downstream) and lets them go when it ends (EpochChunks.close): a map is
-unmapped, its memory back to the kernel, once its last array goes.
+downstream), and every pass of it (every epoch of one dataset) reuses them: a
+map made afresh costs the kernel a zeroed page for every page written (a
+warm epoch of 602 KB images spent a sixth of its time zeroing the first
+batches' maps when each pass made its own). They go with the read (the
+dataset), or with close() for a pass that owns its Buffers: a map is unmapped,
+its memory back to the kernel, once its last array goes.
 """
 
 from __future__ import annotations
@@ -57,15 +61,16 @@ class Buffers:
         return raw.view(dtype).reshape(shape)
 
     def _take(self, need: int) -> mmap.mmap:
-        """A free map of need to 2 * need bytes, else a new one of need bytes, which replaces
-        a free one of another size (so the pass holds no more than it had in use at once)."""
+        """The smallest free map of need bytes or more (a read's short last batch takes a full
+        one's), else a new one of need bytes, which replaces a free one too small for it (so
+        the read holds no more than it had in use at once)."""
         with self._lock:
             best = other = -1
             for i in range(len(self._maps)):
                 if sys.getrefcount(self._maps[i]) > 2:  # more than this list's and the argument's
                     continue
                 size = len(self._maps[i])
-                if need <= size <= 2 * need:
+                if need <= size:
                     if best < 0 or size < len(self._maps[best]):
                         best = i
                 else:

@@ -66,8 +66,12 @@ class CacheReads:
         direct: DirectReads | None = None,
         fleet: Fleet | None = None,
         pass_shards: list[int] | None = None,
+        buffers: Buffers | None = None,
     ) -> None:
-        self.buffers = Buffers()  # the chunks' arrays, reused (client/read/assembly/buffers.py)
+        #: the chunks' arrays, reused (client/read/assembly/buffers.py): the read's, which
+        #: every pass shares, so a later epoch writes into memory already faulted in
+        self.buffers = buffers or Buffers()
+        self._own_buffers = buffers is None
         self._fetch, counted = open_fetcher(
             transport,
             cache,
@@ -142,7 +146,8 @@ class CacheReads:
 
     def close(self) -> None:
         self._fetch.close()
-        self.buffers.close()
+        if self._own_buffers:
+            self.buffers.close()
 
 
 def _requests(indices: Indices) -> list[tuple[int, Indices]]:
@@ -201,6 +206,7 @@ class EpochChunks:
         direct: DirectReads | None = None,
         fleet: Fleet | None = None,
         batches: Batches | None = None,
+        buffers: Buffers | None = None,
     ) -> None:
         self._order: EpochOrder
         self._order, runs = epoch_range(cache, options, epoch, start)
@@ -224,6 +230,7 @@ class EpochChunks:
             direct,
             fleet,
             self._order.shards(runs),  # a daemon streaming some fetches them ahead
+            buffers,
         )
         self.count = self._chunks.count
         self.path = self._reads.path
