@@ -190,4 +190,5 @@ def test_a_hundred_epochs_hold_no_more_batch_arrays_than_the_first(
         if k % (-(-N // size)) == 0:
             held.append(anonymous_maps(nbytes))
     assert len(held) == 100
-    assert max(held[10:]) <= max(held[:10]), held
+    # a leak would add one or more each epoch; tf.data may hold a batch more now and then
+    assert max(held[10:]) <= max(held[:10]) + 2, held
