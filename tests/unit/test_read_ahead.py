@@ -95,7 +95,9 @@ def test_a_range_read_reads_ahead_no_further_than_its_range(evicted: Path) -> No
         assert resident(evicted, 8 << 20, 10 << 20) == 1.0
     finally:
         ahead.close()
-    assert resident(evicted, 16 << 20, 96 << 20) < 0.05, "read past the range"
+    # the kernel's own readahead may add a few MiB past the range under load (measured: 4 of
+    # the 80); a read-ahead past its range would make the rest resident, up to all of it
+    assert resident(evicted, 16 << 20, 96 << 20) < 0.25, "read past the range"
 
 
 @pytest.fixture
