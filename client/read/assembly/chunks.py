@@ -105,6 +105,10 @@ class CacheReads:
         except ShardcacheError as exc:
             self._fetch.failed(exc)
             raise
+        return self.joined(parts)
+
+    def joined(self, parts: list[tuple[int, list[Any]]]) -> tuple[int, list[Any]]:
+        """(elements, decoded batch) of decoded parts in order, joined into the pass's arrays."""
         if len(parts) == 1:
             return parts[0]
         return sum(n for n, _ in parts), [
@@ -248,13 +252,9 @@ class EpochChunks:
         )
         n = sum(len(request) for request in requests)
         if not self._reads.fixed:  # variable shapes: each request decoded, then joined
-            parts = [self._reads(r, epoch_start and not k) for k, r in enumerate(requests)]
-            if len(parts) == 1:
-                return parts[0]
-            return n, [
-                joined(column, self._reads.buffers.empty)
-                for column in zip(*(batch for _, batch in parts))
-            ]
+            return self._reads.joined(
+                [self._reads(r, epoch_start and not k) for k, r in enumerate(requests)]
+            )
         outs = self._reads.batch_arrays(n)
         at = 0
         for k, request in enumerate(requests):
