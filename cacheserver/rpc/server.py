@@ -306,9 +306,16 @@ class CacheServer:
     def _bind(self, address: str) -> str:
         if address.startswith("unix://"):
             path = Path(address.removeprefix("unix://"))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.is_socket():
-                path.unlink()  # a stale socket from a previous run
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.is_socket():
+                    path.unlink()  # a stale socket from a previous run
+            except OSError as exc:
+                raise ListenError(
+                    f"cannot listen on {address}: cannot make its directory or replace a "
+                    f"stale socket there ({exc.strerror}: {exc.filename}); give --listen a "
+                    "socket path in a directory the daemon may write"
+                ) from exc
         tls = self._tls is not None and not address.startswith("unix://")
         warn_if_exposed(address, tls)
         try:

@@ -124,6 +124,26 @@ def test_a_malformed_listen_address_is_a_clear_error(tmp_path) -> None:
     assert "HOST:PORT" in result.stderr
 
 
+def test_a_socket_in_a_directory_that_cannot_be_made_is_a_clear_error(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    socket = blocker / "sub" / "cache.sock"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "cacheserver", "serve"),
+            *("--data-dir", str(tmp_path / "data"), "--listen", f"unix://{socket}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: cannot listen on unix://{socket}: "), last
+    assert "[Errno" not in last and "--listen" in last, last
+    assert "Traceback" not in result.stderr
+
+
 def test_serve_binds_loopback_by_default() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cacheserver", "serve", "--help"],
