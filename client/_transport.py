@@ -38,7 +38,9 @@ class Transport:
         self.connect_timeout = connect_timeout
         credentials = credentials or Credentials()
         self.credentials = credentials  # the data plane's TLS too (client/read/fetching/plane.py)
-        self._tls = credentials.tls is not None
+        # a daemon's unix sockets speak no TLS (cacheserver/rpc/server.py): its PEMs are for TCP
+        tls = None if target.startswith("unix:") else credentials.tls
+        self._tls = tls is not None
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -48,8 +50,8 @@ class Transport:
             ("grpc.max_reconnect_backoff_ms", 1000),
             *(options or []),
         ]
-        if credentials.tls is not None:
-            self._channel = grpc.secure_channel(target, credentials.tls, options=options)
+        if tls is not None:
+            self._channel = grpc.secure_channel(target, tls, options=options)
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         if credentials.token:
@@ -117,12 +119,21 @@ class Credentials(NamedTuple):
     ) -> Credentials:
         """Token from the argument, else $CACHESERVER_TOKEN; TLS when any PEM is given.
 
-        PEMs are file paths or the PEM bytes themselves; tls_cert/tls_key are the
-        client's certificate for mutual TLS.
+        PEMs are file paths or the PEM bytes themselves (none given: settings.TLS_CA, _CERT,
+        _KEY); tls_cert/tls_key are the client's certificate for mutual TLS.
         """
         token = token if token is not None else settings.TOKEN.get()
         if token is not None and (not token.strip() or any(c.isspace() for c in token.strip())):
             raise InvalidArgumentError("token must be non-empty printable text without spaces")
+        if tls_ca is None and tls_cert is None and tls_key is None:
+            tls_ca, tls_cert, tls_key = (
+                s.get() for s in (settings.TLS_CA, settings.TLS_CERT, settings.TLS_KEY)
+            )
+            if (tls_cert is None) != (tls_key is None):
+                raise InvalidArgumentError(
+                    "mutual TLS needs both $SHARDCACHE_TLS_CERT and $SHARDCACHE_TLS_KEY: "
+                    "set both, or neither"
+                )
         if (tls_cert is None) != (tls_key is None):
             raise InvalidArgumentError("mutual TLS needs both tls_cert and tls_key")
         tls = None

@@ -168,6 +168,29 @@ TOKEN: Setting[str | None] = Setting(
     "The bearer token every call carries when CacheClient(token=) is not given (the "
     "daemon's --auth-token-file).",
 )
+TLS_CA: Setting[str | None] = Setting(
+    "SHARDCACHE_TLS_CA",
+    parse_text,
+    None,
+    "a PEM file's path",
+    "The CA a client trusts for the daemon's certificate when CacheClient(tls_ca=) is not "
+    "given: TLS on TCP targets (a unix socket speaks none).",
+)
+TLS_CERT: Setting[str | None] = Setting(
+    "SHARDCACHE_TLS_CERT",
+    parse_text,
+    None,
+    "a PEM file's path",
+    "The client's certificate for mutual TLS when CacheClient(tls_cert=) is not given; "
+    "with SHARDCACHE_TLS_KEY.",
+)
+TLS_KEY: Setting[str | None] = Setting(
+    "SHARDCACHE_TLS_KEY",
+    parse_text,
+    None,
+    "a PEM file's path",
+    "The key of SHARDCACHE_TLS_CERT when CacheClient(tls_key=) is not given.",
+)
 DIRECT: Setting[Auto] = Setting(
     "SHARDCACHE_DIRECT",
     parse_auto,
@@ -249,6 +272,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
     TARGETS,
     RESOLVE_SECONDS,
     TOKEN,
+    TLS_CA,
+    TLS_CERT,
+    TLS_KEY,
     DIRECT,
     LOCAL_DATA_DIR,
     DATA_PLANE,

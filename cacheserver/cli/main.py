@@ -12,12 +12,8 @@ from pathlib import Path
 import click
 
 from cacheserver import __version__, config
+from cacheserver.cli import TARGET_HELP
 from client import CacheClient, ShardcacheError
-
-TARGET_HELP = (
-    "daemon address: HOST:PORT or unix:///path.sock "
-    "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]"
-)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -113,7 +109,7 @@ def serve(config_file: Path | None, **flags: object) -> None:
 
 
 def _client(target: str | None):
-    return CacheClient(target)
+    return _run(lambda: CacheClient(target))  # a bad $CACHESERVER_TOKEN or $SHARDCACHE_TLS_*
 
 
 def _run(fn):

@@ -9,12 +9,8 @@ import sys
 
 import click
 
+from cacheserver.cli import TARGET_HELP
 from client import CacheClient, MaterializeOperation, ShardcacheError
-
-TARGET_HELP = (
-    "daemon address: HOST:PORT or unix:///path.sock "
-    "[default: $SHARDCACHE_TARGET, else 127.0.0.1:50051]"
-)
 
 
 @click.command()

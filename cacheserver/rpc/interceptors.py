@@ -244,9 +244,9 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 _deny(
                     context,
                     Unauthenticated(
-                        f"{method}: this daemon requires a bearer token or a client certificate "
-                        "it knows; pass CacheClient(token=...) or set CACHESERVER_TOKEN (the wrong "
-                        "token gets this too)"
+                        "this daemon requires a bearer token or a client certificate it knows "
+                        f"(for {method}); pass CacheClient(token=...) or set CACHESERVER_TOKEN "
+                        "(the wrong token gets this too)"
                     ),
                 )
                 return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -89,6 +90,35 @@ def test_mutual_tls_refuses_the_handshake_without_a_client_certificate(
         pytest.raises(ServerUnavailableError),
     ):
         cc.list()
+
+
+def test_the_command_line_speaks_mutual_tls_from_the_environment(
+    mtls_daemon: Daemon, pki: Pki
+) -> None:
+    env = {
+        "SHARDCACHE_TLS_CA": str(pki.ca_pem),
+        "SHARDCACHE_TLS_CERT": str(pki.client_cert),
+        "SHARDCACHE_TLS_KEY": str(pki.client_key),
+    }
+
+    def ls(target: str, **more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cacheserver", "ls", "--target", target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **env, **more},
+        )
+
+    over_tls = ls(mtls_daemon.tcp_target)
+    assert over_tls.returncode == 0, over_tls.stderr
+    assert over_tls.stdout.startswith("NAME")
+    # its unix socket speaks no TLS: the same environment reads it as is
+    local = ls(mtls_daemon.unix_target)
+    assert local.returncode == 0, local.stderr
+    missing = ls(mtls_daemon.tcp_target, SHARDCACHE_TLS_KEY="")
+    assert missing.returncode != 0
+    assert "SHARDCACHE_TLS_KEY" in missing.stderr and "Traceback" not in missing.stderr
 
 
 @pytest.fixture
