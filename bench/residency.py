@@ -154,6 +154,12 @@ def raw_get(server: Any, bucket: str, keys: Sequence[str], out_dir: Path) -> dic
 
 
 # ---------------------------------------------------------------------- one budget
+#: The reader daemon's counters for the cache before it counted anything.
+ZERO = dict.fromkeys(
+    ("gets", "bytes_in", "streamed", "hits", "misses", "shards", "resident_bytes"), 0
+)
+
+
 def counters(cc: CacheClient) -> dict[str, int]:
     """The reader daemon's store counters for the cache (zeros before it knows it)."""
     from client import CacheNotFoundError
@@ -161,9 +167,7 @@ def counters(cc: CacheClient) -> dict[str, int]:
     try:
         info = cc.info(NAME)
     except CacheNotFoundError:
-        return dict.fromkeys(
-            ("gets", "bytes_in", "streamed", "hits", "misses", "shards", "resident_bytes"), 0
-        )
+        return dict(ZERO)
     return {
         "gets": info.store_requests.get("GET", 0),
         "bytes_in": info.store_bytes_in,
@@ -193,10 +197,16 @@ def read_point(
     daemon.start()
     try:
         with CacheClient(daemon.target) as cc:
-            ds = cc.dataset(NAME, shuffle="shards", seed=args.seed).batch(args.batch)
+            # the log from before the daemon's first lookup of the cache (cc.dataset's), and
+            # its counters from zero: it started just now, and cc.info may not know the cache
+            # (counted already) before the first read
             logged = len(logged_gets(server, bucket))
+            ds = cc.dataset(
+                NAME, shuffle="shards", seed=args.seed, parallel_shards=args.parallel_shards
+            ).batch(args.batch)
+            after = dict(ZERO)
             for e in range(args.epochs):
-                before = counters(cc)
+                before = after
                 seen = np.zeros(n, np.int64)
                 start = time.perf_counter()
                 for _, index in ds:  # each iteration of ds reads the next epoch
@@ -446,6 +456,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="elements per batch (default 32)")
     parser.add_argument("--seed", type=int, default=1, help="the shuffle's seed (default 1)")
     parser.add_argument(
+        "--parallel-shards",
+        type=int,
+        default=0,
+        help="cc.dataset's parallel_shards (default 0: tf.data's AUTOTUNE picks)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds to wait for the publish (default 600)"
     )
     parser.add_argument("--tmp-dir", type=Path, help="where servers and daemons keep their data")
@@ -491,6 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "budgets": args.budgets,
             "epochs": args.epochs,
             "batch": args.batch,
+            "parallel_shards": args.parallel_shards,
             "raw_get_concurrency": 1,
         },
         "servers": [],
