@@ -193,7 +193,7 @@ def read_point(
     budget = int(total * fraction)
     point: dict[str, Any] = {"fraction": fraction, "budget_bytes": budget, "epochs": []}
     extra = ("--store", url, "--store-endpoint", server.endpoint, "--max-bytes", str(budget))
-    daemon = BenchDaemon(scratch, f"r{len(list(scratch.glob('r*.sock')))}", extra)
+    daemon = BenchDaemon(scratch, f"reader-{fraction:g}", extra)
     daemon.start()
     try:
         with CacheClient(daemon.target) as cc:
