@@ -11,11 +11,15 @@ from typing import Any
 import data_port
 import grpc
 import pytest
-from daemon import Daemon, free_port
+from daemon import free_port
 from deploy_tree import DASHBOARD
 from exposition import exposition, scrape
 from prometheus_client.parser import text_string_to_metric_families
+from sharded import write_sharded
+from stores import source, store_daemon, wait_for
 
+#: a cache larger than the fixture daemon's room
+LARGER = "larger"
 #: labels Prometheus adds to every series it scrapes
 TARGET_LABELS = frozenset({"instance", "job"})
 #: PromQL words that are neither metrics nor functions
@@ -173,14 +177,25 @@ def _exported(url: str) -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def exported() -> Iterator[dict[str, set[str]]]:
+def exported(moto_server: Any) -> Iterator[dict[str, set[str]]]:
     """What a real daemon exports once it has written, read (over gRPC and over the data
-    plane) and refused something (a call, a data connection)."""
+    plane) and refused something (a call, a data connection), and read a cache larger than
+    its room from its object store (partially resident: the residency series)."""
     tf = pytest.importorskip("tensorflow")
     from client import CacheClient, CacheNotFoundError
 
+    store = moto_server.start().store()
+    publisher = store_daemon(store)
+    try:
+        with CacheClient(publisher.unix_target) as cc:  # 16 shards of ~150 KB
+            write_sharded(
+                cc, source(512), LARGER, 16 << 10, chunk_bytes=64 << 10, batch_elements=16
+            )
+            total = wait_for(cc, LARGER, "STORED").store_total_bytes
+    finally:
+        publisher.close()
     url = f"http://127.0.0.1:{free_port()}/metrics"
-    d = Daemon(extra_args=("--metrics-listen", url.split("/")[2])).start()
+    d = store_daemon(store, "--metrics-listen", url.split("/")[2], "--max-bytes", str(total // 2))
     try:
         with CacheClient(d.unix_target) as cc:
             ds = cc.cache(tf.data.Dataset.range(100), name="dashboard", direct=False)
@@ -202,6 +217,9 @@ def exported() -> Iterator[dict[str, set[str]]]:
         assert samples[("shardcache_read_elements_total", ())] == 200
         for plane in ("grpc", "data"):
             assert samples[("shardcache_read_bytes_total", (("plane", plane),))] > 0, plane
+        with CacheClient(d.unix_target) as cc:  # half of it resident, the rest streamed
+            assert len(list(cc.dataset(LARGER, shuffle="shards", seed=7))) == 512
+            assert 0 < cc.info(LARGER).resident_shards < 16
         yield _exported(url)
     finally:
         d.close()
@@ -239,6 +257,11 @@ def test_every_dashboard_query_parses_and_selects_metrics_and_labels_the_daemon_
         "shardcache_reader_stall_seconds_total",
         "shardcache_store_requests_total",
         "shardcache_store_bytes_total",
+        "shardcache_cache_resident_bytes",
+        "shardcache_cache_resident_shards",
+        "shardcache_cache_streamed_bytes_total",
+        "shardcache_cache_shard_reads_total",
+        "shardcache_cache_hit_ratio",
     ):
         assert metric in selected, metric
 
@@ -264,6 +287,17 @@ def test_the_dashboard_shows_throughput_per_training_job_and_stall_per_rank(
     assert frozenset({"training_job"}) in grouped["shardcache_reader_bytes_total"]
     assert frozenset({"training_job", "rank"}) in grouped["shardcache_reader_stall_seconds_total"]
     assert frozenset({"op"}) in grouped["shardcache_store_requests_total"]
+
+
+def test_the_dashboard_shows_each_partially_resident_caches_residency_stream_and_hit_ratio(
+    exported: dict[str, set[str]],
+) -> None:
+    grouped = _groupings()
+    # the fixture's daemon read a cache twice its room: the series exist, per cache
+    assert {"cache", "source"} <= exported["shardcache_cache_shard_reads_total"]
+    for metric in ("shardcache_cache_streamed_bytes_total", "shardcache_cache_shard_reads_total"):
+        assert frozenset({"cache"}) in grouped[metric], metric
+    assert frozenset({"instance", "cache"}) in grouped["shardcache_cache_resident_bytes"]
 
 
 def test_the_dashboard_shows_read_bytes_by_plane_and_the_data_planes_refusals_by_reason(

@@ -32,3 +32,33 @@ def test_a_reader_that_waited_half_the_interval_shows_a_fifty_percent_stall() ->
 def test_a_counter_reset_shows_no_negative_rate() -> None:
     (r,) = frame(scraped(1000, 8000, 3.0, 0.4, 4, 5), scraped(10, 80, 0, 0, 1, 5), 1.0, []).readers
     assert (r.elements_per_s, r.stall) == (0, 0)
+
+
+def test_a_partially_resident_cache_shows_its_resident_shards_and_hit_ratio() -> None:
+    from rich.console import Console
+
+    from cacheserver.cli.top import render
+    from client import CacheInfo
+
+    def cache(name: str, **fields: object) -> CacheInfo:
+        base = dict.fromkeys(("num_elements", "disk_bytes", "raw_bytes", "stored_bytes"), 0)
+        return CacheInfo(
+            name,
+            "READY",
+            **base,
+            num_shards=16,
+            fingerprint="",
+            create_time=0,
+            commit_time=0,
+            **fields,
+        )  # type: ignore[arg-type]
+
+    larger = cache(
+        "larger", store_state="PULLING", resident_shards=4, resident_reads=1, streamed_reads=3
+    )
+    whole = cache("whole", store_state="STORED")
+    console = Console(width=200, record=True)
+    console.print(render(frame({}, {}, 1.0, [larger, whole]), "here"))
+    shown = console.export_text()
+    assert "PULLING 4/16 resident, hit 0.25" in shown
+    assert "STORED" in shown and "16 resident" not in shown.split("whole", 1)[1]
