@@ -73,7 +73,7 @@ def read_shard(
     stop, k = start + count if count else info.num_elements, block_elements(record.layout_json)
 
     def chunks() -> Iterator[tuple[int, bytes, bytes, int]]:
-        with _shard_files(catalog, record, shard) as path:
+        with _shard_files(catalog, record, shard, stop == info.num_elements) as path:
             for first, lengths, data in catalog.shard_readers.read_chunks(
                 path, start, stop, chunk, k, join=join
             ):
@@ -89,14 +89,17 @@ def read_shard(
 
 
 @contextmanager
-def _shard_files(catalog: Catalog, record: CacheRecord, shard: int) -> Iterator[Path]:
+def _shard_files(
+    catalog: Catalog, record: CacheRecord, shard: int, to_end: bool = False
+) -> Iterator[Path]:
     """Where to read shard of record while the block lasts: its directory in the cache, or,
-    for a partially resident cache's streamed shard, its copy in the stream window."""
+    for a partially resident cache's streamed shard, its copy in the stream window (to_end:
+    the block reads the shard to its last element, so the window may drop it first)."""
     resident = catalog.shard_path(record, shard)
     if catalog.tier is None:
         yield resident
         return
-    with catalog.tier.shard_files(record.name, shard, resident) as path:
+    with catalog.tier.shard_files(record.name, shard, resident, to_end) as path:
         yield path
 
 
@@ -106,10 +109,15 @@ class _Streamed:
 
     def __init__(self, catalog: Catalog, record: CacheRecord, shard: int) -> None:
         self._catalog, self._record, self._shard = catalog, record, shard
+        k = block_elements(record.layout_json)  # a key per block of k elements
+        self._last = -(-record.shards[shard].num_elements // k) - 1
 
     def get_many(self, keys: bytes, views: bool = False) -> list[Any]:
+        # a request in stored order within the shard (a shard-shuffled pass's runs, which
+        # jump between shards) that reads its last record has read it to its end
+        to_end = bool(np.any(np.frombuffer(keys, ">u8") == self._last))
         with (
-            _shard_files(self._catalog, self._record, self._shard) as path,
+            _shard_files(self._catalog, self._record, self._shard, to_end) as path,
             self._catalog.shard_readers.opened(path) as getter,
         ):
             return getter.get_many(keys, False)  # copies: the files may go after this

@@ -516,9 +516,12 @@ class StoreTier:
         return [index for index in shards if not pull.fetch(index, wait=True)]
 
     @contextlib.contextmanager
-    def shard_files(self, name: str, shard: int, resident: Path) -> Iterator[Path]:
+    def shard_files(
+        self, name: str, shard: int, resident: Path, to_end: bool = False
+    ) -> Iterator[Path]:
         """The directory to read shard of name from while the block lasts: resident (its
-        place in the cache) once it is on local disk, else its stream window's copy."""
+        place in the cache) once it is on local disk, else its stream window's copy (to_end:
+        the block reads it to its end: StreamWindow.hold)."""
         with self._lock:
             pull = self._pulls.get(name)
         if pull is None:
@@ -528,7 +531,7 @@ class StoreTier:
         if pull.fetch(shard, wait=True):
             yield resident
             return
-        with pull.window.hold(shard) as path:
+        with pull.window.hold(shard, to_end) as path:
             yield path
 
     def plan(self, name: str, lease: str, order: list[int]) -> None:

@@ -6,13 +6,17 @@ shard goes through this window. The window holds at most ``slots`` such shards, 
 fetched from the store once (one GET, checked like a pull) into
 ``<cache dir>/stream/shard-NNNNN.<n>/`` and counted in the daemon's capacity as the
 cache's bytes while it stays. A slot in use by a read is kept; when a read needs a shard
-the window lacks and every slot is taken, the least recently used idle slot is dropped
-(its files deleted, its bytes given back), else the read waits for one to go idle. So
-the window's room is bounded (``slots`` shards) and freed as the pass moves on.
+the window lacks and every slot is taken, an idle slot is dropped (its files deleted, its
+bytes given back): one read to its end first, then one fetched ahead and not read yet,
+then one a read began, each the least recently used; else the read waits for one to go
+idle. So the window's room is bounded (``slots`` shards) and freed as
+the pass moves on.
 
-:meth:`StreamWindow.prefetch` fetches a shard before a read asks for it, into a free or
-idle slot, without waiting: the reads of a run of stored order ask for the next
-non-resident shard ahead of the reader. Knows nothing of gRPC.
+:meth:`StreamWindow.prefetch` fetches a shard before a read asks for it, into a free slot
+or one read to its end, without waiting: the reads of a run of stored order ask for the
+next non-resident shard ahead of the reader. It never drops a shard a pass is still
+reading between its requests (readers of several shards at once, each asking chunk by
+chunk, would have it fetched twice). Knows nothing of gRPC.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class _Slot:
     ready: bool = False
     users: int = 0
     last: float = 0.0
+    begun: bool = False  # a read took it (not only fetched ahead)
+    done: bool = False  # a read went to its last element: the first to drop
     size: int = 0  # bytes reserved in the capacity for it
 
 
@@ -93,21 +99,27 @@ class StreamWindow:
             return sorted(s.shard for s in self._slots.values() if s.ready)
 
     @contextlib.contextmanager
-    def hold(self, shard: int) -> Iterator[Path]:
-        """The directory of shard's files, fetched if need be, kept while the block lasts."""
+    def hold(self, shard: int, to_end: bool = False) -> Iterator[Path]:
+        """The directory of shard's files, fetched if need be, kept while the block lasts;
+        to_end: the block reads the shard to its last element (once it has, without an
+        error, the slot is the first to drop)."""
         slot = self._take(shard, wait=True)
         assert slot is not None
+        slot.begun = True
+        read = False
         try:
             yield slot.path
+            read = to_end
         finally:
             with self._cond:
                 slot.users -= 1
                 slot.last = time.monotonic()
+                slot.done = slot.done or read
                 self._cond.notify_all()
 
     def prefetch(self, shard: int) -> None:
-        """Fetch shard into a free or idle slot unless it is here; never waits; errors are
-        logged only (the read that needs it fetches it again)."""
+        """Fetch shard into a free slot or one read to its end unless it is here; never
+        waits; errors are logged only (the read that needs it fetches it again)."""
         try:
             slot = self._take(shard, wait=False)
         except CacheServerError as exc:
@@ -149,12 +161,13 @@ class StreamWindow:
                 victim = None
                 if len(self._slots) >= self.slots:
                     idle = [s for s in self._slots.values() if s.ready and not s.users]
-                    if not idle:
+                    if not idle or not (wait or any(s.done for s in idle)):
                         if not wait:
                             return None
                         self._cond.wait()
                         continue
-                    victim = min(idle, key=lambda s: s.last)
+                    # a shard read to its end, else one fetched ahead, else one begun
+                    victim = min(idle, key=lambda s: (not s.done, s.begun, s.last))
                     del self._slots[victim.shard]
                 path = self._dir / f"shard-{shard:05d}.{next(self._serial)}"
                 slot = self._slots[shard] = _Slot(shard, path, users=1)

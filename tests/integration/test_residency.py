@@ -221,3 +221,26 @@ def test_a_fleet_whose_members_hold_less_than_their_shares_reads_exactly(publish
     # each member streamed what did not fit of the shards it owns
     assert sum(i.streamed_reads for i in infos) > 0
     assert all(i.resident_bytes <= total // 4 for i in infos)
+
+
+def test_a_shard_read_over_several_batches_is_fetched_once_a_pass(published, moto_server) -> None:
+    """Batches of 100 elements span four shards of 32 and cut one at each end: a shard stays
+    in the window between the requests of two batches until a pass read it to its end,
+    while the shards after it are fetched ahead."""
+    store, total = published
+    with reader(store, total // 2) as (_, cc):
+        epoch(cc, 0, workers=1)  # the resident subset is in place
+        streamed = cc.info(NAME).num_shards - cc.info(NAME).resident_shards
+        for e in (1, 2):
+            before = len(moto_server.access_log())
+            ds = cc.dataset(NAME, shuffle="shards", seed=7, epoch=e)
+            got = [int(i) for _, ids in ds.batch(100) for i in ids]
+            assert sorted(got) == list(range(N)), f"epoch {e}: not every element exactly once"
+            keys = [
+                r.key
+                for r in moto_server.access_log()[before:]
+                if r.method == "GET" and r.key.startswith(f"tier/{NAME}/")
+            ]
+            again = sorted(k for k in set(keys) if keys.count(k) > 1)
+            assert not again, f"epoch {e}: fetched more than once in one pass: {again}"
+            assert len(keys) <= streamed, (len(keys), streamed)
