@@ -71,7 +71,7 @@ class CacheInfo:
             c.name,
             _STATES.get(c.state, "UNSPECIFIED"),
             c.num_elements,
-            len(c.shards),
+            c.num_shards or len(c.shards),  # a daemon without num_shards sends every shard
             c.disk_bytes,
             c.raw_bytes,
             c.stored_bytes,
