@@ -206,7 +206,7 @@ class StoreTier:
             return StoreStatus(
                 PULLING,
                 pull.done_bytes,
-                pull.stored.size,
+                pull.size,
                 shards,
                 f"partially resident: {shards} of {len(pull.state)} shards on local disk, "
                 "the others streamed from the store for each pass"
