@@ -52,6 +52,10 @@ class CacheInfo:
     store_streamed_bytes: int = 0
     resident_reads: int = 0
     streamed_reads: int = 0
+    #: The stream window now: streamed shards it holds, their bytes, reads using them.
+    window_shards: int = 0
+    window_bytes: int = 0
+    window_reads: int = 0
 
     @property
     def hit_ratio(self) -> float:
@@ -96,6 +100,9 @@ class CacheInfo:
             c.store.streamed_bytes,
             c.store.resident_reads,
             c.store.streamed_reads,
+            c.store.window_shards,
+            c.store.window_bytes,
+            c.store.window_reads,
         )
 
 

@@ -359,6 +359,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
                     streamed_bytes=status.streamed_bytes,
                     resident_reads=status.resident_reads,
                     streamed_reads=status.streamed_reads,
+                    window_shards=status.window_shards,
+                    window_bytes=status.window_bytes,
+                    window_reads=status.window_reads,
                 )
             )
         return cache

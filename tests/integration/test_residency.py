@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def test_a_cache_twice_the_room_reads_exactly_and_streams_only_its_other_shards(
         ).stdout
         assert f"resident     {info.resident_shards} of 16 shards" in shown
         assert "partially resident" in shown and "hit ratio 0." in shown
+        assert re.search(r"\nwindow +\d streamed shards held \(.+\), \d reads using them", shown)
         got = scrape(f"http://127.0.0.1:{port}/metrics")
         cache = (("cache", NAME),)
         assert got[("shardcache_cache_resident_shards", cache)] == info.resident_shards
@@ -291,9 +293,9 @@ def test_a_reader_killed_mid_pass_resumes_exactly_and_leaves_the_window_free(
     """A direct reader (resident shards from their files, streamed ones through the
     daemon's window) is SIGKILLed mid-pass; a new process resumes from its last saved state:
     the labels saved with that state and the new process's are the pass, each once. The
-    daemon ends the dead reader's streams and lease; the window keeps at most its slots,
-    each counted in the capacity for exactly its files, and gives them all back when the
-    cache goes."""
+    daemon ends the dead reader's streams and lease, and no read uses the window any more;
+    it keeps at most its slots, each counted in the capacity for exactly its files, and
+    gives them all back when the cache goes."""
     store, total = published
     port = free_port()
     args = ("--lease-ttl", "1", "--metrics-listen", f"127.0.0.1:{port}")
@@ -316,6 +318,7 @@ def test_a_reader_killed_mid_pass_resumes_exactly_and_leaves_the_window_free(
                 "read streams": got[("shardcache_active_streams", (("kind", "read"),))],
                 "data connections": got[("shardcache_data_connections", ())],
                 "direct leases": cc.info(NAME).direct_leases,
+                "reads in the window": cc.info(NAME).window_reads,
             }
 
         wait_until(lambda: not any(metrics().values()), 30, lambda: f"{metrics()} all 0")
@@ -324,6 +327,7 @@ def test_a_reader_killed_mid_pass_resumes_exactly_and_leaves_the_window_free(
         slots = list(window.iterdir())
         assert 0 < len(slots) <= WINDOW_SLOTS
         window_bytes = sum(f.stat().st_size for slot in slots for f in slot.iterdir())
+        assert (info.window_shards, info.window_bytes) == (len(slots), window_bytes)
         disk = scrape(f"http://127.0.0.1:{port}/metrics")[("shardcache_disk_bytes", ())]
         assert disk == info.resident_bytes + window_bytes  # no reservation left behind
         assert cc.delete(NAME) == (True, False)

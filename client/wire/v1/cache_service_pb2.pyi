@@ -125,7 +125,7 @@ class Cache(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ..., num_shards: _Optional[int] = ...) -> None: ...
 
 class StoreStatus(_message.Message):
-    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out", "resident_shards", "resident_bytes", "streamed_bytes", "resident_reads", "streamed_reads")
+    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out", "resident_shards", "resident_bytes", "streamed_bytes", "resident_reads", "streamed_reads", "window_shards", "window_bytes", "window_reads")
     class RequestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,9 @@ class StoreStatus(_message.Message):
     STREAMED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_READS_FIELD_NUMBER: _ClassVar[int]
     STREAMED_READS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_READS_FIELD_NUMBER: _ClassVar[int]
     state: StoreState
     done_bytes: int
     total_bytes: int
@@ -159,7 +162,10 @@ class StoreStatus(_message.Message):
     streamed_bytes: int
     resident_reads: int
     streamed_reads: int
-    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., resident_shards: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., streamed_bytes: _Optional[int] = ..., resident_reads: _Optional[int] = ..., streamed_reads: _Optional[int] = ...) -> None: ...
+    window_shards: int
+    window_bytes: int
+    window_reads: int
+    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., resident_shards: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., streamed_bytes: _Optional[int] = ..., resident_reads: _Optional[int] = ..., streamed_reads: _Optional[int] = ..., window_shards: _Optional[int] = ..., window_bytes: _Optional[int] = ..., window_reads: _Optional[int] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
     __slots__ = ("store", "view")
