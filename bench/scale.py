@@ -9,7 +9,8 @@ WriteCache RPC, each shard ``--elements-per-shard`` int64 elements (one WriteChu
 shard, ``WriteBegin.shard_bytes`` 1: every chunk is a shard of its own), ``--writers``
 caches at a time. Then the daemon is stopped and started again over the same data dir and
 measured: start-up to a SERVING health check; ``ListCaches`` (``cc.list()``) and
-``GetCache`` of the largest cache (``cc.info()``), the median of ``--repeat`` calls; the
+``GetCache`` of the largest cache (``cc.info()``), the median of ``--repeat`` calls, and the
+bytes of each answer (``list_bytes``, ``info_bytes``); the
 ``cacheserver ls`` and ``cacheserver info NAME`` commands, wall time of the whole process;
 the daemon's ``VmRSS`` and ``RssAnon``, its open file descriptors (``/proc/PID/fd``) and
 memory maps (lines of ``/proc/PID/maps``); once after the start, once after every cache
@@ -174,6 +175,22 @@ def _command_s(daemon: BenchDaemon, *args: str) -> float:
     return time.perf_counter() - start
 
 
+def _response_bytes(daemon: BenchDaemon, largest: str) -> dict[str, int]:
+    """Serialized bytes of the ListCaches answer cc.list() gets (the BASIC view, no shards)
+    and of GetCache of the largest cache (every shard)."""
+    import grpc
+
+    from client.wire.v1 import cache_service_pb2 as pb
+    from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
+
+    limit = [("grpc.max_receive_message_length", 256 << 20)]
+    with grpc.insecure_channel(daemon.target, options=limit) as channel:
+        stub = pb_grpc.CacheServiceStub(channel)
+        listed = stub.ListCaches(pb.ListCachesRequest(view=pb.CACHE_VIEW_BASIC), timeout=600)
+        one = stub.GetCache(pb.GetCacheRequest(name=largest), timeout=600)
+    return {"list_bytes": listed.ByteSize(), "info_bytes": one.ByteSize()}
+
+
 def _latencies(daemon: BenchDaemon, cc: CacheClient, largest: str, repeat: int) -> dict:
     listed = len(cc.list())
     return {
@@ -182,6 +199,7 @@ def _latencies(daemon: BenchDaemon, cc: CacheClient, largest: str, repeat: int) 
         "info_rpc_s": _median_s(lambda: cc.info(largest), repeat),
         "ls_command_s": _command_s(daemon, "ls"),
         "info_command_s": _command_s(daemon, "info", largest),
+        **_response_bytes(daemon, largest),
     }
 
 
@@ -267,7 +285,8 @@ def daemon_section(root: Path, args: argparse.Namespace) -> list[dict[str, Any]]
         if "error" not in point:
             after = point["after_reads"]
             log(
-                f"{caches}x{shards}: ls {after['list_rpc_s'] * 1e3:.1f} ms (rpc), "
+                f"{caches}x{shards}: ls {after['list_rpc_s'] * 1e3:.1f} ms (rpc, "
+                f"{after['list_bytes']:,} B), "
                 f"{after['ls_command_s']:.2f} s (command); rss {after['vm_rss_kib'] / 1024:.0f} "
                 f"MiB; fds {after['fds']}, maps {after['maps']}"
             )

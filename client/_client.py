@@ -172,8 +172,10 @@ class CacheClient(ArrayMethods):
 
     def list(self, *, store: bool = False) -> list[CacheInfo]:
         """Every cache on the daemon, READY and WRITING; store=True: every cache in the
-        daemon's object store instead (store_state REMOTE, or this daemon's own state)."""
-        response = self._daemons.call("", "ListCaches", pb.ListCachesRequest(store=store))
+        daemon's object store instead (store_state REMOTE, or this daemon's own state).
+        The list leaves the caches' shards on the daemon (num_shards counts them)."""
+        request = pb.ListCachesRequest(store=store, view=pb.CACHE_VIEW_BASIC)
+        response = self._daemons.call("", "ListCaches", request)
         return [CacheInfo.from_proto(c) for c in response.caches]
 
     def info(self, name: str) -> CacheInfo:

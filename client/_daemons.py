@@ -52,6 +52,10 @@ class CacheInfo:
     store_streamed_bytes: int = 0
     resident_reads: int = 0
     streamed_reads: int = 0
+    #: The stream window now: streamed shards it holds, their bytes, reads using them.
+    window_shards: int = 0
+    window_bytes: int = 0
+    window_reads: int = 0
 
     @property
     def hit_ratio(self) -> float:
@@ -71,7 +75,7 @@ class CacheInfo:
             c.name,
             _STATES.get(c.state, "UNSPECIFIED"),
             c.num_elements,
-            len(c.shards),
+            c.num_shards or len(c.shards),  # a daemon without num_shards sends every shard
             c.disk_bytes,
             c.raw_bytes,
             c.stored_bytes,
@@ -96,6 +100,9 @@ class CacheInfo:
             c.store.streamed_bytes,
             c.store.resident_reads,
             c.store.streamed_reads,
+            c.store.window_shards,
+            c.store.window_bytes,
+            c.store.window_reads,
         )
 
 

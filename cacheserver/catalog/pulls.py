@@ -78,22 +78,28 @@ class Pull:
             else WINDOW_SLOTS
         )
         self.window = StreamWindow(name, directory, stored.objects, bucket, capacity, forget, slots)
+        #: The room the window may take (its largest shards'), fixed with the cache.
+        self._window_room = StreamWindow.room(stored.objects, slots)
+        self.size = stored.size  # bytes in the store, all shards
         #: A shard was refused room: admission keeps the window's room free from then on.
         self.partial = False
         #: shard reads served from resident shards (the hit ratio's numerator)
         self.resident_reads = 0
+        # kept as shards change state (under cond), so that admitting one, and the status,
+        # cost the same whatever the cache's shard count: shards and bytes resident, shards
+        # being fetched
+        self._done_shards = self._done_bytes = self._running = 0
 
     def resident(self) -> tuple[int, int]:
         """(resident shards, their bytes in the store)."""
         with self.cond:
-            done = [i for i, s in enumerate(self.state) if s == "done"]
-        return len(done), sum(self.stored.objects[i].size for i in done)
+            return self._done_shards, self._done_bytes
 
     def settled(self) -> bool:
         """A partially resident cache with no shard being fetched: at rest, so eviction
         may drop it whole (the store holds it)."""
         with self.cond:
-            return self.partial and "running" not in self.state
+            return self.partial and not self._running
 
     def next_streamed(self, shards: list[int]) -> int | None:
         """The first of shards that is streamed, if any."""
@@ -135,6 +141,7 @@ class Pull:
                     raise error  # a corrupt object stays refused; nothing is fetched again
                 if state in ("queued", "streamed"):  # streamed: room may have come back
                     was, self.state[index] = state, "running"
+                    self._running += 1
                     break
                 self.cond.wait()
         try:
@@ -150,15 +157,20 @@ class Pull:
             )
             with self.cond:
                 self.state[index], self.errors[index] = was, exc
+                self._running -= 1
                 self.cond.notify_all()
             raise
         with self.cond:
             self.state[index] = "done" if admitted else "streamed"
             self.errors[index] = None
-            if admitted and wait:
-                self.resident_reads += 1
+            self._running -= 1
+            if admitted:
+                self._done_shards += 1
+                self._done_bytes += self.stored.objects[index].size
+                if wait:
+                    self.resident_reads += 1
             self.cond.notify_all()
-            finished = all(s == "done" for s in self.state)
+            finished = self._done_shards == len(self.state)
         if finished:
             self._finished(self)
         return admitted
@@ -166,16 +178,11 @@ class Pull:
     def _admit(self, index: int) -> bool:
         """Reserve room for shard index; False: no room (it is streamed), unless pinned."""
         obj, name = self.stored.objects[index], self.stored.record.name
-        with self.cond:  # the shards not here yet besides this one: room for them, or for
-            # the window that would stream them, must stay free
-            rest = sum(
-                o.size
-                for i, (o, s) in enumerate(zip(self.stored.objects, self.state))
-                if s != "done" and i != index
-            )
-        room = StreamWindow.room(self.stored.objects, self.window.slots)
+        with self.cond:  # the shards not here yet besides this one (which is not): room
+            # for them, or for the window that would stream them, must stay free
+            rest = self.size - self._done_bytes - obj.size
         # the window's slots in use are counted already (they are this cache's bytes)
-        headroom = max(0, min(rest, room) - self.window.reserved())
+        headroom = max(0, min(rest, self._window_room) - self.window.reserved())
         try:
             self._capacity.reserve(name, obj.size, headroom=headroom)
             return True

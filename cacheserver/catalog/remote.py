@@ -90,6 +90,10 @@ class StoreStatus:
     streamed_bytes: int = 0
     resident_reads: int = 0
     streamed_reads: int = 0
+    #: The stream window now: shards held, their bytes, reads using them.
+    window_shards: int = 0
+    window_bytes: int = 0
+    window_reads: int = 0
 
 
 @dataclass
@@ -203,10 +207,11 @@ class StoreTier:
         if pull is not None:
             shards, nbytes = pull.resident()
             window = pull.window
+            held, held_bytes, using = window.usage()
             return StoreStatus(
                 PULLING,
                 pull.done_bytes,
-                pull.stored.size,
+                pull.size,
                 shards,
                 f"partially resident: {shards} of {len(pull.state)} shards on local disk, "
                 "the others streamed from the store for each pass"
@@ -218,6 +223,9 @@ class StoreTier:
                 streamed_bytes=window.streamed_bytes,
                 resident_reads=pull.resident_reads,
                 streamed_reads=window.reads,
+                window_shards=held,
+                window_bytes=held_bytes,
+                window_reads=using,
             )
         status = replace(status or StoreStatus(LOCAL), cost=cost)
         record = self._ready(name)

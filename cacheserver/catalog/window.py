@@ -94,9 +94,11 @@ class StreamWindow:
         with self._cond:
             return sum(s.size for s in self._slots.values())
 
-    def held(self) -> list[int]:
+    def usage(self) -> tuple[int, int, int]:
+        """(shards held, the bytes they hold in the capacity, reads using them now)."""
         with self._cond:
-            return sorted(s.shard for s in self._slots.values() if s.ready)
+            slots = list(self._slots.values())
+        return len(slots), sum(s.size for s in slots), sum(s.users for s in slots)
 
     @contextlib.contextmanager
     def hold(self, shard: int, to_end: bool = False) -> Iterator[Path]:

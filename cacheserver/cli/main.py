@@ -201,6 +201,14 @@ def info(name: str, target: str | None) -> None:
         rows.append(("store", _store(c) + (f": {c.store_detail}" if c.store_detail else "")))
         rows.append(("store cost", _cost(c)))
         rows.append(("resident", _residency(c)))
+        if c.store_state == "PULLING":
+            rows.append(
+                (
+                    "window",
+                    f"{c.window_shards} streamed shards held ({_size(c.window_bytes)}), "
+                    f"{c.window_reads} reads using them",
+                )
+            )
     for key, value in rows:
         click.echo(f"{key:<12} {value}")
 

@@ -68,16 +68,19 @@ _STORE_STATES = {
 }
 
 
-def _remote(record: CacheRecord) -> pb.Cache:
+def _remote(record: CacheRecord, shards: bool = True) -> pb.Cache:
     """A cache only the object store holds."""
-    cache = to_proto(record)
+    cache = to_proto(record, shards=shards)
     cache.disk_bytes = 0
     cache.store.state = pb.STORE_STATE_REMOTE
     cache.store.total_bytes = record.disk_bytes
     return cache
 
 
-def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cache:
+def to_proto(
+    record: CacheRecord, retention: Retention | None = None, shards: bool = True
+) -> pb.Cache:
+    """The wire's Cache of record; shards=False: the BASIC view, num_shards without them."""
     retention = retention or Retention()
     raw = sum(s.raw_bytes for s in record.shards)
     stored = sum(s.stored_bytes for s in record.shards)
@@ -93,6 +96,7 @@ def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cach
         stored_bytes=stored,
         create_time=record.create_time,
         commit_time=record.commit_time,
+        num_shards=len(record.shards),
         shards=[
             pb.Shard(
                 index=s.index,
@@ -101,7 +105,7 @@ def to_proto(record: CacheRecord, retention: Retention | None = None) -> pb.Cach
                 stored_bytes=s.stored_bytes,
                 raw_bytes=s.raw_bytes,
             )
-            for s in record.shards
+            for s in (record.shards if shards else ())
         ],
         pinned=retention.pinned,
         ttl_seconds=retention.ttl_seconds,
@@ -191,17 +195,22 @@ class CacheService(pb_grpc.CacheServiceServicer):
         self, request: pb.ListCachesRequest, context: grpc.ServicerContext
     ) -> pb.ListCachesResponse:
         caller = self.callers.of(context)
+        shards = request.view != pb.CACHE_VIEW_BASIC  # UNSPECIFIED: FULL
         if not request.store:
             return pb.ListCachesResponse(
                 caches=[
-                    self._proto(r) for r in self.catalog.list() if caller.may(Verb.READ, r.name)
+                    self._proto(r, shards)
+                    for r in self.catalog.list()
+                    if caller.may(Verb.READ, r.name)
                 ]
             )
         tier = self._tier()
         local = {r.name for r in self.catalog.list()}
         return pb.ListCachesResponse(
             caches=[
-                self._proto(s.record) if s.record.name in local else _remote(s.record)
+                self._proto(s.record, shards)
+                if s.record.name in local
+                else _remote(s.record, shards)
                 for s in tier.list_stored()
                 if caller.may(Verb.READ, s.record.name)
             ]
@@ -330,8 +339,8 @@ class CacheService(pb_grpc.CacheServiceServicer):
                 else:
                     raise InvalidArgument(f"unexpected {kind!r} request after WriteBegin")
 
-    def _proto(self, record: CacheRecord) -> pb.Cache:
-        cache = to_proto(record, self.catalog.retention_of(record.name))
+    def _proto(self, record: CacheRecord, shards: bool = True) -> pb.Cache:
+        cache = to_proto(record, self.catalog.retention_of(record.name), shards)
         cache.direct_leases, cache.direct_reads = self.leases.counts(record.name)
         if self.catalog.tier is not None and record.state == "READY":
             status = self.catalog.tier.status(record.name)
@@ -350,6 +359,9 @@ class CacheService(pb_grpc.CacheServiceServicer):
                     streamed_bytes=status.streamed_bytes,
                     resident_reads=status.resident_reads,
                     streamed_reads=status.streamed_reads,
+                    window_shards=status.window_shards,
+                    window_bytes=status.window_bytes,
+                    window_reads=status.window_reads,
                 )
             )
         return cache

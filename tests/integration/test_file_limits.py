@@ -1,5 +1,6 @@
 """Caches of more shards than a process may open: a daemon under a low fd limit serves them,
-and a direct reader under one reads them, every element exactly once."""
+and a direct reader under one reads them, every element exactly once; a list of them says
+how many shards each has without carrying them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from client import CacheClient
+from client.wire.v1 import cache_service_pb2 as pb
+from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
 from tests.daemon import Daemon
 from tests.sharded import write_tiny_shards
 
@@ -101,3 +105,29 @@ def test_a_direct_reader_under_a_low_file_limit_reads_every_shard_of_a_larger_ca
     runs = json.loads(done.stdout.splitlines()[-1])
     assert runs["in order"] == list(range(N))
     assert runs["shuffled"] != runs["in order"] and sorted(runs["shuffled"]) == list(range(N))
+
+
+def test_a_list_carries_each_caches_shard_count_and_not_its_shards(limited: Daemon) -> None:
+    """The BASIC view (cc.list(), cacheserver ls) stays one line per cache however many
+    shards it has; a request without a view, and GetCache, still carry every shard."""
+    with grpc.insecure_channel(limited.unix_target) as channel:
+        stub = pb_grpc.CacheServiceStub(channel)
+        basic = stub.ListCaches(pb.ListCachesRequest(view=pb.CACHE_VIEW_BASIC), timeout=10)
+        unset = stub.ListCaches(pb.ListCachesRequest(), timeout=10)
+        full = stub.GetCache(pb.GetCacheRequest(name="many"), timeout=10).cache
+    [listed] = basic.caches
+    assert listed.num_shards == SHARDS and len(listed.shards) == 0
+    # what is left is the cache's own fields: no more than a shard's worth per few shards
+    overhead = len(listed.layout_json) + len(listed.element_spec) + len(listed.fingerprint)
+    assert basic.ByteSize() < overhead + 512 < full.ByteSize()
+    assert len(unset.caches[0].shards) == len(full.shards) == full.num_shards == SHARDS
+    with CacheClient(limited.unix_target) as cc:
+        assert [(c.name, c.num_shards) for c in cc.list()] == [("many", SHARDS)]
+    shown = subprocess.run(
+        [sys.executable, "-m", "cacheserver", "ls", "--target", limited.unix_target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert shown[1].split()[:4] == ["many", "READY", f"{N:,}", str(SHARDS)]

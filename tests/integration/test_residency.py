@@ -4,25 +4,38 @@ One cache of 16 small shards is published to a real moto server; reader daemons 
 --max-bytes holds about half of it (or a tenth) pull it: they keep the shards admitted
 while there was room and stream the others through a window of a few shards for each
 pass. Every pass reads every element exactly once; from the second pass on, the store
-is asked for the streamed shards only (counted by the daemon and checked against moto's
-own access log), never for the resident ones.
+is asked for the streamed shards only (counted by the daemon and checked against the
+server's own access log, on moto and on SeaweedFS), never for the resident ones. A reader
+process killed mid-pass resumes from its saved state in a new one, and the daemon's
+window holds nothing for the dead one afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import textwrap
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import Daemon, free_port
+from botocore.exceptions import ClientError
+from daemon import Daemon, env_without_tf_noise, free_port
 from exposition import scrape
 from fleet import LoopbackFleet
+from s3 import S3Server
 from sharded import write_sharded
 from stores import source, store_daemon, wait_for
+from waits import wait_until
 
+from cacheserver.catalog.window import WINDOW_SLOTS
 from client import CacheClient
 from client.errors import ShardcacheError
 
@@ -35,9 +48,26 @@ SHARD_BYTES = 16 << 10
 
 
 @pytest.fixture(scope="module")
-def published(moto_server: Any) -> Iterator[tuple[Any, int]]:
-    """(the store, the cache's bytes in it), published once."""
-    store = moto_server.start().store()
+def published(moto_server: S3Server) -> Iterator[tuple[Any, int]]:
+    """(the store, the cache's bytes in it), published once to moto."""
+    yield from publish(moto_server)
+
+
+@pytest.fixture(scope="module")
+def published_on_seaweedfs(seaweedfs: S3Server) -> Iterator[tuple[Any, int]]:
+    """The same, published to SeaweedFS."""
+    yield from publish(seaweedfs)
+
+
+#: The servers the access-log test runs on, and the fixture publishing the cache on each.
+SERVERS = ["moto_server", pytest.param("seaweedfs", marks=pytest.mark.slow)]
+PUBLISHED = {"moto_server": "published", "seaweedfs": "published_on_seaweedfs"}
+
+
+def publish(server: S3Server) -> Iterator[tuple[Any, int]]:
+    """(the store, the cache's bytes in it): the cache written by a daemon over a fresh
+    bucket of server, once the store holds it (the daemon then gone)."""
+    store = server.start().store()
     started: list[Daemon] = []
     try:
         a = store_daemon(store)
@@ -91,21 +121,30 @@ def gets(cc: CacheClient) -> int:
     return cc.info(NAME).store_requests.get("GET", 0)
 
 
-def logged_gets(moto_server: Any, store: Any) -> int:
+def logged_gets(server: S3Server, store: Any) -> int:
+    """The GETs of the cache's objects in server's access log, once every request made so
+    far is in it (the server writes its log behind its answers: a request of a key of our
+    own, waited for, comes after them)."""
     bucket = store.url.removeprefix("s3://").partition("/")[0]
+    mark = f"tier/log-mark-{uuid.uuid4().hex}"
+    with contextlib.suppress(ClientError):  # 404: only the log line matters
+        server.client().get_object(Bucket=bucket, Key=mark)
+    wait_until(lambda: any(r.key == mark for r in server.access_log()), 30, f"{mark} in the log")
     return sum(
         1
-        for r in moto_server.access_log()
+        for r in server.access_log()
         if r.bucket == bucket and r.method == "GET" and r.key.startswith(f"tier/{NAME}/")
     )
 
 
+@pytest.mark.parametrize("server", SERVERS)
 def test_a_cache_twice_the_room_reads_exactly_and_streams_only_its_other_shards(
-    published, moto_server
+    server: str, request: pytest.FixtureRequest
 ) -> None:
-    store, total = published
+    s3: S3Server = request.getfixturevalue(server)
+    store, total = request.getfixturevalue(PUBLISHED[server])
     port = free_port()
-    before = logged_gets(moto_server, store)
+    before = logged_gets(s3, store)
     with reader(store, total // 2, "--metrics-listen", f"127.0.0.1:{port}") as (d, cc):
         per_epoch = []
         for e in range(3):
@@ -125,7 +164,7 @@ def test_a_cache_twice_the_room_reads_exactly_and_streams_only_its_other_shards(
         for n in per_epoch[1:]:
             assert streamed - 4 <= n <= streamed + 1, (per_epoch, streamed)
         # the daemon's count is the store's
-        assert gets(cc) == logged_gets(moto_server, store) - before
+        assert gets(cc) == logged_gets(s3, store) - before
         assert info.store_streamed_bytes > 0 and 0 < info.hit_ratio < 1
         shown = subprocess.run(
             [sys.executable, "-m", "cacheserver", "info", NAME, "--target", d.unix_target],
@@ -136,6 +175,7 @@ def test_a_cache_twice_the_room_reads_exactly_and_streams_only_its_other_shards(
         ).stdout
         assert f"resident     {info.resident_shards} of 16 shards" in shown
         assert "partially resident" in shown and "hit ratio 0." in shown
+        assert re.search(r"\nwindow +\d streamed shards held \(.+\), \d reads using them", shown)
         got = scrape(f"http://127.0.0.1:{port}/metrics")
         cache = (("cache", NAME),)
         assert got[("shardcache_cache_resident_shards", cache)] == info.resident_shards
@@ -201,6 +241,98 @@ def test_a_pass_survives_the_daemon_killed_mid_stream(published) -> None:
         d.restart()  # kill -9, then a new daemon on the same socket and data dir
         got += [int(i) for _, i in it]
     assert sorted(got) == list(range(N))
+
+
+#: A reader process of one pass of NAME: "read" EPOCH KILL_AT saves its state and the
+#: labels read every SAVE_EVERY elements to PATH, and kills itself (SIGKILL) after KILL_AT
+#: elements; "resume" reads the rest of the pass from the state in PATH, printing labels.
+_READER = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from client import CacheClient, ReadState
+
+    target, name, mode, path = sys.argv[1:5]
+    order = {"shuffle": "shards", "seed": 7}
+    with CacheClient(target) as cc:
+        if mode == "resume":
+            state = ReadState.from_json(json.loads(open(path).read())["state"])
+            print(json.dumps([int(i) for _, i in cc.dataset(name, resume=state, **order)]))
+            sys.exit(0)
+        epoch, kill_at, every = map(int, sys.argv[5:8])
+        share = cc.info(name).num_elements
+        got = []
+        for _, i in cc.dataset(name, epoch=epoch, **order):
+            got.append(int(i))
+            if len(got) % every == 0:
+                state = cc.read_state(name, elements_seen=epoch * share + len(got), **order)
+                with open(path + ".tmp", "w") as f:
+                    json.dump({"state": state.to_json(), "labels": got}, f)
+                os.replace(path + ".tmp", path)
+            if len(got) == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+KILL_AT, SAVE_EVERY = N // 2 + 20, 40
+
+
+def read_in_process(target: str, mode: str, path: Path, *args: int) -> subprocess.CompletedProcess:
+    env = {**env_without_tf_noise(), "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-c", _READER, target, NAME, mode, str(path), *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_a_reader_killed_mid_pass_resumes_exactly_and_leaves_the_window_free(
+    published, tmp_path
+) -> None:
+    """A direct reader (resident shards from their files, streamed ones through the
+    daemon's window) is SIGKILLed mid-pass; a new process resumes from its last saved state:
+    the labels saved with that state and the new process's are the pass, each once. The
+    daemon ends the dead reader's streams and lease, and no read uses the window any more;
+    it keeps at most its slots, each counted in the capacity for exactly its files, and
+    gives them all back when the cache goes."""
+    store, total = published
+    port = free_port()
+    args = ("--lease-ttl", "1", "--metrics-listen", f"127.0.0.1:{port}")
+    with reader(store, total // 2, *args) as (d, cc):
+        epoch(cc, 0, workers=1)  # the resident subset in place: epoch 1 streams the others
+        assert 0 < cc.info(NAME).resident_shards < cc.info(NAME).num_shards
+        saved = tmp_path / "state.json"
+        killed = read_in_process(d.unix_target, "read", saved, 1, KILL_AT, SAVE_EVERY)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        done = json.loads(saved.read_text())["labels"]
+        assert len(done) == KILL_AT // SAVE_EVERY * SAVE_EVERY
+        resumed = read_in_process(d.unix_target, "resume", saved)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        rest = json.loads(resumed.stdout.splitlines()[-1])
+        assert sorted(done + rest) == list(range(N)), "not every element of the pass once"
+
+        def metrics() -> dict[str, float]:
+            got = scrape(f"http://127.0.0.1:{port}/metrics")
+            return {
+                "read streams": got[("shardcache_active_streams", (("kind", "read"),))],
+                "data connections": got[("shardcache_data_connections", ())],
+                "direct leases": cc.info(NAME).direct_leases,
+                "reads in the window": cc.info(NAME).window_reads,
+            }
+
+        wait_until(lambda: not any(metrics().values()), 30, lambda: f"{metrics()} all 0")
+        info = cc.info(NAME)
+        window = d.data_dir / "caches" / NAME / "stream"
+        slots = list(window.iterdir())
+        assert 0 < len(slots) <= WINDOW_SLOTS
+        window_bytes = sum(f.stat().st_size for slot in slots for f in slot.iterdir())
+        assert (info.window_shards, info.window_bytes) == (len(slots), window_bytes)
+        disk = scrape(f"http://127.0.0.1:{port}/metrics")[("shardcache_disk_bytes", ())]
+        assert disk == info.resident_bytes + window_bytes  # no reservation left behind
+        assert cc.delete(NAME) == (True, False)
+        assert scrape(f"http://127.0.0.1:{port}/metrics")[("shardcache_disk_bytes", ())] == 0
+        assert not window.exists()
 
 
 def test_a_fleet_whose_members_hold_less_than_their_shares_reads_exactly(published) -> None:

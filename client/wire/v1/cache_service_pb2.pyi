@@ -13,6 +13,12 @@ class CacheState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_STATE_WRITING: _ClassVar[CacheState]
     CACHE_STATE_READY: _ClassVar[CacheState]
 
+class CacheView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_VIEW_UNSPECIFIED: _ClassVar[CacheView]
+    CACHE_VIEW_BASIC: _ClassVar[CacheView]
+    CACHE_VIEW_FULL: _ClassVar[CacheView]
+
 class StoreState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STORE_STATE_UNSPECIFIED: _ClassVar[StoreState]
@@ -40,6 +46,9 @@ class OperationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 CACHE_STATE_UNSPECIFIED: CacheState
 CACHE_STATE_WRITING: CacheState
 CACHE_STATE_READY: CacheState
+CACHE_VIEW_UNSPECIFIED: CacheView
+CACHE_VIEW_BASIC: CacheView
+CACHE_VIEW_FULL: CacheView
 STORE_STATE_UNSPECIFIED: StoreState
 STORE_STATE_LOCAL: StoreState
 STORE_STATE_PUBLISHING: StoreState
@@ -72,7 +81,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., first_element: _Optional[int] = ..., num_elements: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class Cache(_message.Message):
-    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time", "pinned", "ttl_seconds", "last_read_time", "hits", "direct_leases", "direct_reads", "store")
+    __slots__ = ("name", "state", "fingerprint", "layout_json", "element_spec", "num_elements", "shards", "disk_bytes", "raw_bytes", "stored_bytes", "create_time", "commit_time", "pinned", "ttl_seconds", "last_read_time", "hits", "direct_leases", "direct_reads", "store", "num_shards")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +101,7 @@ class Cache(_message.Message):
     DIRECT_LEASES_FIELD_NUMBER: _ClassVar[int]
     DIRECT_READS_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: CacheState
     fingerprint: str
@@ -111,10 +121,11 @@ class Cache(_message.Message):
     direct_leases: int
     direct_reads: int
     store: StoreStatus
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ...) -> None: ...
+    num_shards: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ..., num_shards: _Optional[int] = ...) -> None: ...
 
 class StoreStatus(_message.Message):
-    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out", "resident_shards", "resident_bytes", "streamed_bytes", "resident_reads", "streamed_reads")
+    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out", "resident_shards", "resident_bytes", "streamed_bytes", "resident_reads", "streamed_reads", "window_shards", "window_bytes", "window_reads")
     class RequestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +146,9 @@ class StoreStatus(_message.Message):
     STREAMED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_READS_FIELD_NUMBER: _ClassVar[int]
     STREAMED_READS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_READS_FIELD_NUMBER: _ClassVar[int]
     state: StoreState
     done_bytes: int
     total_bytes: int
@@ -148,13 +162,18 @@ class StoreStatus(_message.Message):
     streamed_bytes: int
     resident_reads: int
     streamed_reads: int
-    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., resident_shards: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., streamed_bytes: _Optional[int] = ..., resident_reads: _Optional[int] = ..., streamed_reads: _Optional[int] = ...) -> None: ...
+    window_shards: int
+    window_bytes: int
+    window_reads: int
+    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., resident_shards: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., streamed_bytes: _Optional[int] = ..., resident_reads: _Optional[int] = ..., streamed_reads: _Optional[int] = ..., window_shards: _Optional[int] = ..., window_bytes: _Optional[int] = ..., window_reads: _Optional[int] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
-    __slots__ = ("store",)
+    __slots__ = ("store", "view")
     STORE_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     store: bool
-    def __init__(self, store: bool = ...) -> None: ...
+    view: CacheView
+    def __init__(self, store: bool = ..., view: _Optional[_Union[CacheView, str]] = ...) -> None: ...
 
 class ListCachesResponse(_message.Message):
     __slots__ = ("caches",)

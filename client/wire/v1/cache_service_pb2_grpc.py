@@ -117,7 +117,8 @@ class CacheServiceServicer(object):
     """
 
     def ListCaches(self, request, context):
-        """ListCaches returns every cache the daemon knows, READY and WRITING.
+        """ListCaches returns every cache the daemon knows, READY and WRITING; in
+        the BASIC view (what `cacheserver ls` asks for) without their shards.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
