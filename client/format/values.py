@@ -28,6 +28,8 @@ TAG_ZSTD = 0x01
 #: Keep the zstd frame only when it is at least this much smaller than the body.
 MIN_COMPRESSION_RATIO = 1.2
 _CRC = struct.Struct("<I")
+#: A raw value's header: its tag and its body's CRC-32.
+RAW_HEADER = 1 + _CRC.size
 #: A zstd block of at most 128 KiB takes at least 4 bytes (header + RLE byte): no
 #: genuine frame decompresses to more than this many times its own size.
 MAX_ZSTD_EXPANSION = 32768
@@ -102,6 +104,25 @@ def split_chunk(lengths: bytes, data: bytes) -> list[memoryview]:
     view = memoryview(data)
     starts = (ends - sizes).tolist()
     return [view[s:e] for s, e in zip(starts, ends.tolist())]
+
+
+def raw_in_place(head: Any, parts: Sequence[Any]) -> bool:
+    """Check a value received in pieces where its body belongs (the data plane's receive
+    into a batch's rows): head its first RAW_HEADER bytes, parts its body in order, checked
+    where they lie. True: a raw value whose CRC-32 matches. False: a zstd frame of the same
+    length, to unpack whole. RecordError: a raw value that fails its check, an unknown tag."""
+    tag = head[0]
+    if tag == TAG_ZSTD:
+        return False
+    if tag != TAG_RAW:
+        raise RecordError(f"unknown record tag 0x{tag:02x}")
+    (want,) = _CRC.unpack_from(head, 1)
+    crc = 0
+    for part in parts:
+        crc = crc32(part, crc)
+    if crc != want:
+        raise RecordError("raw record fails its CRC-32 check")
+    return True
 
 
 class Decompressor:

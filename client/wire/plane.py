@@ -38,7 +38,7 @@ SHARD, ELEMENTS = 1, 2
 EPOCH_START = 1
 FRAME = struct.Struct("<B3xIQQ")  # kind, n, first, size
 CHUNK, END, ERROR, OK = 1, 2, 3, 4
-#: Most buffers one sendmsg call takes (Linux's IOV_MAX is 1024).
+#: Most buffers one sendmsg or recvmsg_into call takes (Linux's IOV_MAX is 1024).
 _IOV = 512
 
 
@@ -81,6 +81,29 @@ def recv_exact(sock: socket.socket, out: memoryview) -> None:
         if not n:
             raise FramingError(f"connection closed after {got} of {size} bytes of a frame")
         got += n
+
+
+def recv_parts(sock: socket.socket, parts: Sequence[memoryview]) -> None:
+    """Fill every part, in order, from sock: recvmsg_into scatters the stream's next bytes
+    across up to 512 parts a call, so they land where they belong without a copy of the
+    reader's own; a TLS socket, which has no recvmsg_into, fills them one by one.
+    FramingError when the peer closes first."""
+    if isinstance(sock, ssl.SSLSocket):
+        for part in parts:
+            recv_exact(sock, part)
+        return
+    pending = [part for part in parts if len(part)]
+    at, size, got = 0, sum(len(part) for part in pending), 0
+    while at < len(pending):
+        n = sock.recvmsg_into(pending[at : at + _IOV])[0]
+        if not n:
+            raise FramingError(f"connection closed after {got} of {size} bytes of a frame")
+        got += n
+        while at < len(pending) and n >= len(pending[at]):
+            n -= len(pending[at])
+            at += 1
+        if n:
+            pending[at] = pending[at][n:]
 
 
 def recv_bytes(sock: socket.socket, size: int) -> bytes:

@@ -23,6 +23,7 @@ from sharded import write_sharded  # noqa: E402
 
 from client import CacheClient  # noqa: E402
 from client.read.assembly import buffers  # noqa: E402
+from client.wire import plane  # noqa: E402
 
 N = 500
 
@@ -134,13 +135,18 @@ def test_a_cc_cache_reads_its_batches_as_batches_from_its_second_epoch(
         assert [checked(b) for b in ds.as_numpy_iterator()] == want
 
 
-def addresses(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """Where each batch's x lies in memory, as TensorFlow holds it after batch()."""
+def address(x: tf.Tensor) -> tf.Tensor:
+    """Where x lies in memory, as TensorFlow holds it."""
 
     def where(x: np.ndarray) -> np.int64:
         return np.int64(x.ctypes.data)
 
-    return ds.map(lambda b: tf.numpy_function(where, [b["x"]], tf.int64, stateful=False))
+    return tf.numpy_function(where, [x], tf.int64, stateful=False)
+
+
+def addresses(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """Where each batch's x lies in memory, as TensorFlow holds it after batch()."""
+    return ds.map(lambda b: address(b["x"]))
 
 
 def test_the_arrays_a_read_decodes_into_are_the_batches_tensorflow_hands_on(
@@ -192,3 +198,86 @@ def test_a_hundred_epochs_hold_no_more_batch_arrays_than_the_first(
     assert len(held) == 100
     # a leak would add one or more each epoch; tf.data may hold a batch more now and then
     assert max(held[10:]) <= max(held[:10]) + 2, held
+
+
+def noise(n: int, width: int) -> tf.data.Dataset:
+    """Element i: x = width random float32 (seed i: incompressible, stored raw), and i."""
+    return tf.data.Dataset.range(n).map(
+        lambda i: {"x": tf.random.stateless_uniform([width], tf.stack([i, 0])), "i": i}
+    )
+
+
+#: records of 16 KiB and more, one per stored value, raw: what the data plane lands
+NOISE = (120, 4100, 300_000)  # elements, width, shard bytes
+
+
+@pytest.fixture(scope="module")
+def noise_cache(daemon: Any) -> str:
+    n, width, shard_bytes = NOISE
+    with CacheClient(daemon.unix_target) as cc:
+        write_sharded(cc, noise(n, width), "batched-noise", shard_bytes, 50_000, batch_elements=16)
+        assert len(cc._get("batched-noise").shards) >= 3
+    return "batched-noise"
+
+
+def received(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The addresses of every buffer the data plane's sockets write into from now on."""
+    into: set[int] = set()
+    exact, parts = plane.recv_exact, plane.recv_parts
+
+    def recv_exact(sock: Any, out: memoryview) -> None:
+        into.add(np.frombuffer(out, np.uint8).ctypes.data)
+        exact(sock, out)
+
+    def recv_parts(sock: Any, buffers: list[memoryview]) -> None:
+        into.update(np.frombuffer(b, np.uint8).ctypes.data for b in buffers)
+        parts(sock, buffers)
+
+    monkeypatch.setattr(plane, "recv_exact", recv_exact)
+    monkeypatch.setattr(plane, "recv_parts", recv_parts)
+    return into
+
+
+def test_the_data_plane_receives_raw_records_straight_into_the_batches_tensorflow_hands_on(
+    clients: dict[str, tuple[CacheClient, bool]],
+    noise_cache: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unix, _ = clients["direct"]
+    tcp, _ = clients["plane"]
+    for opts in ({}, {"shuffle": True, "seed": 2}):
+        want = [b for b in unix.dataset(noise_cache, direct=True, **opts).batch(16)]
+        into = received(monkeypatch)
+        ds = tcp.dataset(noise_cache, direct=False, **opts).batch(16)
+        got = list(ds.map(lambda b: (address(b["x"]), b)).as_numpy_iterator())
+        monkeypatch.undo()
+        assert len(got) == len(want) == -(-NOISE[0] // 16)
+        seen = {int(at) for at, _ in got}
+        assert seen <= into, f"{opts}: the batch is not where the socket wrote its rows"
+        for (_, a), b in zip(got, want):
+            assert (a["i"] == b["i"].numpy()).all()
+            assert (a["x"] == b["x"].numpy()).all()
+
+
+def test_a_corrupt_record_received_into_its_batch_raises_data_loss_naming_it(
+    daemon: Any, clients: dict[str, tuple[CacheClient, bool]]
+) -> None:
+    n, width, shard_bytes = NOISE
+    unix, _ = clients["direct"]
+    tcp, _ = clients["plane"]
+    name = "batched-noise-corrupt"
+    write_sharded(unix, noise(n, width), name, shard_bytes, 50_000, batch_elements=16)
+    x = next(iter(noise(n, width).skip(7)))["x"].numpy()
+    for shard in sorted((daemon.data_dir / "caches" / name).glob("shard-*")):
+        data = shard / "data.mdb"
+        blob = bytearray(data.read_bytes())
+        at = blob.find(x[:8].tobytes())
+        if at >= 0:
+            blob[at + 4096] ^= 0xFF
+            data.write_bytes(bytes(blob))
+            break
+    else:
+        raise AssertionError("element 7's record is in no shard")
+    with pytest.raises(tf.errors.OpError, match=r"DataLossError: .*\(element 7\) is corrupt"):
+        for _ in tcp.dataset(name, direct=False).batch(16):
+            pass

@@ -20,11 +20,11 @@ N = 3000  # ~4 KiB elements: 12 MB, far more than the client buffers with 64 KiB
 SMALL_PREFETCH = 64 << 10
 
 
-def source(n: int = N, offset: int = 0) -> tf.data.Dataset:
-    """Element i: (i + offset, then 1023 random floats: incompressible), i."""
+def source(n: int = N, offset: int = 0, width: int = 1024) -> tf.data.Dataset:
+    """Element i: (i + offset, then width - 1 random floats: incompressible), i."""
 
     def element(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        noise = tf.random.stateless_uniform([1023], seed=tf.stack([i, 0]))
+        noise = tf.random.stateless_uniform([width - 1], seed=tf.stack([i, 0]))
         return tf.concat([[tf.cast(i + offset, tf.float32)], noise], 0), i
 
     return tf.data.Dataset.range(n).map(element)
@@ -83,6 +83,36 @@ def test_a_daemon_restarted_mid_epoch_yields_every_element_once_in_the_same_orde
     assert not consumer.is_alive() and not errors, errors
     assert len(got) == N
     assert got == expected
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_daemon_restarted_mid_epoch_of_batches_received_into_their_rows_loses_nothing(
+    fresh_daemon, shuffle
+) -> None:
+    """Records of 16 KiB and more, stored raw, are received by the data plane into the
+    batch's rows (client/read/assembly/landing.py): a connection lost in the middle of one
+    is asked again, and the rows written over."""
+    n, size = 800, 16  # 13 MB of 16 KiB records
+    with CacheClient(fresh_daemon.tcp_target) as cc:
+        write_sharded(cc, source(n, width=4100), "large", shard_bytes=2 << 20)
+        options = {"shuffle": shuffle, "seed": 3, "direct": False}
+        expected = [
+            [check(e) for e in zip(*batch)]
+            for batch in cc.dataset("large", **options).batch(size).as_numpy_iterator()
+        ]
+        it = cc.dataset("large", **options).batch(size).as_numpy_iterator()
+        got = [[check(e) for e in zip(*next(it))] for _ in range(3)]
+        watcher = LostDaemon()
+        logging.getLogger("client").addHandler(watcher)
+        try:
+            fresh_daemon.kill()
+            assert watcher.lost.wait(60), "the client never noticed the daemon was gone"
+            fresh_daemon.start()
+            got.extend([check(e) for e in zip(*batch)] for batch in it)
+        finally:
+            logging.getLogger("client").removeHandler(watcher)
+    assert got == expected
+    assert len(got) == n // size
 
 
 @VIA

@@ -37,9 +37,10 @@ from client.format.fixed_decode import aligned_empty
 from client.format.layout import Layout
 from client.read.assembly.buffers import Buffers
 from client.read.assembly.decode import Decoder
+from client.read.assembly.landing import landing
 from client.read.fetching.direct import DirectReads
 from client.read.fetching.factory import open_fetcher
-from client.read.fetching.fetch import Closed, Indices, chunk_positions
+from client.read.fetching.fetch import Closed, Indices, Landed, chunk_positions
 from client.read.planning.order import EpochOrder
 from client.read.planning.plan import ReadOptions, epoch_range
 from client.read.planning.shares import Batches, Batching, Chunking
@@ -131,13 +132,19 @@ class CacheReads:
         """Decode the records at indices into rows [at, at + len(indices)) of outs
         (batch_arrays'): each fetched chunk straight into its rows where the decoder can
         write there (one copy per byte), else decoded and copied in (a block cut by the
-        request's ends, a leaf of strings)."""
+        request's ends, a leaf of strings). A data-plane chunk of raw records is received
+        into its rows by the socket (assembly/landing.py) and only checked here."""
         try:
             for offset, request in _requests(indices):
                 first = at + offset
-                for chunk in self._fetch.stream(request, epoch_start and not offset):
+                end = first + len(request)
+                land = landing(self._decode.layout, outs, first, end)
+                for chunk in self._fetch.stream(request, epoch_start and not offset, land):
+                    if isinstance(chunk[2], Landed):
+                        self._decode.landed(request, chunk[0], chunk[2])
+                        continue
                     row = first + max(chunk[0], 0)  # the request's rows the chunk holds
-                    n, batch = self._decode(request, chunk, _Rows(outs, row, first + len(request)))
+                    n, batch = self._decode(request, chunk, _Rows(outs, row, end))
                     for out, column in zip(outs, batch):
                         target = out[row : row + n]
                         if column.dtype.hasobject or column.ctypes.data != target.ctypes.data:

@@ -10,12 +10,12 @@ import numpy as np
 
 from client._transport import pb
 from client.errors import DataLossError
-from client.format.blocks import decode_values
+from client.format.blocks import decode_values, undelta_rows
 from client.format.codec import Empty, RecordError
 from client.format.fixed_decode import aligned_empty, decode_into, handles
 from client.format.layout import Layout
-from client.format.values import Decompressor, split_chunk
-from client.read.fetching.fetch import Chunk, Indices
+from client.format.values import Decompressor, raw_in_place, split_chunk
+from client.read.fetching.fetch import Chunk, Indices, Landed
 
 
 class Decoder:
@@ -28,6 +28,8 @@ class Decoder:
         # blocks as the cache has them (a format 1 cache has none), whatever the caller's
         stored = Layout.from_json(cache.layout_json)
         self._layout = dataclasses.replace(stored, leaves=layout.leaves)
+        #: the layout chunks are decoded by: the cache's blocks, the caller's leaves
+        self.layout = self._layout
         self._into = handles(self._layout)
         self._empty = empty
         self._local = threading.local()
@@ -42,14 +44,49 @@ class Decoder:
             )
         return f"shard {shard} record {local} (element {index})"
 
+    def _dec(self) -> Decompressor:
+        dec = getattr(self._local, "dec", None)
+        if dec is None:
+            dec = self._local.dec = Decompressor()
+        return dec
+
+    def landed(self, indices: Indices, position: int, landed: Landed) -> int:
+        """Check a chunk received straight into its batch's rows (fetch.Landed), at
+        position of indices, where it lies: each raw value's CRC-32 over its rows (the one
+        pass over its bytes after the socket's copy); a value of another kind (a zstd
+        frame as long as a raw record) is unpacked and its body written over its rows.
+        Then the row delta of image-like leaves is undone in place. Returns its elements."""
+        dec = self._dec()
+        for i, (head, body) in enumerate(zip(landed.heads, landed.bodies)):
+            try:
+                if raw_in_place(head, body):
+                    continue
+                whole = memoryview(dec.unpack(b"".join((head, *body))))
+                if len(whole) != sum(len(part) for part in body):
+                    raise RecordError(
+                        f"record has {len(whole)} bytes, layout says {self._layout.record_size}"
+                    )
+                at = 0
+                for part in body:
+                    part[:] = whole[at : at + len(part)]
+                    at += len(part)
+            except RecordError as exc:
+                raise self._loss(self._where(int(indices[position + i])), exc) from exc
+        if self._layout.row_delta:
+            undelta_rows(self._layout, landed.rows)
+        return len(landed.heads)
+
+    def _loss(self, where: str, exc: RecordError) -> DataLossError:
+        return DataLossError(
+            f"cache {self._name!r} {where} is corrupt: {exc}; delete the cache and build it again"
+        )
+
     def __call__(
         self, indices: Indices, chunk: Chunk, empty: Empty | None = None
     ) -> tuple[int, list[Any]]:
         """Decode chunk, keeping only its elements at positions [0, len(indices)); empty:
         this chunk's arrays (the decoder's own by default)."""
-        dec = getattr(self._local, "dec", None)
-        if dec is None:
-            dec = self._local.dec = Decompressor()
+        dec = self._dec()
         position, lengths, data = chunk
         values: list[memoryview] = []
         try:
@@ -74,10 +111,7 @@ class Decoder:
                 where = self._where(int(indices[min(position + before, len(indices) - 1)]))
             else:
                 where = self._where(int(indices[0]) + position + before)
-            raise DataLossError(
-                f"cache {self._name!r} {where} is corrupt: {exc}; delete the "
-                "cache and build it again"
-            ) from exc
+            raise self._loss(where, exc) from exc
         lo, hi = max(0, -position), min(n, len(indices) - position)
         if lo or hi < n:  # a ReadShard chunk of whole blocks: trim to the request
             batch = [column[lo:hi] for column in batch]

@@ -322,8 +322,9 @@ class LocalFetcher:
                 self._ahead.popitem(last=False)[1].close()  # a reader of it reads on without
             return ahead
 
-    def stream(self, indices: Any, epoch_start: bool = False) -> Iterator[Any]:
-        """epoch_start is the lease's business here (counted when it was granted)."""
+    def stream(self, indices: Any, epoch_start: bool = False, land: Any = None) -> Iterator[Any]:
+        """epoch_start is the lease's business here (counted when it was granted); land:
+        unused (the values are read from the shard's map, the decoder copies them once)."""
         chunks = self._chunks(indices)
         try:
             for chunk in chunks:

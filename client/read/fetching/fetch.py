@@ -12,7 +12,7 @@ the next (a fleet's calls asked ahead) lives in its :class:`Request`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +29,35 @@ Chunk = tuple[int, bytes, Any]
 #: One try's chunk: (position in the try's indices, elements, u32 lengths, data).
 Piece = tuple[int, int, bytes, Any]
 Indices = np.ndarray | range  # global element indices; a range is the stored order
+
+
+@dataclass
+class Landed:
+    """A chunk's stored values received straight into the rows of the batch they decode into
+    (client/read/assembly/landing.py), not yet checked: each value's header (tag and CRC-32)
+    in heads, its body in bodies, one part per leaf, each part the value's row of that
+    leaf's batch array; rows: the leaves' rows the chunk fills."""
+
+    heads: list[memoryview]
+    bodies: list[list[memoryview]]
+    rows: list[np.ndarray]
+
+    def buffers(self) -> list[memoryview]:
+        """Where the values' bytes go, in the order they come."""
+        return [part for head, body in zip(self.heads, self.bodies) for part in (head, *body)]
+
+
+#: Where a chunk of a request's values can be received (a data-plane chunk): given its
+#: position in the request and its values' sizes, a Landed to receive them into, or None
+#: (received as they come, then decoded).
+Land = Callable[[int, np.ndarray], Landed | None]
+
+
+def shifted(land: Land | None, base: int) -> Land | None:
+    """land for the indices from base on (a request's rest, or its part)."""
+    if land is None or not base:
+        return land
+    return lambda position, sizes: land(base + position, sizes)
 
 
 class Closed(ShardcacheError):
@@ -51,9 +80,13 @@ class Fetcher(Protocol):
     #: How the chunks come, for the read's report: "direct", "plane", "grpc" or "fleet".
     path: str
 
-    def stream(self, indices: Indices, epoch_start: bool = False) -> Iterator[Chunk]:
+    def stream(
+        self, indices: Indices, epoch_start: bool = False, land: Land | None = None
+    ) -> Iterator[Chunk]:
         """The records at indices as chunks, in order; epoch_start: this request starts a
-        pass (the daemon counts its hit once). Thread-safe."""
+        pass (the daemon counts its hit once); land: where its values may be received
+        (a fetcher that receives them, the data plane's, yields a chunk it landed with a
+        Landed as its data). Thread-safe."""
         ...
 
     def failed(self, cause: ShardcacheError) -> None:
@@ -70,8 +103,11 @@ class Fetcher(Protocol):
 class Request(Protocol):
     """One request's tries at a Remote; each try asks for what the last did not deliver."""
 
-    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
-        """One try at indices: chunks in order; grpc.RpcError when it fails."""
+    def attempt(
+        self, indices: Indices, epoch_start: bool, land: Land | None = None
+    ) -> Iterator[Piece]:
+        """One try at indices: chunks in order; grpc.RpcError when it fails. land: as
+        Fetcher.stream's, for these indices."""
         ...
 
     def close(self) -> None:

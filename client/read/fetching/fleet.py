@@ -19,7 +19,7 @@ from client.format.layout import Layout
 from client.format.values import split_chunk
 from client.read.fetching import plane as data_plane
 from client.read.fetching.direct import DirectReads, LocalFetcher
-from client.read.fetching.fetch import Calls, Indices, Piece, is_run, shard_runs
+from client.read.fetching.fetch import Calls, Indices, Land, Piece, is_run, shard_runs
 from client.read.fetching.fleet_calls import MemberQueue
 from client.read.fetching.plane import PlaneCall, PlaneLease
 from client.wire import plane
@@ -300,7 +300,7 @@ class FleetFetcher:
                 )
                 + wanted
             )
-            for _, position, _values, lengths, data in lease.responses(sock, [request]):
+            for _, position, _values, lengths, data in lease.responses(sock, [(request, None)]):
                 yield position, lengths, data
             return
         call = self._fleet.transport(member).stub.ReadElements(
@@ -323,7 +323,10 @@ class _FleetRequest:
         self._fetcher = fetcher
         self._ahead: Ahead = {}
 
-    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
+    def attempt(
+        self, indices: Indices, epoch_start: bool, land: Land | None = None
+    ) -> Iterator[Piece]:
+        """land: unused (members' chunks are received as they come)."""
         return self._fetcher.attempt(indices, epoch_start, self._ahead)
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from client.errors import ShardcacheError
 from client.read.fetching.direct import LocalFetcher
-from client.read.fetching.fetch import Chunk, Fetcher, Indices
+from client.read.fetching.fetch import Chunk, Fetcher, Indices, Land, shifted
 
 #: A request split into more runs than this goes to the daemon whole.
 MAX_RUNS = 8
@@ -48,7 +48,9 @@ class PartialFetcher:
         stops = [*cuts.tolist(), len(at)]
         return [(a, b, bool(remote[a])) for a, b in zip(starts, stops)]
 
-    def stream(self, indices: Indices, epoch_start: bool = False) -> Iterator[Chunk]:
+    def stream(
+        self, indices: Indices, epoch_start: bool = False, land: Land | None = None
+    ) -> Iterator[Chunk]:
         if not len(indices):
             return
         runs = self._runs(indices)
@@ -57,7 +59,7 @@ class PartialFetcher:
         for start, stop, remote in runs:
             fetcher: Fetcher = self._remote if remote else self._local
             part = indices[start:stop]
-            for position, lengths, data in fetcher.stream(part, epoch_start):
+            for position, lengths, data in fetcher.stream(part, epoch_start, shifted(land, start)):
                 yield start + position, lengths, data
             epoch_start = False
 

@@ -5,8 +5,11 @@ A pass that cannot read the daemon's files directly takes a read lease with
 being read while it lives, renewed every third of its TTL). The daemon answers
 with a ticket and its data port; the pass's chunk requests then go over data
 connections to that port, one request at a time per connection, at most
-MAX_CONNECTIONS per pass, kept open for the pass. Each chunk is received with
-``recv_into`` one buffer and decoded as a ReadShard chunk would be.
+MAX_CONNECTIONS per pass, kept open for the pass. A chunk of values the batch being
+filled can take as they are (raw records of fixed-shape numbers, one element each:
+client/read/assembly/landing.py) is received with ``recvmsg_into`` straight into the
+batch's rows, each value's header apart, and checked there; any other chunk is received
+into one buffer and decoded as a ReadShard chunk would be.
 
 What stays on gRPC: a daemon without a data plane (--data-listen off, a unix
 socket), ``$SHARDCACHE_DATA_PLANE=off``, and a data port that cannot be reached
@@ -38,7 +41,16 @@ from client._transport import Transport, pb
 from client.errors import ServerUnavailableError
 from client.format.codec import Empty
 from client.read.fetching import lease as read_lease
-from client.read.fetching.fetch import Indices, Piece, Stateless, is_run, shard_runs
+from client.read.fetching.fetch import (
+    Indices,
+    Land,
+    Landed,
+    Piece,
+    Stateless,
+    is_run,
+    shard_runs,
+    shifted,
+)
 from client.read.fetching.rpc import GrpcFetcher
 from client.wire import plane
 from client.wire.limits import MAX_ERROR_TEXT
@@ -266,18 +278,20 @@ class PlaneLease:
             return None
 
     def responses(
-        self, sock: socket.socket, requests: Iterable[bytes]
-    ) -> Iterator[tuple[int, int, int, bytes, memoryview]]:
+        self, sock: socket.socket, requests: Iterable[tuple[bytes, Land | None]]
+    ) -> Iterator[tuple[int, int, int, bytes, memoryview | Landed]]:
         """Send requests one by one on sock (from connection()), yielding (request number,
         first, values, u32 lengths, data) for each CHUNK of their answers; sock goes back
-        to the lease at the end. A lost connection raises UNAVAILABLE (the caller asks
-        again), a ticket the daemon no longer knows too, after ending the plane for the
-        pass; other ERROR frames raise their status."""
+        to the lease at the end. Each request comes with where its chunks may land (a
+        Land taking the CHUNK's first, or None): data is then the Landed. A lost
+        connection raises UNAVAILABLE (the caller asks again), a ticket the daemon no
+        longer knows too, after ending the plane for the pass; other ERROR frames raise
+        their status."""
         done = False
         try:
-            for number, request in enumerate(requests):
+            for number, (request, land) in enumerate(requests):
                 sock.sendall(request)
-                for chunk in _chunks(sock, self._empty):
+                for chunk in _chunks(sock, self._empty, land):
                     yield (number, *chunk)
             done = True
         except PlaneStatus as exc:
@@ -339,7 +353,9 @@ class PlaneFetcher:
     def close(self) -> None:
         self._lease.close()
 
-    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
+    def attempt(
+        self, indices: Indices, epoch_start: bool, land: Land | None = None
+    ) -> Iterator[Piece]:
         lease = self._lease
         sock = lease.connection()
         if sock is None:
@@ -354,13 +370,16 @@ class PlaneFetcher:
                 plane.REQUEST.pack(plane.ELEMENTS, flags, len(wanted), 0, 0, chunk_bytes)
                 + wanted.tobytes()
             )
-            for _, position, values, lengths, data in lease.responses(sock, [request]):
+            for _, position, values, lengths, data in lease.responses(sock, [(request, land)]):
                 yield position, values, lengths, data
             return
         runs = list(shard_runs(self._cache, first, first + len(indices)))
         requests = (
-            plane.REQUEST.pack(
-                plane.SHARD, flags if i == 0 else 0, shard.index, start, count, chunk_bytes
+            (
+                plane.REQUEST.pack(
+                    plane.SHARD, flags if i == 0 else 0, shard.index, start, count, chunk_bytes
+                ),
+                shifted(land, shard.first_element - first),  # a CHUNK's first is shard-local
             )
             for i, (shard, start, count) in enumerate(runs)
         )
@@ -380,7 +399,7 @@ class _Chunk(NamedTuple):
 
     start: int
     lengths: bytes
-    data: memoryview
+    data: memoryview | Landed  # a fleet's requests land nothing: a memoryview
 
 
 class PlaneCall:
@@ -389,7 +408,7 @@ class PlaneCall:
 
     def __init__(self, lease: PlaneLease, sock: socket.socket, request: bytes) -> None:
         self._sock = sock
-        self._responses = lease.responses(sock, [request])
+        self._responses = lease.responses(sock, [(request, None)])
 
     def __iter__(self) -> Iterator[_Chunk]:
         for _, start, _values, lengths, data in self._responses:
@@ -404,9 +423,12 @@ def _fresh(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.empty(shape, dtype)  # no zero fill; the decoder copies out of it
 
 
-def _chunks(sock: socket.socket, empty: Empty) -> Iterator[tuple[int, int, bytes, memoryview]]:
+def _chunks(
+    sock: socket.socket, empty: Empty, land: Land | None
+) -> Iterator[tuple[int, int, bytes, memoryview | Landed]]:
     """One request's CHUNK frames until its END: (first, values, u32 lengths, data), data
-    received into an array from empty."""
+    received where land says (a Landed) when it takes the chunk's values, else into an
+    array from empty."""
     header = bytearray(plane.FRAME.size)
     while True:
         plane.recv_exact(sock, memoryview(header))
@@ -418,6 +440,13 @@ def _chunks(sock: socket.socket, empty: Empty) -> Iterator[tuple[int, int, bytes
         if kind != plane.CHUNK:
             raise plane.FramingError(f"frame kind {kind} in a response")
         lengths = plane.recv_bytes(sock, 4 * n)
+        if land is not None and n:
+            sizes = np.frombuffer(lengths, "<u4")
+            landed = land(first, sizes) if int(sizes.sum(dtype=np.int64)) == size else None
+            if landed is not None:
+                plane.recv_parts(sock, landed.buffers())
+                yield first, n, lengths, landed
+                continue
         data = empty((size,), np.dtype(np.uint8)).data
         plane.recv_exact(sock, data)
         yield first, n, lengths, data

@@ -22,7 +22,7 @@ from client.errors import (
     ShardcacheError,
     from_rpc_error,
 )
-from client.read.fetching.fetch import Calls, Chunk, Closed, Indices, Remote
+from client.read.fetching.fetch import Calls, Chunk, Closed, Indices, Land, Remote, shifted
 
 log = logging.getLogger("client")
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
@@ -49,12 +49,14 @@ class Reconnecting:
         self._calls.cancel()
         self._remote.close()
 
-    def stream(self, indices: Indices, epoch_start: bool = False) -> Iterator[Chunk]:
+    def stream(
+        self, indices: Indices, epoch_start: bool = False, land: Land | None = None
+    ) -> Iterator[Chunk]:
         """The records at indices as chunks arrive, trying again on UNAVAILABLE.
 
         indices is an array of global indices, or a range (the stored order,
         never materialized). epoch_start: this request starts a pass (the daemon
-        counts a hit, once).
+        counts a hit, once). land: where the values may be received (fetch.Fetcher).
         """
         got = 0
         failing_since: float | None = None
@@ -68,7 +70,7 @@ class Reconnecting:
                 base = got
                 try:
                     for position, count, lengths, data in request.attempt(
-                        indices[got:], epoch_start
+                        indices[got:], epoch_start, shifted(land, got)
                     ):
                         epoch_start = False
                         got = base + position + count

@@ -14,7 +14,16 @@ import numpy as np
 
 from client._transport import Transport, pb
 from client.format.layout import Layout
-from client.read.fetching.fetch import Calls, Indices, Piece, Request, Stateless, is_run, shard_runs
+from client.read.fetching.fetch import (
+    Calls,
+    Indices,
+    Land,
+    Piece,
+    Request,
+    Stateless,
+    is_run,
+    shard_runs,
+)
 
 
 class GrpcFetcher:
@@ -42,14 +51,17 @@ class GrpcFetcher:
     def close(self) -> None:
         pass
 
-    def attempt(self, indices: Indices, epoch_start: bool) -> Iterator[Piece]:
+    def attempt(
+        self, indices: Indices, epoch_start: bool, land: Land | None = None
+    ) -> Iterator[Piece]:
         """One try at indices: (position in indices, elements, lengths, data) chunks, in order.
 
         A run of consecutive indices (stored order: every unshuffled read) goes
         over ReadShard, a cursor walk with read-ahead, in whole blocks: a chunk
         may start before the first index (negative position) and end after the
         last; Decoder trims. Any other list goes over ReadElements, one key
-        lookup per record, one element per value.
+        lookup per record, one element per value. land: unused (a message's bytes are
+        gRPC's).
         """
         first = int(indices[0])
         stub, cache = self._transport.stub, self.cache
