@@ -101,10 +101,10 @@ class Pull:
         with self.cond:
             return self.partial and not self._running
 
-    def next_streamed(self, shards: list[int]) -> int | None:
-        """The first of shards that is streamed, if any."""
+    def next_streamed(self, shards: list[int], count: int = 1) -> list[int]:
+        """The first count of shards that are streamed."""
         with self.cond:
-            return next((i for i in shards if self.state[i] == "streamed"), None)
+            return [i for i in shards if self.state[i] == "streamed"][:count]
 
     def close(self) -> None:
         with self.cond:

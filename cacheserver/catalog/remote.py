@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 
 UPLOAD_SHARDS = 4
 PULL_SHARDS = 4
+#: Streamed shards fetched ahead of each read of a pass, in its order: into free window
+#: slots or ones read to their end (cacheserver/catalog/window.py). Two, with the window's
+#: four slots, had reads drop shards fetched ahead and fetch them again.
+AHEAD = 1
 STATE_FILE = "store.json"
 PULLING_FILE = "pulling.json"
 _FIRST_BACKOFF, _MAX_BACKOFF = 1.0, 60.0
@@ -571,8 +575,7 @@ class StoreTier:
             at = places.get(shard)
             if at is None:
                 continue
-            following = pull.next_streamed(order[at if first else at + 1 : at + 65])
-            if following is not None:
+            for following in pull.next_streamed(order[at if first else at + 1 : at + 65], AHEAD):
                 with contextlib.suppress(RuntimeError):  # shut down meanwhile
                     self._pullers.submit(pull.window.prefetch, following)
 

@@ -257,14 +257,25 @@ class Bucket:
                 )
             return StoredObject(key, size, digest.result())
 
-    def download(self, obj: StoredObject, dest: Path, progress: Progress | None = None) -> None:
+    def download(
+        self,
+        obj: StoredObject,
+        dest: Path,
+        progress: Progress | None = None,
+        durable: bool = True,
+    ) -> None:
         """Fetch obj into dest in one GET; DataLoss (dest removed) if size or SHA-256 differ.
 
-        The network thread only receives; a :class:`_Sink` writes, hashes and syncs the
-        blocks beside it. The file is synced whole before it is renamed into place."""
+        The network thread only receives; a :class:`_Sink` writes, hashes and (durable)
+        syncs the blocks beside it. A durable file is synced whole before it is renamed into
+        place; scratch that no restart keeps (a stream window's shard) is not synced."""
         tmp = dest.with_name(f".{dest.name}.part")
         try:
-            with self._errors(f"download {obj.key}"), open(tmp, "wb") as f, _Sink(f) as sink:
+            with (
+                self._errors(f"download {obj.key}"),
+                open(tmp, "wb") as f,
+                _Sink(f, durable) as sink,
+            ):
                 body = self.client.get_object(Bucket=self.url.bucket, Key=self._key(obj.key))[
                     "Body"
                 ]
@@ -345,8 +356,9 @@ class _Sink:
     the first error of any of them is raised by :meth:`put` or :meth:`close`.
     """
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, durable: bool = True) -> None:
         self._f = f
+        self._durable = durable
         self._digest = hashlib.sha256()
         self._size = self._synced = 0
         self._held: deque[tuple[Future[None], Future[None]]] = deque()
@@ -379,7 +391,8 @@ class _Sink:
         if self._sync is not None:
             self._sync.result()
         self._f.flush()
-        os.fsync(self._f.fileno())
+        if self._durable:
+            os.fsync(self._f.fileno())
         return self._size, self._digest.hexdigest()
 
     def _wait_oldest(self) -> None:
@@ -389,6 +402,8 @@ class _Sink:
     def _write(self, block: bytes) -> None:  # the writer thread
         self._f.write(block)
         self._size += len(block)
+        if not self._durable:
+            return
         if self._size - self._synced >= _SYNC_BYTES and (self._sync is None or self._sync.done()):
             if self._sync is not None:
                 self._sync.result()  # a failed sync's error
