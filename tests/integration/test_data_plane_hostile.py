@@ -16,6 +16,7 @@ from daemon import Daemon
 from data_port import closed_by_daemon, connect, error, frame, hello, lease, opened, shard_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from waits import wait_until
 from wire import records, write_cache
 
 from client.wire import plane
@@ -87,6 +88,8 @@ def test_a_flood_of_connections_is_refused_with_bounded_threads_and_memory(port_
             with contextlib.suppress(OSError), connect(granted.data_port) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
             peak = max(peak, process.num_threads()) if _ % 500 == 0 else peak
+    # the held connections' threads end once the daemon reads their close
+    wait_until(lambda: process.num_threads() <= threads, what="the held connections to end")
     with opened(granted.data_port, granted.ticket) as sock:  # and the next reader is served
         assert shard_values(sock, 0, 0, 3) == DATA[:3]
     assert peak <= threads + PER_CLIENT + 2, (threads, peak)
