@@ -169,6 +169,9 @@ def test_ctrl_c_during_training_stops_the_daemon_too(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # as a terminal's foreground process: SIGINT not ignored, whatever this process
+        # inherited (a child started with SIGINT ignored keeps it so, as nohup's do)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout is not None
