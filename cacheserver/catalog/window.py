@@ -9,8 +9,7 @@ cache's bytes while it stays. A slot in use by a read is kept; when a read needs
 the window lacks and every slot is taken, an idle slot is dropped (its files deleted, its
 bytes given back): one read to its end first, then one fetched ahead and not read yet,
 then one a read began, each the least recently used; else the read waits for one to go
-idle. So the window's room is bounded (``slots`` shards) and freed as
-the pass moves on.
+idle. So the window's room is bounded (``slots`` shards) and freed as the pass moves on.
 
 :meth:`StreamWindow.prefetch` fetches a shard before a read asks for it, into a free slot
 or one read to its end, without waiting: the reads of a run of stored order ask for the
@@ -107,7 +106,6 @@ class StreamWindow:
         error, the slot is the first to drop)."""
         slot = self._take(shard, wait=True)
         assert slot is not None
-        slot.begun = True
         read = False
         try:
             yield slot.path
@@ -116,6 +114,7 @@ class StreamWindow:
             with self._cond:
                 slot.users -= 1
                 slot.last = time.monotonic()
+                slot.begun = True  # read under the lock only, once the slot is idle
                 slot.done = slot.done or read
                 self._cond.notify_all()
 
