@@ -148,7 +148,7 @@ def _check_shard(
                 if k == 1:
                     dec.unpack(value)
                     continue
-                body = unpack_block(dec, value, k, size)
+                body, _ = unpack_block(dec, value, k, size)
                 if index < claim.num_records - 1 and len(body) != k * size:
                     raise RecordError(f"block holds {len(body) // size} elements, not {k}")
             except RecordError as exc:

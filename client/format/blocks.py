@@ -18,8 +18,11 @@ A block's body is *byte-shuffled* with stride s = ``block_shuffle`` (the
 smallest itemsize of the leaves): the block's bytes, seen as an (m, s) array,
 are stored transposed, all first bytes of each s-byte word, then all second
 bytes, ... (the Blosc/HDF5 shuffle filter). Exponents and high-order bytes of
-numbers then sit together and compress: 1 KB float32 records 1.12x -> 1.16x,
-2 KB int32 token ids 2.1x -> 2.7x with zstd-1 (docs/format.md, "Blocks").
+numbers then sit together and compress: 2 KB int32 token ids 2.1x -> 2.7x with
+zstd-1 (docs/format.md, "Blocks"). Only a block kept as a zstd frame is stored
+shuffled (format 4, ``plain_raw``): one that does not compress enough is stored
+raw with its records as they are, so that reading it is one copy into the batch
+(1 KB float32 records: 0.49x -> 0.87x the in-memory cache, docs/design.md).
 
 *Row delta* (format 3, ``row_delta``): every row of an image-like leaf (uint8,
 fixed shape, rank >= 2: height x width [x channels]) but the first is stored
@@ -56,10 +59,6 @@ from client.format.values import Compressor, Decompressor
 #: no per-element work worth having and adds the unshuffle and zstd to every read
 #: (110 KB float32 records read 1.65x slower in blocks of two, docs/format.md, "Blocks").
 MAX_BLOCKED_RECORD_BYTES = 32 << 10
-#: A block keeps its zstd frame when at least this much smaller (one value per element:
-#: values.MIN_COMPRESSION_RATIO). Lower, since one decompression call now serves k
-#: elements and the issue asks for GZIP's ratio (docs/format.md, "Blocks").
-BLOCK_MIN_RATIO = 1.1
 
 
 def shuffle(rows: np.ndarray, stride: int) -> np.ndarray:
@@ -67,6 +66,12 @@ def shuffle(rows: np.ndarray, stride: int) -> np.ndarray:
     if stride == 1:
         return rows
     return np.ascontiguousarray(rows.reshape(-1, stride).T)
+
+
+def block_stride(layout: Layout, compressed: bool) -> int:
+    """The byte-shuffle stride of a stored block's body: the layout's, but 1 for a raw
+    block of a plain_raw layout (its records as they are)."""
+    return 1 if layout.plain_raw and not compressed else layout.block_shuffle
 
 
 def unshuffle_into(body: Any, out: np.ndarray, stride: int) -> None:
@@ -140,7 +145,9 @@ def blocked(layout: Layout, target: int | None = None) -> Layout:
     target = settings.BLOCK_BYTES.get() if target is None else target
     k = max(1, min(target, MAX_BLOCK_BYTES) // layout.record_size) if small else 1
     stride = min(leaf.np_dtype.itemsize for leaf in layout.leaves) if k > 1 else 1
-    return Layout(layout.leaves, k, stride, any(map(row_delta_leaf, layout.leaves)))
+    return Layout(
+        layout.leaves, k, stride, any(map(row_delta_leaf, layout.leaves)), plain_raw=stride > 1
+    )
 
 
 class BlockPacker:
@@ -154,10 +161,8 @@ class BlockPacker:
     def __init__(self, layout: Layout, compressor: Compressor | None = None) -> None:
         self.layout = layout
         self._k = layout.block_elements
-        # one element per value (images): exactly as format 1, kept only at >= 1.2x
-        self._compressor = compressor or (
-            Compressor(min_ratio=BLOCK_MIN_RATIO) if self._k > 1 else Compressor()
-        )
+        # a zstd frame kept only at >= 1.25x, for blocks as for single values
+        self._compressor = compressor or Compressor()
         self._pending = np.empty((0, layout.record_size if layout.fixed_numeric else 0), np.uint8)
 
     def add(
@@ -191,30 +196,38 @@ class BlockPacker:
         return self._pack(rows, compress)
 
     def _pack(self, rows: np.ndarray, compress: bool) -> tuple[list[bytes], int, int]:
-        k, pack, stride = self._k, self._compressor.pack, self.layout.block_shuffle
-        values = [
-            pack(shuffle(np.ascontiguousarray(rows[i : i + k]), stride).data.cast("B"), compress)
-            for i in range(0, len(rows), k)
-        ]
+        k, comp, stride = self._k, self._compressor, self.layout.block_shuffle
+        values = []
+        for i in range(0, len(rows), k):
+            block = np.ascontiguousarray(rows[i : i + k])
+            if not self.layout.plain_raw:  # format 2 and 3: raw blocks are shuffled too
+                values.append(comp.pack(shuffle(block, stride).data.cast("B"), compress))
+                continue
+            frame = None
+            if compress and comp.worth_trying():
+                frame = comp.compressed(shuffle(block, stride).data.cast("B"))
+            values.append(frame or comp.raw((block.data.cast("B"),)))
         return values, rows.nbytes, len(rows)
 
 
-def unpack_block(dec: Decompressor, value: Any, k: int, record_size: int) -> Any:
-    """A stored block's body, checked to hold a whole number of at most k records."""
-    body = dec.unpack(value)
+def unpack_block(dec: Decompressor, value: Any, k: int, record_size: int) -> tuple[Any, bool]:
+    """A stored block's body, checked to hold a whole number of at most k records, and
+    True when it was a zstd frame (block_stride says how it is shuffled)."""
+    body, compressed = dec.unpack_tagged(value)
     if len(body) % record_size or len(body) > record_size * k:
         raise RecordError(
             f"block of {len(body)} bytes is not a whole number "
             f"of at most {k} {record_size}-byte records"
         )
-    return body
+    return body, compressed
 
 
 def unpack_values(
     layout: Layout, dec: Decompressor, values: Sequence[Any], exact_records: bool = False
-) -> tuple[list[Any], int]:
-    """The bodies of stored values, each a block or a single element, and the elements
-    they hold. exact_records: a single element's body must be layout.record_size long.
+) -> tuple[list[Any], list[int], int]:
+    """The bodies of stored values, each a block or a single element, their shuffle
+    strides (block_stride; 1 for single elements) and the elements they hold.
+    exact_records: a single element's body must be layout.record_size long.
 
     Raises RecordError with ``elements_before`` set: how many elements the
     values before the bad one held, to name the bad block.
@@ -222,6 +235,7 @@ def unpack_values(
     k = layout.block_elements
     rs = layout.record_size if k > 1 or exact_records else 0  # variable layouts have none
     bodies: list[Any] = []
+    strides: list[int] = []
     before = 0
     try:
         for value in values:
@@ -229,14 +243,16 @@ def unpack_values(
                 body = dec.unpack(value)
                 if exact_records and len(body) != rs:
                     raise RecordError(f"record has {len(body)} bytes, layout says {rs}")
+                strides.append(1)
             else:
-                body = unpack_block(dec, value, k, rs)
+                body, compressed = unpack_block(dec, value, k, rs)
+                strides.append(block_stride(layout, compressed))
             bodies.append(body)
             before += 1 if k == 1 else len(body) // rs
     except RecordError as exc:
         exc.elements_before = before  # type: ignore[attr-defined]
         raise
-    return bodies, before
+    return bodies, strides, before
 
 
 def decode_values(
@@ -255,7 +271,7 @@ def decode_values(
 def _decode_values(
     layout: Layout, dec: Decompressor, values: Sequence[Any], empty: Empty | None
 ) -> tuple[int, list[Any]]:
-    bodies, before = unpack_values(layout, dec, values)
+    bodies, strides, before = unpack_values(layout, dec, values)
     if layout.block_elements == 1:  # one element per value (format 1)
         try:
             return before, decode_batch(layout, bodies, empty)
@@ -263,15 +279,16 @@ def _decode_values(
             exc.elements_before = before  # type: ignore[attr-defined]
             raise
     rs = layout.record_size
-    stride = layout.block_shuffle
-    if before and before == len(bodies) and stride > 1:  # one element per value: at once
-        rows = np.frombuffer(b"".join(bodies), np.uint8).reshape(before, stride, -1)
-        return before, decode_fixed(layout, rows.transpose(0, 2, 1).copy(), before, empty)
+    if before and before == len(bodies) and len(set(strides)) == 1:  # one element each
+        rows = np.frombuffer(b"".join(bodies), np.uint8).reshape(before, strides[0], -1)
+        if strides[0] > 1:
+            rows = rows.transpose(0, 2, 1).copy()
+        return before, decode_fixed(layout, rows, before, empty)
     rows = np.empty((before, rs), np.uint8)  # every block lands here, unshuffled
     at = 0
-    for body in bodies:
+    for body, stride in zip(bodies, strides):
         m = len(body) // rs
-        unshuffle_into(body, rows[at : at + m], layout.block_shuffle)
+        unshuffle_into(body, rows[at : at + m], stride)
         at += m
     return before, decode_fixed(layout, rows, before, empty)
 

@@ -24,8 +24,12 @@ FORMAT_VERSION = 2
 #: Format 3 is format 2 plus the row-delta filter (client/format/blocks.py); written only by
 #: layouts that use it, so that every other cache stays readable by format-2 readers.
 FORMAT_ROW_DELTA = 3
+#: Format 4 is format 3 plus plain raw blocks: a block stored raw (not worth its zstd frame)
+#: holds its records as they are, not byte-shuffled (client/format/blocks.py). Written by
+#: every layout with a shuffle stride above 1.
+FORMAT_PLAIN_RAW = 4
 #: Layouts of format 1 (no blocks: one element per stored value) are still read.
-_READABLE_FORMATS = (1, 2, 3)
+_READABLE_FORMATS = (1, 2, 3, 4)
 #: The rank of a variable leaf is one byte in the record.
 MAX_RANK = 255
 MAX_DIM = (1 << 63) - 1
@@ -160,6 +164,8 @@ class Layout:
     block_shuffle: int = 1
     #: Rows of each image-like leaf (row_delta_leaf) stored as differences; client/format/blocks.py.
     row_delta: bool = False
+    #: A raw block holds its records unshuffled; only zstd frames are shuffled (format 4).
+    plain_raw: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_elements", "block_shuffle"):
@@ -187,8 +193,11 @@ class Layout:
             raise ValueError(
                 f"block_shuffle {self.block_shuffle} needs blocks of records whose size it divides"
             )
-        if type(self.row_delta) is not bool:
-            raise ValueError(f"row_delta must be a bool, got {self.row_delta!r}")
+        for flag in ("row_delta", "plain_raw"):
+            if type(getattr(self, flag)) is not bool:
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        if self.plain_raw and self.block_shuffle == 1:
+            raise ValueError("plain_raw needs blocks stored byte-shuffled (block_shuffle > 1)")
         if self.row_delta and not any(map(row_delta_leaf, self.leaves)):
             raise ValueError("row_delta needs a fixed-shape uint8 leaf of rank >= 2")
 
@@ -214,12 +223,18 @@ class Layout:
         doc: dict[str, Any] = {"format": 1}  # exactly format 1: one element per value
         if self.block_elements > 1 or self.row_delta:
             doc = {
-                "format": FORMAT_ROW_DELTA if self.row_delta else FORMAT_VERSION,
+                "format": FORMAT_PLAIN_RAW
+                if self.plain_raw
+                else FORMAT_ROW_DELTA
+                if self.row_delta
+                else FORMAT_VERSION,
                 "block_elements": self.block_elements,
                 "block_shuffle": self.block_shuffle,
             }
-            if self.row_delta:
-                doc["row_delta"] = True
+            if self.row_delta or self.plain_raw:
+                doc["row_delta"] = self.row_delta
+            if self.plain_raw:
+                doc["plain_raw"] = True
         return json.dumps(doc | {"leaves": leaves}, separators=(",", ":"))
 
     @classmethod
@@ -239,6 +254,8 @@ class Layout:
             block = (doc["block_elements"], doc["block_shuffle"]) if doc["format"] >= 2 else (1, 1)
             if doc["format"] >= FORMAT_ROW_DELTA:
                 block = (*block, doc["row_delta"])
+            if doc["format"] >= FORMAT_PLAIN_RAW:
+                block = (*block, doc["plain_raw"])
             leaves = doc["leaves"]
             if not isinstance(leaves, list):
                 raise TypeError("leaves must be a list")

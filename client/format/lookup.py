@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from client.format.blocks import layout_of_json, unpack_block, unshuffle_into
+from client.format.blocks import block_stride, layout_of_json, unpack_block, unshuffle_into
 from client.format.codec import RecordError
 from client.format.store import ShardGetter
 from client.format.values import TAG_RAW, Decompressor, crc32
@@ -124,9 +124,8 @@ class Extractor:
     """Cuts elements out of their blocks for one request (not thread-safe)."""
 
     def __init__(self, layout_json: str) -> None:
-        layout = layout_of_json(layout_json)
+        layout = self._layout = layout_of_json(layout_json)
         self.k = layout.block_elements
-        self._stride = layout.block_shuffle
         self._size = layout.record_size if self.k > 1 else 0
         self._dec = Decompressor() if self.k > 1 else None  # one element per value: none
 
@@ -156,14 +155,14 @@ class Extractor:
             keys = blocks[group : group + _GET_BLOCKS].astype(">u8").tobytes()
             for b, value in enumerate(getter.get_many(keys, views), group):
                 try:
-                    body = unpack_block(dec, value, self.k, size)
+                    body, compressed = unpack_block(dec, value, self.k, size)
                 except RecordError as exc:
                     raise DataLoss(
                         f"{where} block {int(blocks[b])} is corrupt: {exc}; delete "
                         "the cache and build it again"
                     ) from exc
                 block = np.empty((len(body) // size, size), np.uint8)
-                unshuffle_into(body, block, self._stride)
+                unshuffle_into(body, block, block_stride(self._layout, compressed))
                 at = order[bounds[b] : bounds[b + 1]]
                 within = local[at] % self.k
                 if within.max() >= len(block):
@@ -173,10 +172,11 @@ class Extractor:
                         "cache and build it again"
                     )
                 rows[at] = block[within]
-        # each row as a one-element block: shuffled on its own
+        # each row as a one-element raw block: shuffled on its own, unless raw blocks are plain
         out = np.empty((len(local), 5 + size), np.uint8)
+        stride = block_stride(self._layout, compressed=False)
         out[:, 5:] = (
-            rows.reshape(len(local), -1, self._stride).transpose(0, 2, 1).reshape(len(local), size)
+            rows.reshape(len(local), -1, stride).transpose(0, 2, 1).reshape(len(local), size)
         )
         out[:, 0] = TAG_RAW
         out[:, 1:5] = (

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - a platform without an isal wheel
 TAG_RAW = 0x00
 TAG_ZSTD = 0x01
 #: Keep the zstd frame only when it is at least this much smaller than the body.
-MIN_COMPRESSION_RATIO = 1.2
+MIN_COMPRESSION_RATIO = 1.25
 _CRC = struct.Struct("<I")
 #: A raw value's header: its tag and its body's CRC-32.
 RAW_HEADER = 1 + _CRC.size
@@ -66,24 +66,34 @@ class Compressor:
     def pack_parts(self, parts: Sequence[Any], compress: bool = True) -> bytes:
         """The stored value of the body parts[0] + parts[1] + ..., joined only once;
         compress=False stores it raw without trying."""
-        if not compress:
-            return self._raw(parts)
+        if not (compress and self.worth_trying()):
+            return self.raw(parts)
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        return self.compressed(body) or self.raw((body,))
+
+    def worth_trying(self) -> bool:
+        """Whether to try compressing the next body (after GIVE_UP misses in a row, one in
+        PROBE_EVERY); False counts towards the next probe."""
         if self._misses >= self.GIVE_UP:
             self._since_probe += 1
             if self._since_probe < self.PROBE_EVERY:
-                return self._raw(parts)
+                return False
             self._since_probe = 0
+        return True
+
+    def compressed(self, body: Any) -> bytes | None:
+        """The zstd value of body when it is at least min_ratio smaller, else None."""
         self.attempts += 1
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
         frame = self._zstd.compress(body)
         if len(frame) * self._min_ratio <= len(body):
             self._misses = 0
             return b"\x01" + frame
         self._misses += 1
-        return self._raw((body,))
+        return None
 
     @staticmethod
-    def _raw(parts: Sequence[Any]) -> bytes:
+    def raw(parts: Sequence[Any]) -> bytes:
+        """The raw value of the body parts[0] + parts[1] + ...: tag, CRC-32, the body."""
         crc = 0
         for part in parts:
             crc = crc32(part, crc)
@@ -132,11 +142,16 @@ class Decompressor:
         self._zstd = zstandard.ZstdDecompressor()
 
     def unpack(self, value: memoryview | bytes) -> memoryview | bytes:
+        """The body of a stored value, checked."""
+        return self.unpack_tagged(value)[0]
+
+    def unpack_tagged(self, value: memoryview | bytes) -> tuple[memoryview | bytes, bool]:
+        """(the body of a stored value, checked; True when it was a zstd frame)."""
         if len(value) == 0:
             raise RecordError("empty record")
         tag = value[0]
         if tag == TAG_ZSTD:
-            return self._unzstd(memoryview(value)[1:])
+            return self._unzstd(memoryview(value)[1:]), True
         if tag == TAG_RAW:
             if len(value) < 5:
                 raise RecordError("raw record shorter than its header")
@@ -144,7 +159,7 @@ class Decompressor:
             body = value[5:]
             if crc32(body) != crc:
                 raise RecordError("raw record fails its CRC-32 check")
-            return body
+            return body, False
         raise RecordError(f"unknown record tag 0x{tag:02x}")
 
     def _unzstd(self, frame: memoryview) -> bytes:

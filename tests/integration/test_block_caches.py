@@ -49,7 +49,7 @@ def test_small_elements_are_written_in_blocks_and_every_read_returns_them_exactl
     assert labels_and_check(cc.cache(source(), name=name)) == list(range(N))
     cache = cc._get(name)
     layout = json.loads(cache.layout_json)
-    assert (layout["format"], layout["block_elements"], layout["block_shuffle"]) == (2, 254, 4)
+    assert (layout["format"], layout["block_elements"], layout["block_shuffle"]) == (4, 254, 4)
     shard = daemon.data_dir / "caches" / name / "shard-00000"
     assert values_in(shard) == -(-N // 254)  # 12 values, not 3000
     assert labels_and_check(cc.dataset(name)) == list(range(N))

@@ -1,4 +1,4 @@
-"""Block packing (format 2): k elements per stored value, byte-shuffled, round-trips."""
+"""Block packing (formats 2-4): k elements per stored value, byte-shuffled, round-trips."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client.format.blocks import BlockPacker, blocked, decode_values
+from client.format.blocks import BlockPacker, blocked, decode_values, shuffle
 from client.format.codec import RecordError
 from client.format.layout import Layout, Leaf
 from client.format.values import Decompressor
@@ -46,10 +46,13 @@ def fixed_layouts(draw: st.DrawFn) -> Layout:
     return Layout(tuple(Leaf(dtype, tuple(shape)) for dtype, shape in leaves))
 
 
-def batch_of(layout: Layout, n: int, rng: np.random.Generator) -> list[np.ndarray]:
+def batch_of(
+    layout: Layout, n: int, rng: np.random.Generator, levels: int = 256
+) -> list[np.ndarray]:
+    """n random elements; bytes of at most levels values (4: compressible, ~3x with zstd)."""
     out = []
     for leaf in layout.leaves:
-        raw = rng.integers(0, 256, size=n * leaf.nbytes, dtype=np.uint8)
+        raw = rng.integers(0, levels, size=n * leaf.nbytes, dtype=np.uint8)
         if leaf.dtype == "bool":
             raw = raw % 2
         out.append(raw.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
@@ -91,7 +94,15 @@ def test_any_fixed_layout_round_trips_through_blocks_whatever_the_batch_sizes(
 def test_blocks_are_sized_from_the_record_and_large_records_keep_format_1() -> None:
     small = blocked(Layout((Leaf("float32", (256,)), Leaf("int64", ()))))
     assert (small.block_elements, small.block_shuffle) == (254, 4)  # 256 KiB // 1032 B
-    assert json.loads(small.to_json())["format"] == 2
+    assert small.plain_raw and json.loads(small.to_json()) == {
+        "format": 4,
+        "block_elements": 254,
+        "block_shuffle": 4,
+        "row_delta": False,
+        "plain_raw": True,
+        "leaves": [{"dtype": "float32", "shape": [256]}, {"dtype": "int64", "shape": []}],
+    }
+    assert Layout.from_json(small.to_json()) == small
     for record in (32 << 10, (32 << 10) + 4):  # larger records stay one per value
         vector = blocked(Layout((Leaf("float32", (record // 4,)),)), 1 << 20)
         assert vector.block_elements == (32 if record == 32 << 10 else 1)
@@ -105,6 +116,7 @@ def test_blocks_are_sized_from_the_record_and_large_records_keep_format_1() -> N
     assert varying.block_elements == 1
     pixels = blocked(Layout((Leaf("uint8", (16, 16, 3)), Leaf("int64", ()))))
     assert (pixels.block_elements, pixels.block_shuffle, pixels.row_delta) == (337, 1, True)
+    assert not pixels.plain_raw  # nothing shuffled: format 3
     photo = blocked(Layout((Leaf("uint8", (224, 224, 3)), Leaf("int64", ()))))
     assert json.loads(photo.to_json()) == {
         "format": 3,
@@ -177,8 +189,9 @@ def test_a_block_that_is_not_whole_records_is_a_record_error_naming_where() -> N
         decode_values(layout, Decompressor(), [oversized])
 
 
-def test_elements_of_one_per_value_keep_format_1s_compression_threshold() -> None:
-    """Images (k = 1) are written as before: a frame only when >= 1.2x smaller."""
+def test_blocks_and_single_elements_keep_a_frame_only_when_it_is_1_25x_smaller() -> None:
+    """Images (k = 1) are written as format 1 writes them, and blocks the same way: a
+    frame only when >= 1.25x smaller."""
     layout = blocked(Layout((Leaf("uint8", (300000,)),)))
     assert layout.block_elements == 1
     rng = np.random.default_rng(0)
@@ -189,4 +202,47 @@ def test_elements_of_one_per_value_keep_format_1s_compression_threshold() -> Non
     assert n == 4 and all(v[0] == 0x00 for v in values)  # raw + CRC-32, as format 1 writes
     blocks = blocked(Layout((Leaf("uint8", (7000,)),)))
     values, _, _ = BlockPacker(blocks).add([data.reshape(-1)[: 80 * 7000].reshape(80, 7000)], 80)
-    assert all(v[0] == 0x01 for v in values)  # a block keeps its frame at >= 1.1x
+    assert len(values) == 2 and all(v[0] == 0x00 for v in values)  # 1.17x: raw
+    data[:, 1::4] = 0  # two bytes in four constant: ~1.9x
+    values, _, _ = BlockPacker(blocks).add([data.reshape(-1)[: 80 * 7000].reshape(80, 7000)], 80)
+    assert len(values) == 2 and all(v[0] == 0x01 for v in values)
+
+
+@pytest.mark.parametrize("plain_raw", [True, False])
+def test_a_raw_block_of_format_4_holds_its_records_as_they_are_and_a_frame_is_shuffled(
+    plain_raw: bool,
+) -> None:
+    """Format 4 (plain_raw) stores a block that zstd does not shrink as its records, one
+    copy from the batch's rows; formats 2 and 3 shuffle every block. Both read back, a
+    chunk of both kinds of block included, through either decoder."""
+    from client.format.fixed_decode import decode_into
+
+    fresh = blocked(Layout((Leaf("float32", (64,)), Leaf("int64", ()))), 64 * 260)
+    layout = fresh if plain_raw else Layout(fresh.leaves, fresh.block_elements, 4)
+    assert json.loads(layout.to_json())["format"] == (4 if plain_raw else 2)
+    k, rng = layout.block_elements, np.random.default_rng(5)
+    random, repetitive = batch_of(layout, k, rng), batch_of(layout, k, rng, levels=4)
+    data = [np.concatenate(parts) for parts in zip(random, repetitive, random)]
+    values, _, n = BlockPacker(layout).add(data, 3 * k)
+    assert n == 3 * k and [v[0] for v in values] == [0x00, 0x01, 0x00]
+    rows = np.concatenate([a.reshape(3 * k, -1).view(np.uint8) for a in data], axis=1)
+    body = np.frombuffer(values[0][5:], np.uint8)
+    stored = rows[:k].reshape(-1) if plain_raw else shuffle(rows[:k], 4).reshape(-1)
+    np.testing.assert_array_equal(body, stored)
+    for decode in (decode_values, decode_into):
+        count, got = decode(layout, Decompressor(), values)
+        assert count == 3 * k
+        for want, have in zip(data, got):
+            np.testing.assert_array_equal(have, want)
+
+
+def test_a_format_4_layout_names_its_flags_and_one_without_a_shuffle_is_refused() -> None:
+    with pytest.raises(ValueError, match="plain_raw"):
+        Layout.from_json(
+            '{"format":4,"block_elements":2,"block_shuffle":4,"row_delta":false,'
+            '"leaves":[{"dtype":"float32","shape":[4]}]}'
+        )
+    with pytest.raises(ValueError, match="block_shuffle > 1"):
+        Layout((Leaf("uint8", (64,)),), 4, 1, plain_raw=True)
+    with pytest.raises(ValueError, match=r"record format 5, this version reads \(1, 2, 3, 4\)"):
+        Layout.from_json('{"format":5,"leaves":[]}')

@@ -94,12 +94,16 @@ def test_aligned_empty_aligns_any_shape_and_dtype() -> None:
         assert arr.flags.c_contiguous and (not arr.nbytes or arr.ctypes.data % ALIGN == 0)
 
 
+@pytest.mark.parametrize("levels", [4, 256])
 @pytest.mark.parametrize("dtype", ["complex128", "float16", "int64", "int8"])
-def test_blocks_of_every_shuffle_stride_decode_equal_to_the_general_decoder(dtype: str) -> None:
-    """Strides 2, 4 and 8 assemble words with shifts; 16 (complex128) and 1 copy bytes."""
+def test_blocks_of_every_shuffle_stride_decode_equal_to_the_general_decoder(
+    dtype: str, levels: int
+) -> None:
+    """Strides 2, 4 and 8 assemble words with shifts; 16 (complex128) and 1 copy bytes.
+    Compressible data (levels=4) is stored in shuffled frames, random data raw."""
     layout = blocked(Layout((Leaf(dtype, (3,)), Leaf("float32", (2,)))), 1000)
     assert layout.block_elements > 1
-    data = batch_of(layout, 50, np.random.default_rng(3))
+    data = batch_of(layout, 50, np.random.default_rng(3), levels)
     count, got = decode_into(layout, Decompressor(), pack(layout, data, 50))
     assert count == 50
     for have, original in zip(got, data):

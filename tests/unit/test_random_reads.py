@@ -64,16 +64,20 @@ def test_gathered_values_as_views_are_the_values_the_joined_chunks_hold(
         pool.release(path, held)
 
 
-def test_elements_cut_out_of_their_blocks_decode_into_their_rows() -> None:
-    """A shuffled read of a cache in blocks gets one-element blocks, each shuffled on its own
-    (client/format/lookup.py): decode_into joins them and unshuffles all in one step."""
-    layout = blocked(Layout((Leaf("float32", (3, 5)), Leaf("int16", (7,)))), 4096)
+@pytest.mark.parametrize("plain_raw", [True, False])
+def test_elements_cut_out_of_their_blocks_decode_into_their_rows(plain_raw: bool) -> None:
+    """A shuffled read of a cache in blocks gets one-element raw blocks (client/format/lookup.py),
+    as they are (format 4) or each shuffled on its own (formats 2 and 3): decode_into joins
+    them and copies (or unshuffles) all in one step."""
+    fresh = blocked(Layout((Leaf("float32", (3, 5)), Leaf("int16", (7,)))), 4096)
+    layout = fresh if plain_raw else Layout(fresh.leaves, fresh.block_elements, 2)
     assert layout.block_elements > 1 and layout.block_shuffle == 2 and handles(layout)
     data = batch_of(layout, 40, np.random.default_rng(6))
     rows = np.concatenate([a.reshape(40, -1).view(np.uint8) for a in data], axis=1)
+    stride = 1 if plain_raw else 2
     pack = Compressor().pack
     values = [
-        pack(shuffle(np.ascontiguousarray(rows[i : i + 1]), 2).tobytes(), compress=False)
+        pack(shuffle(np.ascontiguousarray(rows[i : i + 1]), stride).tobytes(), compress=False)
         for i in range(40)
     ]
     n, got = decode_into(layout, Decompressor(), values)
