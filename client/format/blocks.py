@@ -53,7 +53,7 @@ from client.format.codec import (
     fixed_columns,
 )
 from client.format.layout import MAX_BLOCK_BYTES, Layout, row_delta_leaf
-from client.format.values import Compressor, Decompressor
+from client.format.values import Compressor, Decompressor, raw_rows
 
 #: Larger records stay one per value whatever the target: a block of a few of them saves
 #: no per-element work worth having and adds the unshuffle and zstd to every read
@@ -271,6 +271,10 @@ def decode_values(
 def _decode_values(
     layout: Layout, dec: Decompressor, values: Sequence[Any], empty: Empty | None
 ) -> tuple[int, list[Any]]:
+    if layout.block_elements == 1 and layout.fixed_numeric and len(values) > 1:
+        rows = raw_rows(values, layout.record_size)  # small raw records: checked at once
+        if rows is not None:
+            return len(values), decode_fixed(layout, rows, len(values), empty)
     bodies, strides, before = unpack_values(layout, dec, values)
     if layout.block_elements == 1:  # one element per value (format 1)
         try:

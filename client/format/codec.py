@@ -195,19 +195,23 @@ _SHARED_MIN_BYTES = 256 << 10
 def decode_fixed(
     layout: Layout, joined: Any, n: int, empty: Empty | None = None
 ) -> list[np.ndarray]:
-    """n records of a fixed-numeric layout, back to back in joined: one array per leaf.
+    """n records of a fixed-numeric layout, back to back in joined (or the rows of an (n,
+    record size) uint8 array): one array per leaf.
 
     One leaf: a view of joined. Several: each copied out of the rows; from
     _SHARED_MIN_BYTES on, into its part of one array made by empty, so a chunk makes one
     array, not one per leaf: a pass's reused buffers (client/read/assembly/buffers.py) spare the
     page faults of fresh arrays, ~5 ms per 4 MiB chunk of 1 KB records in two leaves.
     """
-    rows = np.frombuffer(joined, np.uint8).reshape(n, layout.record_size)
+    if isinstance(joined, np.ndarray) and joined.ndim == 2:  # rows of a wider array
+        rows = joined
+    else:
+        rows = np.frombuffer(joined, np.uint8).reshape(n, layout.record_size)
     if len(layout.leaves) == 1 or empty is None or rows.nbytes < _SHARED_MIN_BYTES:
         out, off = [], 0
         for leaf in layout.leaves:
             col = rows[:, off : off + leaf.nbytes]
-            if len(layout.leaves) > 1:
+            if len(layout.leaves) > 1 or not col.flags.c_contiguous:
                 col = np.ascontiguousarray(col)
             out.append(col.view(leaf.np_dtype).reshape((n, *leaf.fixed_shape)))
             off += leaf.nbytes

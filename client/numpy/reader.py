@@ -27,6 +27,13 @@ from client.read.planning import plan
 from client.read.planning.shares import Batches
 
 
+#: A chunk holds as many whole batches as fit in this many stored bytes (one at least): each
+#: chunk's call costs a handoff to the prefetch thread and back, which a batch of 64 1 KB
+#: elements paid alone (0.6x the elements/s of the same calls without a thread; batches of 512:
+#: the same), docs/benchmarks.md, "PyTorch over a cache and over a NumPy memmap".
+MIN_CHUNK_BYTES = 512 << 10
+
+
 class ArrayReader:
     """A READY cache's elements as nested structures of NumPy arrays, one epoch per iter().
 
@@ -92,7 +99,12 @@ class ArrayReader:
 
     def _open(self, epoch: int, start: int) -> Prefetch:
         size = self.options.batch_size
-        batches = None if size is None else Batches(size, self.options.drop_remainder)
+        batches = None
+        if size is not None:  # chunks of whole batches, cut into batches by Columns
+            element = max(1, self.cache.stored_bytes // max(1, self.cache.num_elements))
+            per_chunk = max(1, MIN_CHUNK_BYTES // (size * element))
+            drop = self.options.drop_remainder and per_chunk == 1  # else Columns drops it
+            batches = Batches(size * per_chunk, drop)
         chunks = self._read.chunks(epoch, start, batches)
         assert isinstance(chunks, EpochChunks)
         parallel = self.options.parallel_shards

@@ -246,3 +246,30 @@ def test_a_format_4_layout_names_its_flags_and_one_without_a_shuffle_is_refused(
         Layout((Leaf("uint8", (64,)),), 4, 1, plain_raw=True)
     with pytest.raises(ValueError, match=r"record format 5, this version reads \(1, 2, 3, 4\)"):
         Layout.from_json('{"format":5,"leaves":[]}')
+
+
+def test_small_raw_records_are_checked_at_once_and_a_bad_one_is_named() -> None:
+    """One element per value of a fixed layout, all raw: one join, the tags at once, each
+    CRC-32; a chunk with a zstd value in it is unpacked value by value, to the same arrays."""
+    from client.format.values import Compressor
+
+    layout = Layout((Leaf("float32", (16,)), Leaf("int64", ())))
+    data = batch_of(layout, 9, np.random.default_rng(8))
+    values, _, _ = BlockPacker(layout).add(data, 9)
+    assert all(v[0] == 0x00 for v in values)
+    mixed = list(values)
+    mixed[4] = Compressor().pack(b"\x00" * layout.record_size)
+    assert mixed[4][0] == 0x01
+    for chunk in (values, mixed):
+        n, got = decode_values(layout, Decompressor(), chunk)
+        assert n == 9
+        for want, have in zip(data, got):
+            expected = want.copy()
+            if chunk is mixed:
+                expected[4] = 0
+            np.testing.assert_array_equal(have, expected)
+    bad = list(values)
+    bad[6] = bad[6][:-1] + bytes([bad[6][-1] ^ 1])
+    with pytest.raises(RecordError, match="CRC-32") as info:
+        decode_values(layout, Decompressor(), bad)
+    assert info.value.elements_before == 6  # type: ignore[attr-defined]

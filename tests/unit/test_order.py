@@ -48,6 +48,29 @@ def test_a_window_of_positions_matches_the_whole_order(
 
 @settings(max_examples=50, deadline=None)
 @given(
+    sizes=st.lists(st.integers(0, 5000), min_size=1, max_size=4).filter(lambda s: sum(s) > 0),
+    mode=modes,
+    seed=seeds,
+    block=st.integers(1, 50),
+    data=st.data(),
+)
+def test_runs_of_positions_read_through_windows_match_the_whole_order(
+    sizes, mode, seed, block, data
+) -> None:
+    """run_indices keeps WINDOW positions of the order at a time: runs inside one window,
+    across its edges, backwards and repeated all give the order's own indices."""
+    order = EpochOrder(mode, seed, 3, sizes, block)
+    whole = full(order)
+    bounds = st.integers(0, order.size)
+    for _ in range(4):
+        runs = [tuple(sorted((data.draw(bounds), data.draw(bounds)))) for _ in range(3)]
+        want = [i for p0, p1 in runs for i in whole[p0:p1]]
+        got = order.run_indices(runs)
+        assert got.dtype == np.uint64 and got.tolist() == want
+
+
+@settings(max_examples=50, deadline=None)
+@given(
     n=st.integers(1, 10**12),
     seed=seeds,
     epoch=st.integers(0, 10**6),

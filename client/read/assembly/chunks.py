@@ -255,7 +255,7 @@ class EpochChunks:
         requests: list[Indices] = (
             [range(p0, p1) for p0, p1 in pieces]  # one ascending run of the stored order each
             if self._order.mode == "none"
-            else [self._order.indices(np.concatenate([np.arange(p0, p1) for p0, p1 in pieces]))]
+            else [self._order.run_indices(pieces)]
         )
         n = sum(len(request) for request in requests)
         if not self._reads.fixed:  # variable shapes: each request decoded, then joined
@@ -273,7 +273,7 @@ class EpochChunks:
         """The cache's indices at positions [p0, p1) of the epoch's order."""
         if self._order.mode == "none":  # the stored order
             return range(p0, p1)
-        return self._order.indices(np.arange(p0, p1))
+        return self._order.run_indices([(p0, p1)])
 
     def close(self) -> None:
         self._reads.close()
