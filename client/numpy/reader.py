@@ -26,7 +26,6 @@ from client.read.opening import open_read
 from client.read.planning import plan
 from client.read.planning.shares import Batches
 
-
 #: A chunk holds as many whole batches as fit in this many stored bytes (one at least): each
 #: chunk's call costs a handoff to the prefetch thread and back, which a batch of 64 1 KB
 #: elements paid alone (0.6x the elements/s of the same calls without a thread; batches of 512:
