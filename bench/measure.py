@@ -6,8 +6,10 @@ line. Each strategy turns the source into two epochs, batching after the cache o
 - ``none``: the bare pipeline, twice;
 - ``memory``, ``file``: ``ds.cache()``, ``ds.cache(filename)``: fill, then read;
 - ``save_load``: ``Dataset.save`` (timed as epoch 1), then iterate ``Dataset.load``;
-- ``shardcache``, ``shardcache_direct``: ``cc.cache`` write-through, then read over gRPC or
-  the shard files (``direct``); ``--client-option`` passes keywords to ``cc.cache()``.
+- ``shardcache_direct``, ``shardcache_plane``, ``shardcache``: ``cc.cache`` write-through,
+  then read from the shard files (a client on the daemon's unix socket, ``direct``), over the
+  data plane (a client on its TCP address, ``--target``: remote to the daemon) or over gRPC
+  (on the unix socket, ``direct=False``); ``--client-option`` passes keywords to ``cc.cache()``.
 
 ``--read-only`` reads an existing cache (``--cache-name``) for one epoch of ``cc.dataset()``
 instead: over gRPC (``shardcache``), the shard files (``shardcache_direct``) or the daemon's
@@ -43,7 +45,15 @@ if TYPE_CHECKING:
     import tensorflow as tf
     from harness import BenchDaemon
 
-STRATEGIES = ("none", "memory", "file", "save_load", "shardcache", "shardcache_direct")
+STRATEGIES = (
+    "none",
+    "memory",
+    "file",
+    "save_load",
+    "shardcache_plane",
+    "shardcache_direct",
+    "shardcache",
+)
 WARMUP_BATCHES = 2  # of zero elements before epoch 1: every process starts TF's pools alike
 Epoch = Callable[[], EpochResult]
 
@@ -81,7 +91,8 @@ def plan(strategy: str, src: tf.data.Dataset, args: argparse.Namespace) -> tuple
     elif strategy.startswith("shardcache"):
         from client import CacheClient
 
-        client = CacheClient("unix://" + args.socket)
+        remote = strategy == "shardcache_plane"
+        client = CacheClient(args.target if remote else "unix://" + args.socket)
         options = {"direct": strategy == "shardcache_direct", **dict(args.client_option)}
         ds = client.cache(src, name=args.cache_name, **options)
     else:
@@ -256,7 +267,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = arguments(__doc__)
     parser.add_argument("--workload", required=True)
     parser.add_argument("--n", type=int, required=True, help="number of elements")
-    parser.add_argument("--strategy", required=True, choices=(*STRATEGIES, "shardcache_plane"))
+    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
     parser.add_argument("--tmp-dir", required=True, help="scratch directory for cache files")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument(
@@ -302,8 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cache_name = args.cache_name or f"{args.workload}-{args.n}"
     if args.read_only:
         args.epochs = 1
-    elif args.strategy == "shardcache_plane":
-        parser.error("shardcache_plane reads an existing cache: pass --read-only")
+    if args.strategy == "shardcache_plane" and not args.target:
+        parser.error("shardcache_plane reads remotely: pass --target, the daemon's TCP address")
     return args
 
 

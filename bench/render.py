@@ -183,6 +183,7 @@ COLORS = {
     "save_load": "#8c564b",
     "shardcache": "#ff7f0e",
     "shardcache_direct": "#d62728",
+    "shardcache_plane": "#9467bd",
 }
 DPI = 110
 

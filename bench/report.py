@@ -200,7 +200,14 @@ def render_epoch2_table(records: list[dict[str, Any]]) -> str:
 
 
 #: The epoch-1 table's columns: every strategy that caches, against the bare pipeline.
-EPOCH1_STRATEGIES = ("memory", "file", "save_load", "shardcache", "shardcache_direct")
+EPOCH1_STRATEGIES = (
+    "memory",
+    "file",
+    "save_load",
+    "shardcache_plane",
+    "shardcache_direct",
+    "shardcache",
+)
 
 
 def render_epoch1_table(records: list[dict[str, Any]]) -> str:

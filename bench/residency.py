@@ -19,6 +19,9 @@ the daemon). Per epoch:
 - the epoch's time, to its last batch, and the streamed part's rate: the store bytes streamed
   in the epoch over the whole epoch's time (resident reads included: a lower bound);
 - after the epoch: the daemon's RssAnon and VmRSS, and this process's RssAnon;
+- the CPU seconds the epoch took of the S3 server, the reader daemon and this process (the
+  reader), and of the server and this process (boto3) during the raw GET: what bounds the
+  streamed rate on a machine where all three share the cores;
 - from epoch 2 on, right after it: a raw boto3 GET of the objects the daemon fetched in it
   (from the access log), one at a time (concurrency 1), each into a file in 8 MiB blocks as
   the daemon's fetch does: the denominator of the streamed rate.
@@ -48,7 +51,7 @@ from typing import Any
 
 import numpy as np
 from harness import BENCH_DIR, MB, BenchDaemon, arguments, write_json
-from probes import machine_facts, reproducing_command, rss_anon_kib
+from probes import cpu_seconds, machine_facts, reproducing_command, rss_anon_kib
 from scale import parse_size, process_facts
 from store import READ_BYTES, start_server, wait_stored
 from timing import markdown_table
@@ -136,11 +139,23 @@ def logged_gets(server: Any, bucket: str) -> list[str]:
     return server.requests("GET", f"{NAME}/", bucket=bucket)
 
 
-def raw_get(server: Any, bucket: str, keys: Sequence[str], out_dir: Path) -> dict[str, float]:
+def cpu(pids: dict[str, int | str]) -> dict[str, float]:
+    """CPU seconds so far of each named process."""
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def spent(before: dict[str, float], pids: dict[str, int | str]) -> dict[str, float]:
+    """CPU seconds of each named process since before."""
+    return {name: seconds - before[name] for name, seconds in cpu(pids).items()}
+
+
+def raw_get(server: Any, bucket: str, keys: Sequence[str], out_dir: Path) -> dict[str, Any]:
     """GET each key with boto3, one at a time, into a file in 8 MiB blocks (the daemon's
-    read size), as the daemon's stream window fetches a shard; bytes and seconds."""
+    read size), as the daemon's stream window fetches a shard; bytes, seconds and the CPU
+    seconds of the server and of this process."""
     client = server.client(s3={"addressing_style": "path"})
-    total, start = 0, time.perf_counter()
+    pids: dict[str, int | str] = {"server": server.proc.pid, "client": "self"}
+    total, start, cpu_before = 0, time.perf_counter(), cpu(pids)
     for i, key in enumerate(keys):
         body = client.get_object(Bucket=bucket, Key=f"{STORE_PREFIX}/{key}")["Body"]
         path = out_dir / f"raw-{i}"
@@ -150,7 +165,8 @@ def raw_get(server: Any, bucket: str, keys: Sequence[str], out_dir: Path) -> dic
                 total += len(block)
         path.unlink()
     seconds = time.perf_counter() - start
-    return {"bytes": total, "seconds": seconds, "mb_per_s": total / MB / seconds}
+    used = spent(cpu_before, pids)
+    return {"bytes": total, "seconds": seconds, "mb_per_s": total / MB / seconds, "cpu_s": used}
 
 
 # ---------------------------------------------------------------------- one budget
@@ -205,15 +221,22 @@ def read_point(
                 NAME, shuffle="shards", seed=args.seed, parallel_shards=args.parallel_shards
             ).batch(args.batch)
             after = dict(ZERO)
+            pids: dict[str, int | str] = {
+                "server": server.proc.pid,
+                "daemon": daemon.pid,
+                "reader": "self",
+            }
             for e in range(args.epochs):
                 before = after
                 seen = np.zeros(n, np.int64)
+                cpu_before = cpu(pids)
                 start = last = time.perf_counter()
                 for _, index in ds:  # each iteration of ds reads the next epoch
                     np.add.at(seen, index.numpy(), 1)
                     last = time.perf_counter()
                 # to the last batch: destroying tf.data's iterator may stall after it
                 seconds = last - start
+                used = spent(cpu_before, pids)
                 after = counters(cc)
                 keys = logged_gets(server, bucket)
                 epoch_keys, logged = keys[logged:], len(keys)
@@ -235,6 +258,7 @@ def read_point(
                     "daemon_rss_anon_kib": facts["rss_anon_kib"],
                     "daemon_vm_rss_kib": facts["vm_rss_kib"],
                     "client_rss_anon_kib": rss_anon_kib(),
+                    "cpu_s": used,
                 }
                 row["bytes_vs_room"] = row["store_bytes"] / (total - budget)
                 row["bytes_vs_cache"] = row["store_bytes"] / total
@@ -332,6 +356,16 @@ def _mb(kib: int) -> str:
     return f"{kib * 1024 / MB:,.0f}"
 
 
+def _cpu(row: dict[str, Any]) -> str:
+    """An epoch's CPU seconds per process, and the raw GET's after it."""
+    used = row.get("cpu_s")
+    if not used:
+        return "-"
+    text = f"{used['server']:.2f} / {used['daemon']:.2f} / {used['reader']:.2f}"
+    raw = row.get("raw_get", {}).get("cpu_s")
+    return text + (f" ({raw['server']:.2f} / {raw['client']:.2f})" if raw else "")
+
+
 def render(results: dict[str, Any]) -> str:
     """The summary table (one row per server and budget), then every epoch's row."""
     rows, epochs = [], []
@@ -372,6 +406,7 @@ def render(results: dict[str, Any]) -> str:
                         f"{r['streamed_mb_per_s']:,.0f}",
                         f"{r['raw_get']['mb_per_s']:,.0f}" if "raw_get" in r else "-",
                         f"{r['hit_ratio']:.2f}",
+                        _cpu(r),
                         f"{_mb(r['daemon_rss_anon_kib'])} / {_mb(r['client_rss_anon_kib'])}",
                     ]
                 )
@@ -400,6 +435,7 @@ def render(results: dict[str, Any]) -> str:
             "streamed MB/s",
             "raw GET MB/s",
             "hit ratio",
+            "CPU s: server / daemon / reader (raw GET: server / boto3)",
             "RssAnon MB, daemon / client",
         ],
         epochs,

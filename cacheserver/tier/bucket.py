@@ -141,6 +141,9 @@ class Bucket:
                         retries={"mode": "standard", "max_attempts": self._attempts},
                         max_pool_connections=32,
                         s3={"addressing_style": "path"} if self.endpoint else {},
+                        # every object fetched is checked against the manifest's SHA-256;
+                        # botocore's CRC of each GET's body would be a second pass over it
+                        response_checksum_validation="when_required",
                     ),
                 )
                 self.requests.attach(self._client)
