@@ -22,6 +22,7 @@ tf = pytest.importorskip("tensorflow")
 from sharded import write_sharded  # noqa: E402
 
 from client import CacheClient  # noqa: E402
+from client.format.layout import Layout  # noqa: E402
 from client.read.assembly import buffers  # noqa: E402
 from client.wire import plane  # noqa: E402
 
@@ -279,5 +280,86 @@ def test_a_corrupt_record_received_into_its_batch_raises_data_loss_naming_it(
     else:
         raise AssertionError("element 7's record is in no shard")
     with pytest.raises(tf.errors.OpError, match=r"DataLossError: .*\(element 7\) is corrupt"):
+        for _ in tcp.dataset(name, direct=False).batch(16):
+            pass
+
+
+#: one leaf of 4 KiB random float32 (stored raw) in blocks of 4 (16 KiB): what the data
+#: plane receives a block at a time into the batch's rows; shards of whole batches of 16,
+#: the last one of 6 elements (its last block holds 2)
+BLOCKS = (118, 1024, 100_000)  # elements, width, shard bytes
+
+
+@pytest.fixture(scope="module")
+def noise_blocks(daemon: Any) -> str:
+    n, width, shard_bytes = BLOCKS
+    name = "batched-noise-blocks"
+    with CacheClient(daemon.unix_target) as cc:
+        x = noise(n, width).map(lambda e: e["x"])
+        write_sharded(cc, x, name, shard_bytes, 50_000, block_bytes=16 << 10, batch_elements=16)
+        layout = Layout.from_json(cc._get(name).layout_json)
+        assert (layout.block_elements, layout.plain_raw) == (4, True)
+        assert len(cc._get(name).shards) >= 3
+    return name
+
+
+def test_the_data_plane_receives_raw_blocks_straight_into_the_batches_tensorflow_hands_on(
+    clients: dict[str, tuple[CacheClient, bool]],
+    noise_blocks: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unix, _ = clients["direct"]
+    tcp, _ = clients["plane"]
+    want = [b.numpy() for b in unix.dataset(noise_blocks, direct=True).batch(16)]
+    into = received(monkeypatch)
+    ds = tcp.dataset(noise_blocks, direct=False).batch(16)
+    got = list(ds.map(lambda b: (address(b), b)).as_numpy_iterator())
+    monkeypatch.undo()
+    assert [len(b) for _, b in got] == [len(b) for b in want] == [16] * 7 + [6]
+    assert {int(at) for at, _ in got} <= into, "a batch is not where the socket wrote it"
+    for (_, a), b in zip(got, want):
+        assert (a == b).all()
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [{"start": 5}, {"shuffle": "shards", "seed": 2}, {"worker_index": 1, "num_workers": 3}],
+    ids=["start", "shards", "share"],
+)
+def test_blocks_cut_by_a_batch_or_a_share_read_over_the_data_plane_as_directly(
+    clients: dict[str, tuple[CacheClient, bool]], noise_blocks: str, opts: dict[str, Any]
+) -> None:
+    unix, _ = clients["direct"]
+    tcp, _ = clients["plane"]
+    want = [b.numpy() for b in unix.dataset(noise_blocks, direct=True, **opts).batch(16)]
+    got = list(tcp.dataset(noise_blocks, direct=False, **opts).batch(16).as_numpy_iterator())
+    assert [len(b) for b in got] == [len(b) for b in want]
+    for a, b in zip(got, want):
+        assert (a == b).all()
+
+
+def test_a_corrupt_block_received_into_its_batch_raises_data_loss_naming_it(
+    daemon: Any, clients: dict[str, tuple[CacheClient, bool]]
+) -> None:
+    n, width, shard_bytes = BLOCKS
+    unix, _ = clients["direct"]
+    tcp, _ = clients["plane"]
+    name = "batched-noise-blocks-corrupt"
+    x = noise(n, width).map(lambda e: e["x"])
+    write_sharded(unix, x, name, shard_bytes, 50_000, block_bytes=16 << 10, batch_elements=16)
+    element = next(iter(x.skip(21))).numpy()  # block 5 (elements 20-23) of the cache
+    for shard in sorted((daemon.data_dir / "caches" / name).glob("shard-*")):
+        data = shard / "data.mdb"
+        blob = bytearray(data.read_bytes())
+        at = blob.find(element[:8].tobytes())
+        if at >= 0:
+            blob[at + 100] ^= 0xFF
+            data.write_bytes(bytes(blob))
+            break
+    else:
+        raise AssertionError("element 21's record is in no shard")
+    with pytest.raises(
+        tf.errors.OpError, match=r"DataLossError: .*block .*\(elements .*element 20\) is corrupt"
+    ):
         for _ in tcp.dataset(name, direct=False).batch(16):
             pass

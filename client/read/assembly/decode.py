@@ -10,7 +10,13 @@ import numpy as np
 
 from client._transport import pb
 from client.errors import DataLossError
-from client.format.blocks import decode_values, undelta_rows
+from client.format.blocks import (
+    block_stride,
+    decode_values,
+    undelta_rows,
+    unpack_block,
+    unshuffle_into,
+)
 from client.format.codec import Empty, RecordError
 from client.format.fixed_decode import aligned_empty, decode_into, handles
 from client.format.layout import Layout
@@ -54,27 +60,37 @@ class Decoder:
         """Check a chunk received straight into its batch's rows (fetch.Landed), at
         position of indices, where it lies: each raw value's CRC-32 over its rows (the one
         pass over its bytes after the socket's copy); a value of another kind (a zstd
-        frame as long as a raw record) is unpacked and its body written over its rows.
+        frame as long as a raw value) is unpacked and its body written over its rows.
         Then the row delta of image-like leaves is undone in place. Returns its elements."""
         dec = self._dec()
         for i, (head, body) in enumerate(zip(landed.heads, landed.bodies)):
             try:
-                if raw_in_place(head, body):
-                    continue
-                whole = memoryview(dec.unpack(b"".join((head, *body))))
-                if len(whole) != sum(len(part) for part in body):
-                    raise RecordError(
-                        f"record has {len(whole)} bytes, layout says {self._layout.record_size}"
-                    )
-                at = 0
-                for part in body:
-                    part[:] = whole[at : at + len(part)]
-                    at += len(part)
+                if not raw_in_place(head, body):
+                    self._unpack_over(dec, b"".join((head, *body)), body)
             except RecordError as exc:
-                raise self._loss(self._where(int(indices[position + i])), exc) from exc
+                at = position + i * landed.per
+                raise self._loss(self._where(int(indices[at])), exc) from exc
         if self._layout.row_delta:
             undelta_rows(self._layout, landed.rows)
-        return len(landed.heads)
+        return len(landed.rows[0])
+
+    def _unpack_over(self, dec: Decompressor, value: bytes, body: list[memoryview]) -> None:
+        """A landed value that is a zstd frame: its body unpacked (and unshuffled, in a
+        cache of blocks) over the parts it came in."""
+        layout, size = self._layout, sum(len(part) for part in body)
+        if layout.block_elements > 1:
+            packed, compressed = unpack_block(dec, value, layout.block_elements, layout.record_size)
+            plain = np.empty((len(packed) // layout.record_size, layout.record_size), np.uint8)
+            unshuffle_into(packed, plain, block_stride(layout, compressed))
+            whole = plain.reshape(-1).data
+        else:
+            whole = memoryview(dec.unpack(value))
+        if len(whole) != size:
+            raise RecordError(f"value holds {len(whole)} bytes, its elements take {size}")
+        at = 0
+        for part in body:
+            part[:] = whole[at : at + len(part)]
+            at += len(part)
 
     def _loss(self, where: str, exc: RecordError) -> DataLossError:
         return DataLossError(

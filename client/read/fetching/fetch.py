@@ -36,11 +36,14 @@ class Landed:
     """A chunk's stored values received straight into the rows of the batch they decode into
     (client/read/assembly/landing.py), not yet checked: each value's header (tag and CRC-32)
     in heads, its body in bodies, one part per leaf, each part the value's row of that
-    leaf's batch array; rows: the leaves' rows the chunk fills."""
+    leaf's batch array (a block's body: one part, its records' rows of the one leaf); rows:
+    the leaves' rows the chunk fills; per: the elements each value holds (a block's k, the
+    last value the rest), 1 for single elements."""
 
     heads: list[memoryview]
     bodies: list[list[memoryview]]
     rows: list[np.ndarray]
+    per: int = 1
 
     def buffers(self) -> list[memoryview]:
         """Where the values' bytes go, in the order they come."""
@@ -48,16 +51,17 @@ class Landed:
 
 
 #: Where a chunk of a request's values can be received (a data-plane chunk): given its
-#: position in the request and its values' sizes, a Landed to receive them into, or None
-#: (received as they come, then decoded).
-Land = Callable[[int, np.ndarray], Landed | None]
+#: position in the request, its values' sizes and the elements they hold (as many as
+#: values for single elements; a block holds k, a shard's last one the rest), a Landed to
+#: receive them into, or None (received as they come, then decoded).
+Land = Callable[[int, np.ndarray, int], Landed | None]
 
 
 def shifted(land: Land | None, base: int) -> Land | None:
     """land for the indices from base on (a request's rest, or its part)."""
     if land is None or not base:
         return land
-    return lambda position, sizes: land(base + position, sizes)
+    return lambda position, sizes, elements: land(base + position, sizes, elements)
 
 
 class Closed(ShardcacheError):

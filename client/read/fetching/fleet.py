@@ -21,7 +21,7 @@ from client.read.fetching import plane as data_plane
 from client.read.fetching.direct import DirectReads, LocalFetcher
 from client.read.fetching.fetch import Calls, Indices, Land, Piece, is_run, shard_runs
 from client.read.fetching.fleet_calls import MemberQueue
-from client.read.fetching.plane import PlaneCall, PlaneLease
+from client.read.fetching.plane import Ask, PlaneCall, PlaneLease
 from client.wire import plane
 
 #: A fleet request's shard calls asked ahead of the one being read (fleet_calls.py).
@@ -300,7 +300,7 @@ class FleetFetcher:
                 )
                 + wanted
             )
-            for _, position, _values, lengths, data in lease.responses(sock, [(request, None)]):
+            for _, position, _values, lengths, data in lease.responses(sock, [Ask(request)]):
                 yield position, lengths, data
             return
         call = self._fleet.transport(member).stub.ReadElements(

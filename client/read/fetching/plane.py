@@ -213,6 +213,18 @@ def _client_context(transport: Transport) -> ssl.SSLContext:
     return context
 
 
+class Ask(NamedTuple):
+    """A request on a data connection, and where its chunks may land (None: nowhere).
+    A CHUNK of values at first holds min(values x per, limit - first) elements: a
+    SHARD request's answer is blocks of k (per) of a shard of limit elements, an
+    ELEMENTS request's one element each."""
+
+    request: bytes
+    land: Land | None = None
+    per: int = 1
+    limit: int = 1 << 62
+
+
 class PlaneLease:
     """One pass's lease with a ticket: its renewal, and its data connections."""
 
@@ -278,20 +290,20 @@ class PlaneLease:
             return None
 
     def responses(
-        self, sock: socket.socket, requests: Iterable[tuple[bytes, Land | None]]
+        self, sock: socket.socket, requests: Iterable[Ask]
     ) -> Iterator[tuple[int, int, int, bytes, memoryview | Landed]]:
         """Send requests one by one on sock (from connection()), yielding (request number,
         first, values, u32 lengths, data) for each CHUNK of their answers; sock goes back
-        to the lease at the end. Each request comes with where its chunks may land (a
-        Land taking the CHUNK's first, or None): data is then the Landed. A lost
+        to the lease at the end. Each request comes with where its chunks may land (an
+        Ask's land, taking the CHUNK's first): data is then the Landed. A lost
         connection raises UNAVAILABLE (the caller asks again), a ticket the daemon no
         longer knows too, after ending the plane for the pass; other ERROR frames raise
         their status."""
         done = False
         try:
-            for number, (request, land) in enumerate(requests):
-                sock.sendall(request)
-                for chunk in _chunks(sock, self._empty, land):
+            for number, ask in enumerate(requests):
+                sock.sendall(ask.request)
+                for chunk in _chunks(sock, self._empty, ask):
                     yield (number, *chunk)
             done = True
         except PlaneStatus as exc:
@@ -370,20 +382,22 @@ class PlaneFetcher:
                 plane.REQUEST.pack(plane.ELEMENTS, flags, len(wanted), 0, 0, chunk_bytes)
                 + wanted.tobytes()
             )
-            for _, position, values, lengths, data in lease.responses(sock, [(request, land)]):
+            for _, position, values, lengths, data in lease.responses(sock, [Ask(request, land)]):
                 yield position, values, lengths, data
             return
         runs = list(shard_runs(self._cache, first, first + len(indices)))
+        k = self._grpc.k
         requests = (
-            (
+            Ask(
                 plane.REQUEST.pack(
                     plane.SHARD, flags if i == 0 else 0, shard.index, start, count, chunk_bytes
                 ),
                 shifted(land, shard.first_element - first),  # a CHUNK's first is shard-local
+                k,
+                shard.num_elements,
             )
             for i, (shard, start, count) in enumerate(runs)
         )
-        k = self._grpc.k
         for i, start, values, lengths, data in lease.responses(sock, requests):
             shard = runs[i][0]  # a chunk of whole blocks: Decoder trims
             yield (
@@ -408,7 +422,7 @@ class PlaneCall:
 
     def __init__(self, lease: PlaneLease, sock: socket.socket, request: bytes) -> None:
         self._sock = sock
-        self._responses = lease.responses(sock, [(request, None)])
+        self._responses = lease.responses(sock, [Ask(request)])
 
     def __iter__(self) -> Iterator[_Chunk]:
         for _, start, _values, lengths, data in self._responses:
@@ -424,11 +438,12 @@ def _fresh(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def _chunks(
-    sock: socket.socket, empty: Empty, land: Land | None
+    sock: socket.socket, empty: Empty, ask: Ask
 ) -> Iterator[tuple[int, int, bytes, memoryview | Landed]]:
     """One request's CHUNK frames until its END: (first, values, u32 lengths, data), data
-    received where land says (a Landed) when it takes the chunk's values, else into an
+    received where ask.land says (a Landed) when it takes the chunk's values, else into an
     array from empty."""
+    land = ask.land
     header = bytearray(plane.FRAME.size)
     while True:
         plane.recv_exact(sock, memoryview(header))
@@ -442,7 +457,10 @@ def _chunks(
         lengths = plane.recv_bytes(sock, 4 * n)
         if land is not None and n:
             sizes = np.frombuffer(lengths, "<u4")
-            landed = land(first, sizes) if int(sizes.sum(dtype=np.int64)) == size else None
+            elements = min(n * ask.per, ask.limit - first)
+            landed = (
+                land(first, sizes, elements) if int(sizes.sum(dtype=np.int64)) == size else None
+            )
             if landed is not None:
                 plane.recv_parts(sock, landed.buffers())
                 yield first, n, lengths, landed
@@ -452,4 +470,4 @@ def _chunks(
         yield first, n, lengths, data
 
 
-__all__ = ["DataPort", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled", "for_transport"]
+__all__ = ["Ask", "DataPort", "PlaneCall", "PlaneFetcher", "PlaneLease", "enabled", "for_transport"]
