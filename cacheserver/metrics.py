@@ -207,10 +207,10 @@ class Residency(Collector):
     cacheserver/catalog/pulls.py): resident shards and bytes, store bytes streamed,
     shard reads by where they were served, and the hit ratio. ``source`` gives
     name -> (resident shards, resident bytes, streamed bytes, resident reads, streamed
-    reads); the daemon's store tier sets it."""
+    reads, of those read directly); the daemon's store tier sets it."""
 
     def __init__(self) -> None:
-        self.source: Callable[[], dict[str, tuple[int, int, int, int, int]]] = dict
+        self.source: Callable[[], dict[str, tuple[int, int, int, int, int, int]]] = dict
 
     def collect(self) -> Any:
         shards = GaugeMetricFamily(
@@ -236,19 +236,26 @@ class Residency(Collector):
             "by where they were served: resident or streamed.",
             labels=["cache", "source"],
         )
+        direct = CounterMetricFamily(
+            "shardcache_cache_streamed_direct_reads",
+            "Of a partially resident cache's streamed shard reads, those same-host readers "
+            "read from the stream window's files themselves (HoldStreamedShard).",
+            labels=["cache"],
+        )
         ratio = GaugeMetricFamily(
             "shardcache_cache_hit_ratio",
             "Of a partially resident cache's shard reads, those served from resident shards.",
             labels=["cache"],
         )
-        for name, (n, b, s, hit, miss) in sorted(self.source().items()):
+        for name, (n, b, s, hit, miss, held) in sorted(self.source().items()):
             shards.add_metric([name], n)
             nbytes.add_metric([name], b)
             streamed.add_metric([name], s)
             reads.add_metric([name, "resident"], hit)
             reads.add_metric([name, "streamed"], miss)
+            direct.add_metric([name], held)
             ratio.add_metric([name], hit / (hit + miss) if hit + miss else 1.0)
-        yield from (shards, nbytes, streamed, reads, ratio)
+        yield from (shards, nbytes, streamed, reads, direct, ratio)
 
 
 RESIDENCY = Residency()

@@ -56,6 +56,8 @@ class CacheInfo:
     window_shards: int = 0
     window_bytes: int = 0
     window_reads: int = 0
+    #: Of streamed_reads, those same-host readers read from the window's files themselves.
+    streamed_direct_reads: int = 0
 
     @property
     def hit_ratio(self) -> float:
@@ -103,6 +105,7 @@ class CacheInfo:
             c.store.window_shards,
             c.store.window_bytes,
             c.store.window_reads,
+            c.store.streamed_direct_reads,
         )
 
 

@@ -246,7 +246,15 @@ class DirectReadUnavailableError(ShardcacheError):
     reason = "DIRECT_READ_UNAVAILABLE"  # raised by the client itself, never sent by the daemon
 
 
+class TooManyHoldsError(ShardcacheError):
+    """A read lease holds as many streamed shards at once as the daemon allows
+    (HoldStreamedShard); the client reads the shard through the daemon instead."""
+
+    code, reason = status.TooManyHolds.code, status.TooManyHolds.reason
+
+
 _BY_REASON[LeaseNotFoundError.reason] = LeaseNotFoundError
+_BY_REASON[TooManyHoldsError.reason] = TooManyHoldsError
 
 
 class DirectWriteUnavailableError(ShardcacheError):

@@ -13,6 +13,16 @@ into ``<data-dir>/instance.token``; the lease carries the token and the paths,
 and the client must read the same token back through the path it will read the
 shards from (same host *and* the same view of the filesystem).
 
+A partially resident cache's streamed shards (a cache larger than the daemon's room,
+cacheserver/catalog/pulls.py) are not on the daemon's disk: the lease names them, and its
+reader *holds* each one it reads (:meth:`LeaseTable.hold`): the call returns once the
+cache's stream window has the shard fetched and checked, with the slot's directory, and
+the slot is kept (counted as a read using it) until the reader releases it or the lease
+ends, however it ends (released, expired after a kill -9, the daemon stopping, a grant
+taken away). So the reader maps the slot's file as it maps resident shards, and the
+daemon's share of a streamed byte is the GET and its check, not sending it again. A lease
+holds at most :data:`MAX_HOLDS` shards at once, so that no reader pins the whole window.
+
 A lease asked for with a data-plane peer also gets a *ticket*: 32 random bytes a
 data connection presents (cacheserver/plane/server.py), valid while the lease
 lives and only from that peer's address. Only a digest of each ticket is kept
@@ -38,12 +48,20 @@ from cacheserver import metrics
 from cacheserver.catalog import reads
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.manifest import CacheRecord, write_atomic
-from client.wire.status import DiskFull, InvalidArgument, LeaseNotFound
+from cacheserver.catalog.window import Held
+from client.wire.status import DiskFull, InvalidArgument, LeaseNotFound, TooManyHolds
 
 log = logging.getLogger(__name__)
 
 TOKEN_FILE = "instance.token"
 DEFAULT_TTL = 30.0
+#: Streamed shards one lease may hold at once: the one a pass reads and the next (a request
+#: across a shard's end), of the window's four slots.
+MAX_HOLDS = 2
+#: Holds being taken at once, every lease together: each waits for its shard on one of
+#: the daemon's threads for unary calls (cacheserver/rpc/admission.py CONTROL_WORKERS, 16),
+#: of which health checks and leases need the rest.
+MAX_HOLDING = 8
 
 
 @dataclass
@@ -66,6 +84,11 @@ class Lease:
     #: The shards not on local disk (a partially resident cache's streamed ones): a direct
     #: reader reads them through the daemon.
     streamed: list[int] = field(default_factory=list)
+    #: The cache's shard count, and the streamed shards its reader holds (each its window
+    #: slot's hold, ended by its stack), by shard; holds being taken count in pending.
+    shards: int = 0
+    holds: dict[int, tuple[contextlib.ExitStack, Held]] = field(default_factory=dict)
+    pending: set[int] = field(default_factory=set)
 
 
 def _digest(ticket: bytes) -> bytes:
@@ -87,6 +110,7 @@ class LeaseTable:
         self._leases: dict[str, Lease] = {}
         self._granted: Counter[str] = Counter()
         self._tickets: dict[bytes, Lease] = {}  # by the ticket's digest
+        self._holding = 0  # holds being taken (LeaseTable.hold), every lease together
         self._stopped = False
         self._thread = threading.Thread(target=self._expire_loop, name="lease-expiry", daemon=True)
 
@@ -158,6 +182,7 @@ class LeaseTable:
                 raise LeaseNotFound("the daemon is shutting down; read over gRPC or retry")
             lease.expires = time.monotonic() + self.ttl
             lease.fingerprint = record.fingerprint
+            lease.shards = len(record.shards)
             if peer:
                 lease.ticket, lease.peer = secrets.token_bytes(32), peer
                 self._tickets[_digest(lease.ticket)] = lease
@@ -194,13 +219,7 @@ class LeaseTable:
     def renew(self, lease_id: str) -> float:
         """Extend the lease by the TTL; LeaseNotFound once it expired or was released."""
         with self._cond:
-            lease = self._leases.get(lease_id)
-            if lease is None:
-                raise LeaseNotFound(
-                    f"read lease {lease_id or '(empty)'} expired or was released (not renewed "
-                    f"within {self.ttl:g}s); take a new lease to keep the cache from eviction"
-                )
-            lease.expires = time.monotonic() + self.ttl
+            self._live(lease_id).expires = time.monotonic() + self.ttl
         return self.ttl
 
     def release(self, lease_id: str) -> None:
@@ -211,6 +230,92 @@ class LeaseTable:
             lease = self._leases.pop(lease_id, None)
         if lease is not None:
             self._end(lease)
+
+    def hold(self, lease_id: str, shard: int) -> Held:
+        """Hold shard of the lease's cache for its reader: its stream window's copy, fetched
+        if need be (waiting for a slot while every one is in use), kept until release_hold or
+        the lease's end; a shard on local disk by then: its own directory, nothing held
+        (Held.resident). Holding a shard the lease holds already answers the same hold.
+        LeaseNotFound once the lease ended; TooManyHolds past MAX_HOLDS."""
+        with self._cond:
+            lease = self._live(lease_id)
+            if not 0 <= shard < lease.shards:
+                raise InvalidArgument(
+                    f"cache {lease.name!r} has {lease.shards} shards; shard {shard} does not exist"
+                )
+            if shard in lease.holds:
+                return lease.holds[shard][1]
+        resident = self.catalog.shard_path(self.catalog.get_ready(lease.name), shard)
+        if self.catalog.tier is None or self.catalog.tier.resident(lease.name, shard):
+            return Held(resident, resident=True)  # nothing to hold: counts in no bound
+        with self._cond:
+            now = len(lease.holds) + len(lease.pending)
+            if shard in lease.pending or now >= MAX_HOLDS:
+                raise TooManyHolds(
+                    f"read lease {lease_id} holds {now} streamed shards of cache "
+                    f"{lease.name!r} (at most {MAX_HOLDS} at once, each once): release one "
+                    "(ReleaseStreamedShard) before holding another, or read this one "
+                    "through the daemon (ReadShard)"
+                )
+            if self._holding >= MAX_HOLDING:
+                raise TooManyHolds(
+                    f"the daemon is fetching {self._holding} streamed shards for direct "
+                    f"readers already (at most {MAX_HOLDING} at once); read this one "
+                    "through the daemon (ReadShard), or hold it again later"
+                )
+            lease.pending.add(shard)
+            self._holding += 1
+        stack = contextlib.ExitStack()
+        try:  # resident by now, maybe (room came back): held_files answers so
+            held = stack.enter_context(
+                self.catalog.tier.held_files(lease.name, shard, resident, direct=True)
+            )
+        except BaseException:
+            with self._cond:
+                lease.pending.discard(shard)
+                self._holding -= 1
+            stack.close()
+            raise
+        with self._cond:
+            lease.pending.discard(shard)
+            self._holding -= 1
+            alive = self._leases.get(lease.id) is lease
+            if alive and not held.resident:
+                lease.holds[shard] = (stack, held)
+        if not alive or held.resident:
+            stack.close()  # nothing to keep: resident, or the lease ended meanwhile
+        if not alive:
+            raise LeaseNotFound(
+                f"read lease {lease_id} ended while shard {shard} was being fetched; take a "
+                "new lease"
+            )
+        return held
+
+    def release_hold(self, lease_id: str, shard: int, read_to_end: bool) -> None:
+        """End the lease's hold of shard (read_to_end: its reader read it to its last
+        element: the window drops it first); an unknown hold or lease is ignored."""
+        with self._cond:
+            lease = self._leases.get(lease_id)
+            entry = lease.holds.pop(shard, None) if lease is not None else None
+        if entry is not None:
+            stack, held = entry
+            held.read_to_end = read_to_end
+            stack.close()
+
+    def cache_of(self, lease_id: str) -> str:
+        """The name of the cache the live lease reads; LeaseNotFound if none."""
+        with self._cond:
+            return self._live(lease_id).name
+
+    def _live(self, lease_id: str) -> Lease:
+        """The live lease of that id (call with the lock held); LeaseNotFound if none."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseNotFound(
+                f"read lease {lease_id or '(empty)'} expired or was released (not renewed "
+                f"within {self.ttl:g}s); take a new lease to keep the cache from eviction"
+            )
+        return lease
 
     def release_where(self, ended: Callable[[Lease], bool]) -> int:
         """End every lease for which ended(lease) is true (its holder lost its grant);
@@ -257,6 +362,10 @@ class LeaseTable:
             return alive, self._granted[name]
 
     def _end(self, lease: Lease) -> None:
+        with self._cond:  # a hold being taken meanwhile finds the lease gone and ends
+            holds, lease.holds = list(lease.holds.values()), {}
+        for stack, _ in holds:
+            stack.close()
         if lease.ticket:
             with self._cond:
                 self._tickets.pop(_digest(lease.ticket), None)

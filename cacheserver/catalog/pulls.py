@@ -101,6 +101,10 @@ class Pull:
         with self.cond:
             return self.partial and not self._running
 
+    def resident_now(self, index: int) -> bool:
+        with self.cond:
+            return self.state[index] == "done"
+
     def next_streamed(self, shards: list[int], count: int = 1) -> list[int]:
         """The first count of shards that are streamed."""
         with self.cond:

@@ -48,6 +48,7 @@ from cacheserver.catalog.lookups import Lookups
 from cacheserver.catalog.manifest import CacheRecord, du, write_atomic
 from cacheserver.catalog.pulls import Pull
 from cacheserver.catalog.stored import StoredCache
+from cacheserver.catalog.window import Held
 from cacheserver.logs import shown
 from cacheserver.tier.bucket import Bucket, StoredObject
 from cacheserver.tier.requests import Tally
@@ -98,6 +99,8 @@ class StoreStatus:
     window_shards: int = 0
     window_bytes: int = 0
     window_reads: int = 0
+    #: Of streamed_reads, those same-host readers read from the window's files themselves.
+    streamed_direct_reads: int = 0
 
 
 @dataclass
@@ -230,6 +233,7 @@ class StoreTier:
                 window_shards=held,
                 window_bytes=held_bytes,
                 window_reads=using,
+                streamed_direct_reads=window.direct_reads,
             )
         status = replace(status or StoreStatus(LOCAL), cost=cost)
         record = self._ready(name)
@@ -237,14 +241,22 @@ class StoreTier:
             status.resident_shards, status.resident_bytes = len(record.shards), record.disk_bytes
         return status
 
-    def residency(self) -> dict[str, tuple[int, int, int, int, int]]:
+    def residency(self) -> dict[str, tuple[int, int, int, int, int, int]]:
         """Per partially resident cache: (resident shards, resident bytes, store bytes
-        streamed, shard reads served resident, streamed), for /metrics."""
+        streamed, shard reads served resident, streamed, of those read by same-host readers
+        from the window's files), for /metrics."""
         out = {}
         for name, pull in self.partial().items():
             shards, nbytes = pull.resident()
-            window = pull.window
-            out[name] = (shards, nbytes, window.streamed_bytes, pull.resident_reads, window.reads)
+            w = pull.window
+            out[name] = (
+                shards,
+                nbytes,
+                w.streamed_bytes,
+                pull.resident_reads,
+                w.reads,
+                w.direct_reads,
+            )
         return out
 
     def partial(self) -> dict[str, Pull]:
@@ -534,17 +546,34 @@ class StoreTier:
         """The directory to read shard of name from while the block lasts: resident (its
         place in the cache) once it is on local disk, else its stream window's copy (to_end:
         the block reads it to its end: StreamWindow.hold)."""
+        with self.held_files(name, shard, resident) as held:
+            yield held.path
+            held.read_to_end = to_end
+
+    @contextlib.contextmanager
+    def held_files(
+        self, name: str, shard: int, resident: Path, direct: bool = False
+    ) -> Iterator[Held]:
+        """As shard_files, the reader saying at the block's end whether it read the shard to
+        its end (Held.read_to_end); Held.resident: the shard's own place, nothing held.
+        direct: a same-host reader reads the files itself (counted apart)."""
         with self._lock:
             pull = self._pulls.get(name)
         if pull is None:
-            yield resident
+            yield Held(resident, resident=True)
             return
         self.fetch_ahead(name, shard)
         if pull.fetch(shard, wait=True):
-            yield resident
+            yield Held(resident, resident=True)
             return
-        with pull.window.hold(shard, to_end) as path:
-            yield path
+        with pull.window.holding(shard, direct) as held:
+            yield held
+
+    def resident(self, name: str, shard: int) -> bool:
+        """Whether shard of name is on local disk now (a cache not being pulled: all are)."""
+        with self._lock:
+            pull = self._pulls.get(name)
+        return pull is None or pull.resident_now(shard)
 
     def plan(self, name: str, lease: str, order: list[int]) -> None:
         """A pass over name reads order's shards in that order (its read lease says so):

@@ -54,6 +54,17 @@ class _Slot:
     size: int = 0  # bytes reserved in the capacity for it
 
 
+@dataclass
+class Held:
+    """The files of a shard held for a read: path, its directory; resident: the shard's own
+    place in the cache (nothing held); read_to_end: set by the reader once it read the shard
+    to its last element, so that the window drops it first once the hold ends."""
+
+    path: Path
+    resident: bool = False
+    read_to_end: bool = False
+
+
 class StreamWindow:
     """At most ``slots`` non-resident shards of one cache, fetched as reads need them."""
 
@@ -78,10 +89,12 @@ class StreamWindow:
         self._slots: dict[int, _Slot] = {}
         self._serial = itertools.count()
         self._closed = False
-        #: store bytes fetched into the window, shards fetched, shard reads it served
+        #: store bytes fetched into the window, shards fetched, shard reads it served, of
+        #: them those same-host readers read from its files themselves (holding(direct=True))
         self.streamed_bytes = 0
         self.fetches = 0
         self.reads = 0
+        self.direct_reads = 0
 
     @staticmethod
     def room(objects: list[StoredObject], slots: int = WINDOW_SLOTS) -> int:
@@ -104,18 +117,30 @@ class StreamWindow:
         """The directory of shard's files, fetched if need be, kept while the block lasts;
         to_end: the block reads the shard to its last element (once it has, without an
         error, the slot is the first to drop)."""
+        with self.holding(shard) as held:
+            yield held.path
+            held.read_to_end = to_end
+
+    @contextlib.contextmanager
+    def holding(self, shard: int, direct: bool = False) -> Iterator[Held]:
+        """shard's files, fetched if need be, kept while the block lasts: as hold, with the
+        reader saying at the end whether it read to the end (Held.read_to_end). direct: a
+        same-host reader reads the files itself, its hold spanning its RPCs
+        (cacheserver/catalog/leases.py)."""
         slot = self._take(shard, wait=True)
         assert slot is not None
-        read = False
+        if direct:
+            with self._cond:
+                self.direct_reads += 1
+        held = Held(slot.path)
         try:
-            yield slot.path
-            read = to_end
+            yield held
         finally:
             with self._cond:
                 slot.users -= 1
                 slot.last = time.monotonic()
                 slot.begun = True  # read under the lock only, once the slot is idle
-                slot.done = slot.done or read
+                slot.done = slot.done or held.read_to_end
                 self._cond.notify_all()
 
     def prefetch(self, shard: int) -> None:

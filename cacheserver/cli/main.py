@@ -206,7 +206,8 @@ def info(name: str, target: str | None) -> None:
                 (
                     "window",
                     f"{c.window_shards} streamed shards held ({_size(c.window_bytes)}), "
-                    f"{c.window_reads} reads using them",
+                    f"{c.window_reads} reads using them; {c.streamed_direct_reads:,} streamed "
+                    "shard reads from its files by same-host readers",
                 )
             )
     for key, value in rows:

@@ -362,6 +362,7 @@ class CacheService(pb_grpc.CacheServiceServicer):
                     window_shards=status.window_shards,
                     window_bytes=status.window_bytes,
                     window_reads=status.window_reads,
+                    streamed_direct_reads=status.streamed_direct_reads,
                 )
             )
         return cache
@@ -520,6 +521,26 @@ class CacheService(pb_grpc.CacheServiceServicer):
         validate.lease_id(request.lease_id)
         self.leases.release(request.lease_id)
         return pb.ReleaseReadLeaseResponse()
+
+    @_translating
+    def HoldStreamedShard(
+        self, request: pb.HoldStreamedShardRequest, context: grpc.ServicerContext
+    ) -> pb.HoldStreamedShardResponse:
+        validate.lease_id(request.lease_id)
+        # the reads it lets the caller make are the lease's: the same grant as taking it
+        self.callers.check(context, Verb.READ, self.leases.cache_of(request.lease_id))
+        held = self.leases.hold(request.lease_id, request.shard)
+        return pb.HoldStreamedShardResponse(
+            shard_dir=str(held.path.resolve()), resident=held.resident
+        )
+
+    @_translating
+    def ReleaseStreamedShard(
+        self, request: pb.ReleaseStreamedShardRequest, context: grpc.ServicerContext
+    ) -> pb.ReleaseStreamedShardResponse:
+        validate.lease_id(request.lease_id)
+        self.leases.release_hold(request.lease_id, request.shard, request.read_to_end)
+        return pb.ReleaseStreamedShardResponse()
 
     # ------------------------------------------------------------ readers' figures
 

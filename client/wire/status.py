@@ -141,3 +141,10 @@ class LeaseNotFound(CacheServerError):
 
     code = grpc.StatusCode.NOT_FOUND
     reason = "LEASE_NOT_FOUND"
+
+
+class TooManyHolds(CacheServerError):
+    """A read lease holds as many streamed shards at once as the daemon allows one lease."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_HOLDS"

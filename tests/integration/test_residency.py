@@ -38,6 +38,7 @@ from waits import wait_until
 from cacheserver.catalog.window import WINDOW_SLOTS
 from client import CacheClient
 from client.errors import ShardcacheError
+from client.wire.v1 import cache_service_pb2 as pb
 
 pytestmark = pytest.mark.slow
 tf = pytest.importorskip("tensorflow")
@@ -378,3 +379,189 @@ def test_a_shard_read_over_several_batches_is_fetched_once_a_pass(published, mot
             again = sorted(k for k in set(keys) if keys.count(k) > 1)
             assert len(again) <= 1, f"epoch {e}: fetched more than once in one pass: {again}"
             assert len(keys) <= streamed + 1, (len(keys), streamed)
+
+
+def read_bytes(port: int) -> float:
+    """Record bytes the daemon sent readers so far, over gRPC and its data plane."""
+    got = scrape(f"http://127.0.0.1:{port}/metrics")
+    return sum(got[("shardcache_read_bytes_total", (("plane", p),))] for p in ("grpc", "data"))
+
+
+def test_a_same_host_pass_reads_its_streamed_shards_from_the_window_files(published) -> None:
+    """A direct pass over a cache twice the room reads element for element what a pass
+    through the daemon reads, its streamed shards from the window's slot files under holds:
+    the daemon sends no record of the pass, and counts each streamed shard read direct."""
+    store, total = published
+    port = free_port()
+    with reader(store, total // 2, "--metrics-listen", f"127.0.0.1:{port}") as (_, cc):
+        epoch(cc, 0, workers=1)  # the resident subset in place: the others are streamed
+        through = [labels(cc.dataset(NAME, shuffle="shards", seed=7, epoch=e)) for e in (1, 2)]
+        before, sent = cc.info(NAME), read_bytes(port)
+        direct = [
+            labels(cc.dataset(NAME, shuffle="shards", seed=7, epoch=e, direct=True)) for e in (1, 2)
+        ]
+        after = cc.info(NAME)
+        assert direct == through
+        assert read_bytes(port) == sent, "the daemon sent records to a same-host reader"
+        streamed = after.num_shards - after.resident_shards
+        held = after.streamed_direct_reads - before.streamed_direct_reads
+        assert held >= 2 * streamed  # each streamed shard of both passes, once or more
+        assert after.streamed_reads - before.streamed_reads == held  # a hold is a streamed read
+        assert (after.window_reads, after.direct_leases) == (0, 0)
+        got = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert got[("shardcache_cache_streamed_direct_reads_total", (("cache", NAME),))] == (
+            after.streamed_direct_reads
+        )
+
+
+def test_a_pass_reads_its_streamed_shards_through_a_daemon_without_window_holds(
+    published, caplog
+) -> None:
+    """A daemon that does not know HoldStreamedShard (an older one; its UNIMPLEMENTED made
+    here on the client's channel) has the pass read its streamed shards through it, exactly,
+    said once; with direct=False nothing is held either."""
+    import grpc
+
+    store, total = published
+    port = free_port()
+    with reader(store, total // 2, "--metrics-listen", f"127.0.0.1:{port}") as (_, cc):
+        epoch(cc, 0, workers=1)
+        expected = labels(cc.dataset(NAME, shuffle="shards", seed=7, epoch=1))
+
+        class Unimplemented(grpc.RpcError):
+            def code(self) -> grpc.StatusCode:
+                return grpc.StatusCode.UNIMPLEMENTED
+
+            def details(self) -> str:
+                return "Method not found!"
+
+        def unimplemented(request: Any, timeout: float | None = None) -> Any:
+            raise Unimplemented()
+
+        cc.info(NAME)  # connected: the transport and its stub exist
+        cc._transport.stub.HoldStreamedShard = unimplemented  # type: ignore[union-attr]
+        before, sent = cc.info(NAME).streamed_direct_reads, read_bytes(port)
+        with caplog.at_level("INFO", logger="client"):
+            ds = cc.dataset(NAME, shuffle="shards", seed=7, epoch=1, direct=True)
+            passes = [labels(ds) for _ in range(2)]  # two passes of one dataset: said once
+        assert passes[0] == expected and sorted(passes[1]) == list(range(N))
+        said = [r for r in caplog.records if "does not serve its stream window" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in caplog.records]
+        assert read_bytes(port) > sent  # the streamed shards came through the daemon
+        assert labels(cc.dataset(NAME, shuffle="shards", seed=7, epoch=1, direct=False)) == (
+            expected
+        )
+        assert cc.info(NAME).streamed_direct_reads == before
+
+
+def _lease_and_streamed(ch: Any) -> tuple[Any, Any, list[int]]:
+    """(a stub, a raw read lease of NAME, its streamed shards)."""
+    from wire import stub
+
+    s = stub(ch)
+    lease = s.AcquireReadLease(pb.AcquireReadLeaseRequest(name=NAME), timeout=60)
+    return s, lease, list(lease.streamed_shards)
+
+
+def test_a_lease_holds_at_most_two_streamed_shards_and_unknown_releases_are_harmless(
+    published,
+) -> None:
+    import grpc
+
+    store, total = published
+    with reader(store, total // 2) as (d, cc):
+        epoch(cc, 0, workers=1)
+        with grpc.insecure_channel(d.unix_target) as ch:
+            s, lease, streamed = _lease_and_streamed(ch)
+            assert len(streamed) >= 3
+            hold = lambda shard: s.HoldStreamedShard(  # noqa: E731
+                pb.HoldStreamedShardRequest(lease_id=lease.lease_id, shard=shard), timeout=60
+            )
+            release = lambda shard, lease_id=lease.lease_id: s.ReleaseStreamedShard(  # noqa: E731
+                pb.ReleaseStreamedShardRequest(lease_id=lease_id, shard=shard), timeout=60
+            )
+            first, second = hold(streamed[0]), hold(streamed[1])
+            for answer in (first, second):
+                assert not answer.resident
+                assert (
+                    Path(answer.shard_dir).parent
+                    == d.data_dir.resolve() / "caches" / NAME / "stream"
+                )
+                assert (Path(answer.shard_dir) / "data.mdb").is_file()
+            assert hold(streamed[0]).shard_dir == first.shard_dir  # held once
+            assert cc.info(NAME).window_reads == 2
+            with pytest.raises(grpc.RpcError) as refused:
+                hold(streamed[2])
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert ("shardcache-reason", "TOO_MANY_HOLDS") in refused.value.trailing_metadata()
+            assert "at most 2 at once" in refused.value.details()
+            assert "release one" in refused.value.details()
+            release(streamed[0])
+            assert not hold(streamed[2]).resident
+            release(streamed[0])  # released already
+            release(streamed[1], "0" * 32)  # no such lease
+            resident = next(i for i in range(16) if i not in streamed)
+            answer = hold(resident)
+            assert answer.resident and answer.shard_dir == lease.shard_dirs[resident]
+            with pytest.raises(grpc.RpcError) as out_of_range:
+                hold(16)
+            assert out_of_range.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as unknown:
+                s.HoldStreamedShard(pb.HoldStreamedShardRequest(lease_id="0" * 32, shard=0))
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+            s.ReleaseReadLease(pb.ReleaseReadLeaseRequest(lease_id=lease.lease_id), timeout=60)
+        assert cc.info(NAME).window_reads == 0  # the lease's end ended its holds
+
+
+#: A process holding a streamed shard of NAME on a raw lease: prints the slot's directory,
+#: then waits to be killed.
+_HOLDER = textwrap.dedent(
+    """
+    import sys, threading, grpc
+    from client.wire.v1 import cache_service_pb2 as pb
+    from client.wire.v1 import cache_service_pb2_grpc as pb_grpc
+
+    target, name = sys.argv[1:3]
+    s = pb_grpc.CacheServiceStub(grpc.insecure_channel(target))
+    lease = s.AcquireReadLease(pb.AcquireReadLeaseRequest(name=name), timeout=60)
+    shard = lease.streamed_shards[0]
+    held = s.HoldStreamedShard(pb.HoldStreamedShardRequest(lease_id=lease.lease_id, shard=shard))
+    print(held.shard_dir, flush=True)
+    threading.Event().wait()
+    """
+)
+
+
+def test_a_reader_killed_holding_a_streamed_shard_leaves_it_droppable(published) -> None:
+    """A same-host reader SIGKILLed while it holds a window slot: its lease expires, the hold
+    ends with it, and the window drops that slot as the next pass moves on (its disk freed)."""
+    store, total = published
+    port = free_port()
+    args = ("--lease-ttl", "1", "--metrics-listen", f"127.0.0.1:{port}")
+    with reader(store, total // 2, *args) as (d, cc):
+        epoch(cc, 0, workers=1)
+        env = {**env_without_tf_noise(), "PYTHONPATH": os.pathsep.join(sys.path)}
+        with subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, d.unix_target, NAME],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as holder:
+            try:
+                assert holder.stdout is not None
+                slot = Path(holder.stdout.readline().strip())
+                assert (slot / "data.mdb").is_file()
+                assert cc.info(NAME).window_reads == 1
+            finally:
+                holder.send_signal(signal.SIGKILL)
+        wait_until(
+            lambda: (cc.info(NAME).window_reads, cc.info(NAME).direct_leases) == (0, 0),
+            30,
+            "the killed reader's lease and hold ended",
+        )
+        for e in (1, 2):  # the window moves on over every streamed shard
+            assert sorted(epoch(cc, e, workers=1, direct=False)) == list(range(N))
+        assert not slot.exists(), "the killed reader's slot was never dropped"
+        info = cc.info(NAME)
+        disk = scrape(f"http://127.0.0.1:{port}/metrics")[("shardcache_disk_bytes", ())]
+        assert disk == info.resident_bytes + info.window_bytes

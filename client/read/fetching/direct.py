@@ -23,6 +23,10 @@ the process may hold open is opened as the pass goes instead, a bounded set at a
 time (client/read/fetching/open_shards.py). If renewing fails (the
 daemon died, or the lease expired), the pass still finishes from those files,
 logs one warning and stops renewing. docs/direct.md has the decisions.
+
+A partially resident cache's streamed shards (not on the daemon's disk) are read from
+the daemon's stream window's files, each held for the runs that read it
+(client/read/fetching/held.py).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from client.errors import (
 from client.format.layout import Layout
 from client.read.fetching import lease as read_lease
 from client.read.fetching.fetch import Closed, is_run, shard_runs
+from client.read.fetching.held import Holds, read_held
 from client.read.fetching.open_shards import OpenShards
 from client.wire.limits import DEFAULT_CHUNK_BYTES
 from client.wire.status import DataLoss
@@ -102,6 +107,9 @@ class DirectReads:
         self._verified = False
         self._quiet = quiet
         self._members: dict[str, DirectReads] = {}
+        #: Why streamed shards are read through the daemon, not from its window's files
+        #: ("": they are read here; client/read/fetching/held.py).
+        self.holds_off = ""
 
     def member(self, transport: Transport) -> DirectReads:
         """The DirectReads of a fleet's member (client/_fleet.py): "auto", and quiet when the
@@ -186,7 +194,27 @@ class DirectReads:
             "this pass finishes from the shard files it holds open, "
             "the daemon may evict the cache meanwhile"
         )
-        return LocalFetcher(lease, paths, held, streamed & set(range(len(paths)))), epoch_start
+        streamed &= set(range(len(paths)))
+        holds = None
+        if streamed and not self.holds_off:
+            local = self._local
+
+            def here(path: str) -> Path:
+                return local_path(lease.granted, local, path)
+
+            holds = Holds(lease, here, _pool(), self._no_holds)
+        return LocalFetcher(lease, paths, held, streamed, holds), epoch_start
+
+    def _no_holds(self, why: str) -> None:
+        """Streamed shards are read through the daemon from now on: said once."""
+        if not self.holds_off:
+            self.holds_off = why
+            log.log(
+                logging.DEBUG if self._quiet else logging.INFO,
+                "reading the streamed shards of partially resident caches through the "
+                "daemon, not from its files: %s",
+                why,
+            )
 
     def _refuse(self, why: str) -> None:
         if self.mode is True:
@@ -203,13 +231,20 @@ class DirectReads:
         )
 
 
+def local_path(
+    granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None, path: str
+) -> Path:
+    """A path the daemon named under its data dir, as this process sees it."""
+    daemon_dir = Path(granted.data_dir)
+    return (local_data_dir or daemon_dir) / Path(path).relative_to(daemon_dir)
+
+
 def local_view(
     granted: pb.AcquireReadLeaseResponse, local_data_dir: Path | None, shards: Sequence[int] = ()
 ) -> tuple[str, list[Path]]:
     """("", shard dirs as seen here), or (why they cannot be read here, []); shards: the
     ones to be read, checked (empty: all)."""
     daemon_dir = Path(granted.data_dir)
-    base = local_data_dir or daemon_dir
     where = (
         f"the daemon's data dir {daemon_dir}"
         if local_data_dir is None
@@ -221,7 +256,7 @@ def local_view(
     )
 
     def here(path: str) -> Path:
-        return base / Path(path).relative_to(daemon_dir)
+        return local_path(granted, local_data_dir, path)
 
     token_path = here(granted.instance_token_path)
     try:
@@ -263,11 +298,14 @@ class LocalFetcher:
         paths: list[Path],
         held: OpenShards,
         streamed: set[int] | None = None,
+        holds: Holds | None = None,
     ) -> None:
         self.lease = self._lease = lease
         #: Shards the daemon streams from the object store (not held here): a
-        #: PartialFetcher sends their reads to the daemon (client/read/fetching/partial.py).
+        #: PartialFetcher reads them from the daemon's window's files under holds, or
+        #: sends their reads to the daemon (client/read/fetching/partial.py).
         self.streamed = streamed or set()
+        self.window_holds = holds
         self._cache = cache = lease.cache
         self.paths = paths
         self._held = held
@@ -304,6 +342,8 @@ class LocalFetcher:
             released, self._released = self._released, True
         if not released:
             self._held.close()
+            if self.window_holds is not None:
+                self.window_holds.close()  # maps closed, then holds released, then the lease
         self._lease.release()
 
     def _read_ahead(self, shard: int, env: Any) -> Any:
@@ -358,6 +398,39 @@ class LocalFetcher:
                     ahead=self._read_ahead(shard.index, env),
                 ):
                     yield offset + local, lengths, data
+
+    @contextlib.contextmanager
+    def streamed_run(self, shard: int, indices: Any) -> Iterator[Iterator[Any] | None]:
+        """The chunks of indices, all in streamed shard, read from the daemon's window's
+        files under a hold while the block lasts; None: read them through the daemon."""
+        info = self._cache.shards[shard]
+        last = info.first_element + info.num_elements - 1
+        to_end = bool(len(indices)) and int(np.max(indices)) == last
+        with (
+            contextlib.nullcontext(None)
+            if self.window_holds is None
+            else self.window_holds.using(shard, to_end)
+        ) as held:
+            if held is None:
+                yield None
+                return
+            chunks = read_held(
+                held, indices, self._cache, self._firsts, self.chunk_bytes, self._k, _pool()
+            )
+            try:
+                yield self._checked(chunks)
+            finally:
+                chunks.close()
+
+    def _checked(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        """chunks, ending with Closed once the pass closes, DataLossError for a bad file."""
+        try:
+            for chunk in chunks:
+                if self._closing.is_set():
+                    raise Closed(self._cache.name, self._cause)
+                yield chunk
+        except DataLoss as exc:
+            raise DataLossError(str(exc)) from exc
 
     def gather(self, indices: np.ndarray) -> Iterator[Any]:
         """The records at indices, one element per value, as ReadElements sends them."""

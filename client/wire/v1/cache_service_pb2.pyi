@@ -125,7 +125,7 @@ class Cache(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[CacheState, str]] = ..., fingerprint: _Optional[str] = ..., layout_json: _Optional[str] = ..., element_spec: _Optional[bytes] = ..., num_elements: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., disk_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., create_time: _Optional[float] = ..., commit_time: _Optional[float] = ..., pinned: bool = ..., ttl_seconds: _Optional[float] = ..., last_read_time: _Optional[float] = ..., hits: _Optional[int] = ..., direct_leases: _Optional[int] = ..., direct_reads: _Optional[int] = ..., store: _Optional[_Union[StoreStatus, _Mapping]] = ..., num_shards: _Optional[int] = ...) -> None: ...
 
 class StoreStatus(_message.Message):
-    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out", "resident_shards", "resident_bytes", "streamed_bytes", "resident_reads", "streamed_reads", "window_shards", "window_bytes", "window_reads")
+    __slots__ = ("state", "done_bytes", "total_bytes", "done_shards", "detail", "requests", "bytes_in", "bytes_out", "resident_shards", "resident_bytes", "streamed_bytes", "resident_reads", "streamed_reads", "window_shards", "window_bytes", "window_reads", "streamed_direct_reads")
     class RequestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class StoreStatus(_message.Message):
     WINDOW_SHARDS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
     WINDOW_READS_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_DIRECT_READS_FIELD_NUMBER: _ClassVar[int]
     state: StoreState
     done_bytes: int
     total_bytes: int
@@ -165,7 +166,8 @@ class StoreStatus(_message.Message):
     window_shards: int
     window_bytes: int
     window_reads: int
-    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., resident_shards: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., streamed_bytes: _Optional[int] = ..., resident_reads: _Optional[int] = ..., streamed_reads: _Optional[int] = ..., window_shards: _Optional[int] = ..., window_bytes: _Optional[int] = ..., window_reads: _Optional[int] = ...) -> None: ...
+    streamed_direct_reads: int
+    def __init__(self, state: _Optional[_Union[StoreState, str]] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., done_shards: _Optional[int] = ..., detail: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., resident_shards: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., streamed_bytes: _Optional[int] = ..., resident_reads: _Optional[int] = ..., streamed_reads: _Optional[int] = ..., window_shards: _Optional[int] = ..., window_bytes: _Optional[int] = ..., window_reads: _Optional[int] = ..., streamed_direct_reads: _Optional[int] = ...) -> None: ...
 
 class ListCachesRequest(_message.Message):
     __slots__ = ("store", "view")
@@ -526,6 +528,36 @@ class ReleaseReadLeaseRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseReadLeaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HoldStreamedShardRequest(_message.Message):
+    __slots__ = ("lease_id", "shard")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    shard: int
+    def __init__(self, lease_id: _Optional[str] = ..., shard: _Optional[int] = ...) -> None: ...
+
+class HoldStreamedShardResponse(_message.Message):
+    __slots__ = ("shard_dir", "resident")
+    SHARD_DIR_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    shard_dir: str
+    resident: bool
+    def __init__(self, shard_dir: _Optional[str] = ..., resident: bool = ...) -> None: ...
+
+class ReleaseStreamedShardRequest(_message.Message):
+    __slots__ = ("lease_id", "shard", "read_to_end")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    READ_TO_END_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    shard: int
+    read_to_end: bool
+    def __init__(self, lease_id: _Optional[str] = ..., shard: _Optional[int] = ..., read_to_end: bool = ...) -> None: ...
+
+class ReleaseStreamedShardResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -105,6 +105,16 @@ class CacheServiceStub(object):
                 request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.SerializeToString,
                 response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.FromString,
                 _registered_method=True)
+        self.HoldStreamedShard = channel.unary_unary(
+                '/cacheserver.v1.CacheService/HoldStreamedShard',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.HoldStreamedShardRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.HoldStreamedShardResponse.FromString,
+                _registered_method=True)
+        self.ReleaseStreamedShard = channel.unary_unary(
+                '/cacheserver.v1.CacheService/ReleaseStreamedShard',
+                request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseStreamedShardRequest.SerializeToString,
+                response_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseStreamedShardResponse.FromString,
+                _registered_method=True)
         self.ReportReads = channel.unary_unary(
                 '/cacheserver.v1.CacheService/ReportReads',
                 request_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReportReadsRequest.SerializeToString,
@@ -237,6 +247,28 @@ class CacheServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HoldStreamedShard(self, request, context):
+        """HoldStreamedShard lets a lease's reader read one of the shards the lease
+        names streamed (a cache larger than the daemon's room) from its files too:
+        it returns once the daemon's stream window holds the shard, fetched from the
+        object store and checked, with the directory of its LMDB environment, and
+        keeps it there until ReleaseStreamedShard or the lease's end. A lease holds
+        at most a few shards at once (RESOURCE_EXHAUSTED, reason TOO_MANY_HOLDS,
+        beyond); NOT_FOUND (reason LEASE_NOT_FOUND) once the lease ended. A shard
+        on the daemon's disk by then answers its own directory, held by nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseStreamedShard(self, request, context):
+        """ReleaseStreamedShard ends a hold; an unknown one (never held, released,
+        or its lease ended) is not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportReads(self, request, context):
         """ReportReads tells the daemon how one client process's readers are doing:
         what each read, how long its chunks took, how long its consumer waited for
@@ -320,6 +352,16 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.ReleaseReadLease,
                     request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.FromString,
                     response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.SerializeToString,
+            ),
+            'HoldStreamedShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldStreamedShard,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.HoldStreamedShardRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.HoldStreamedShardResponse.SerializeToString,
+            ),
+            'ReleaseStreamedShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseStreamedShard,
+                    request_deserializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseStreamedShardRequest.FromString,
+                    response_serializer=cacheserver_dot_v1_dot_cache__service__pb2.ReleaseStreamedShardResponse.SerializeToString,
             ),
             'ReportReads': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportReads,
@@ -706,6 +748,60 @@ class CacheService(object):
             '/cacheserver.v1.CacheService/ReleaseReadLease',
             cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseRequest.SerializeToString,
             cacheserver_dot_v1_dot_cache__service__pb2.ReleaseReadLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldStreamedShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/HoldStreamedShard',
+            cacheserver_dot_v1_dot_cache__service__pb2.HoldStreamedShardRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.HoldStreamedShardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseStreamedShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheserver.v1.CacheService/ReleaseStreamedShard',
+            cacheserver_dot_v1_dot_cache__service__pb2.ReleaseStreamedShardRequest.SerializeToString,
+            cacheserver_dot_v1_dot_cache__service__pb2.ReleaseStreamedShardResponse.FromString,
             options,
             channel_credentials,
             insecure,
