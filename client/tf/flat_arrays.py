@@ -33,6 +33,8 @@ class FlatArrays:
             elif kind == _VAR:
                 self.dtypes += [dtype, tf.int64, tf.int64, tf.int64]
         self._dummy = not self.dtypes
+        #: every leaf has a fixed shape and bytes: a batch is one array per leaf
+        self.fixed = not self._dummy and all(kind == _FIXED for kind in fmt.kinds)
         if self._dummy:
             self._count = 0
             self.dtypes.append(tf.uint8)
@@ -76,7 +78,9 @@ class FlatArrays:
                 flat.append(part)
         return flat
 
-    def signature_of(self, flat: list[tf.Tensor]) -> Any:
+    def signature_of(self, flat: list[tf.Tensor], lead: int = 1) -> Any:
+        """flat's tensors in fmt.signature's structure; lead: the leading dimensions of a
+        fixed leaf's array before its element shape (2: several batches of a chunk)."""
         it = iter(flat)
         parts: list[Any] = []
 
@@ -86,7 +90,7 @@ class FlatArrays:
 
         for kind, leaf in zip(self.fmt.kinds, self.fmt.layout.leaves):
             if kind == _FIXED:
-                parts.append(shaped(next(it), (None, *leaf.shape)))
+                parts.append(shaped(next(it), (*(None,) * lead, *leaf.shape)))
             elif kind == _VAR:
                 values, sizes, dims, ranks = (shaped(next(it), (None,)) for _ in range(4))
                 parts.append(tf.RaggedTensor.from_row_lengths(values, sizes, validate=False))

@@ -50,6 +50,7 @@ address is not the live hold's (``Holds.live``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -84,6 +85,12 @@ OpenChunks = Callable[[int, int, Batches | None], Any]
 #: Threads of the pool that runs a read's chunk calls (at least): with chunks of
 #: prefetch_bytes / 8, eight in flight hold about prefetch_bytes.
 READ_THREADS = 8
+#: A consumer's batches of a fixed-shape cache of at most half this many bytes are read
+#: several to a chunk of about this many bytes (an unbatched read's chunk), and cut apart
+#: by unbatch: each chunk's numpy_function call and tf.data's map around it cost ~0.2 ms,
+#: more than unbatch's copy of a batch of up to ~2 MiB (docs/design.md, "Small batches:
+#: several to a chunk").
+GROUP_BYTES = 4 << 20
 
 
 class Holds:
@@ -210,6 +217,22 @@ class Reader:
         pace = Pace(self._figures) if self._figures is not None else None
         return self._holds.new((chunks, pace)), np.int64(chunks.count)
 
+    def grouped(self, batches: Batches | None) -> Batches | None:
+        """batches with the group its chunks hold: several when they are small batches of a
+        fixed-shape cache (GROUP_BYTES)."""
+        if batches is None or not self.flat.fixed:
+            return batches
+        group = GROUP_BYTES // max(batches.size * self.flat.fmt.layout.record_size, 1)
+        return dataclasses.replace(batches, group=group) if group >= 2 else batches
+
+    def group_chunk(self, hold: np.ndarray, i: np.int64, size: int) -> list[Any]:
+        """numpy_function body: chunk i of a grouped read, each array shaped (batches,
+        size, ...): its whole batches, or the short last one alone (shares.Batching)."""
+        arrays = self.chunk(hold, i)
+        n = len(arrays[0])
+        shape = (n // size, size) if n >= size else (1, n)
+        return [a.reshape(*shape, *a.shape[1:]) for a in arrays]
+
     def chunk(self, hold: np.ndarray, i: np.int64) -> list[Any]:
         """numpy_function body: the arrays of chunk i (read.chunks.EpochChunks.chunk)."""
         chunks, pace = self._holds.live(hold) or (None, None)
@@ -235,9 +258,14 @@ class Reader:
         """The batches of epoch from start, in fmt.signature's form: range(count).map(chunk)
         with tf.data's parallelism, on a pool of the read's own, checkpointable as it is.
         after: an int64 scalar computed first (the dataset is built on it). batches: the
-        consumer's batch(size, drop_remainder), each chunk one of them (else chunks of
-        about prefetch_bytes / 8)."""
+        consumer's batch(size, drop_remainder), each chunk one of them, or several small
+        ones that unbatch then cuts apart (else chunks of about prefetch_bytes / 8)."""
+        batches = self.grouped(batches)
         open_chunks = functools.partial(self.open, batches=batches)
+        call: Callable[..., list[Any]] = self.chunk
+        group = batches is not None and batches.group > 1
+        if batches is not None and group:
+            call = functools.partial(self.group_chunk, size=batches.size)
 
         def chunks(_: tf.Tensor) -> tf.data.Dataset:  # opened once the batches are asked
             hold, count = tf.numpy_function(
@@ -245,13 +273,14 @@ class Reader:
             )
 
             def chunk(i: tf.Tensor) -> Any:
-                flat = tf.numpy_function(self.chunk, [hold, i], self.flat.dtypes, stateful=False)
-                return self.flat.signature_of(flat)
+                flat = tf.numpy_function(call, [hold, i], self.flat.dtypes, stateful=False)
+                return self.flat.signature_of(flat, lead=2 if group else 1)
 
             ds = tf.data.Dataset.range(count).map(
                 chunk, num_parallel_calls=self._parallel, deterministic=True
             )
-            return own_threads(ds, self._threads)
+            ds = own_threads(ds, self._threads)
+            return ds.unbatch() if group else ds
 
         return tf.data.Dataset.from_tensors(tf.cast(after, tf.int64)).flat_map(chunks)
 

@@ -24,6 +24,7 @@ from sharded import write_sharded  # noqa: E402
 from client import CacheClient  # noqa: E402
 from client.format.layout import Layout  # noqa: E402
 from client.read.assembly import buffers  # noqa: E402
+from client.tf.reads import GROUP_BYTES  # noqa: E402
 from client.wire import plane  # noqa: E402
 
 N = 500
@@ -136,6 +137,12 @@ def test_a_cc_cache_reads_its_batches_as_batches_from_its_second_epoch(
         assert [checked(b) for b in ds.as_numpy_iterator()] == want
 
 
+def unbatched_size(record: int) -> int:
+    """The smallest batch of record-byte elements read one to a chunk, into arrays of its own
+    (smaller ones are read several at a time and cut apart: client/tf/reads.py)."""
+    return GROUP_BYTES // 2 // record + 1
+
+
 def address(x: tf.Tensor) -> tf.Tensor:
     """Where x lies in memory, as TensorFlow holds it."""
 
@@ -164,11 +171,12 @@ def test_the_arrays_a_read_decodes_into_are_the_batches_tensorflow_hands_on(
         return array
 
     monkeypatch.setattr(buffers.Buffers, "empty", recorded)
+    size = unbatched_size(4096 * 4 + 8)  # smaller batches are cut from a chunk (reads.py)
     for path in ("direct", "plane"):
         cc, direct = clients[path]
-        ds = cc.dataset(caches["large"], direct=direct, shuffle=True, seed=1).batch(16)
+        ds = cc.dataset(caches["large"], direct=direct, shuffle=True, seed=1).batch(size)
         seen = [int(a) for a in addresses(ds).as_numpy_iterator()]
-        assert len(seen) == -(-N // 16)
+        assert len(seen) == -(-N // size)
         assert all(a % 64 == 0 for a in seen)  # aligned: adopted by TensorFlow as it is
         assert set(seen) <= made, f"{path}: a batch was copied after it was decoded"
         made.clear()
@@ -189,8 +197,8 @@ def test_a_hundred_epochs_hold_no_more_batch_arrays_than_the_first(
     clients: dict[str, tuple[CacheClient, bool]], caches: dict[str, str]
 ) -> None:
     cc, _ = clients["direct"]
-    size = 64
-    nbytes = size * 4096 * 4  # a batch's x: 1 MiB, in a map of its own (buffers.MIN_BYTES)
+    size = unbatched_size(4096 * 4 + 8)
+    nbytes = size * 4096 * 4  # a batch's x, in a map of its own (buffers.MIN_BYTES)
     ds = cc.dataset(caches["large"], direct=True).batch(size).repeat(100)
     held = []
     for k, _ in enumerate(ds):
@@ -209,7 +217,7 @@ def noise(n: int, width: int) -> tf.data.Dataset:
 
 
 #: records of 16 KiB and more, one per stored value, raw: what the data plane lands
-NOISE = (120, 4100, 300_000)  # elements, width, shard bytes
+NOISE = (300, 4100, 700_000)  # elements, width, shard bytes
 
 
 @pytest.fixture(scope="module")
@@ -247,12 +255,13 @@ def test_the_data_plane_receives_raw_records_straight_into_the_batches_tensorflo
     unix, _ = clients["direct"]
     tcp, _ = clients["plane"]
     for opts in ({}, {"shuffle": True, "seed": 2}):
-        want = [b for b in unix.dataset(noise_cache, direct=True, **opts).batch(16)]
+        size = unbatched_size(4100 * 4 + 8)
+        want = [b for b in unix.dataset(noise_cache, direct=True, **opts).batch(size)]
         into = received(monkeypatch)
-        ds = tcp.dataset(noise_cache, direct=False, **opts).batch(16)
+        ds = tcp.dataset(noise_cache, direct=False, **opts).batch(size)
         got = list(ds.map(lambda b: (address(b["x"]), b)).as_numpy_iterator())
         monkeypatch.undo()
-        assert len(got) == len(want) == -(-NOISE[0] // 16)
+        assert len(got) == len(want) == -(-NOISE[0] // size) > 1
         seen = {int(at) for at, _ in got}
         assert seen <= into, f"{opts}: the batch is not where the socket wrote its rows"
         for (_, a), b in zip(got, want):
@@ -285,9 +294,9 @@ def test_a_corrupt_record_received_into_its_batch_raises_data_loss_naming_it(
 
 
 #: one leaf of 4 KiB random float32 (stored raw) in blocks of 4 (16 KiB): what the data
-#: plane receives a block at a time into the batch's rows; shards of whole batches of 16,
-#: the last one of 6 elements (its last block holds 2)
-BLOCKS = (118, 1024, 100_000)  # elements, width, shard bytes
+#: plane receives a block at a time into the batch's rows; shards of whole batches of 16
+#: (~96 elements), the last one of 22 (its last block holds 2)
+BLOCKS = (1198, 1024, 400_000)  # elements, width, shard bytes
 
 
 @pytest.fixture(scope="module")
@@ -310,12 +319,14 @@ def test_the_data_plane_receives_raw_blocks_straight_into_the_batches_tensorflow
 ) -> None:
     unix, _ = clients["direct"]
     tcp, _ = clients["plane"]
-    want = [b.numpy() for b in unix.dataset(noise_blocks, direct=True).batch(16)]
+    size = -(-unbatched_size(4096) // 16) * 16  # batches start on a block (of 4)
+    want = [b.numpy() for b in unix.dataset(noise_blocks, direct=True).batch(size)]
     into = received(monkeypatch)
-    ds = tcp.dataset(noise_blocks, direct=False).batch(16)
+    ds = tcp.dataset(noise_blocks, direct=False).batch(size)
     got = list(ds.map(lambda b: (address(b), b)).as_numpy_iterator())
     monkeypatch.undo()
-    assert [len(b) for _, b in got] == [len(b) for b in want] == [16] * 7 + [6]
+    n = BLOCKS[0]
+    assert [len(b) for _, b in got] == [len(b) for b in want] == [size] * (n // size) + [n % size]
     assert {int(at) for at, _ in got} <= into, "a batch is not where the socket wrote it"
     for (_, a), b in zip(got, want):
         assert (a == b).all()

@@ -172,6 +172,24 @@ def test_batches_are_cut_across_runs_with_the_short_last_one_kept_or_dropped() -
     assert shares.Batching((), shares.Batches(4)).count == 0
 
 
+def test_grouped_batches_are_whole_ones_with_the_short_last_one_alone() -> None:
+    runs = ((3, 10), (20, 21), (40, 45))  # 13 positions: batches of 3, 3, 3, 3 and 1
+    kept = shares.Batching(runs, shares.Batches(3, group=3))
+    assert [kept.pieces(i) for i in range(kept.count)] == [
+        [(3, 10), (20, 21), (40, 41)],
+        [(41, 44)],
+        [(44, 45)],
+    ]
+    dropped = shares.Batching(runs, shares.Batches(3, drop_remainder=True, group=3))
+    assert [dropped.pieces(i) for i in range(dropped.count)] == [
+        [(3, 10), (20, 21), (40, 41)],
+        [(41, 44)],
+    ]
+    exact = shares.Batching(((0, 12),), shares.Batches(3, group=2))
+    assert [exact.pieces(i) for i in range(exact.count)] == [[(0, 6)], [(6, 12)]]
+    assert shares.Batching((), shares.Batches(4, group=4)).count == 0
+
+
 def test_a_single_state_of_another_split_says_to_pass_all_of_them() -> None:
     c = cache()
     state = state_of(c, ReadOptions(worker_index=1, num_workers=4), 5)

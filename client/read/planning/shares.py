@@ -115,15 +115,18 @@ class Chunking:
 
 @dataclass(frozen=True)
 class Batches:
-    """A consumer's batch(size, drop_remainder): the chunks of a read are its batches."""
+    """A consumer's batch(size, drop_remainder): the chunks of a read are its batches, group
+    of them to a chunk (client/tf/reads.py groups small ones)."""
 
     size: int
     drop_remainder: bool = False
+    group: int = 1
 
 
 class Batching:
     """runs cut into batches of exactly batches.size consecutive positions of the share, the
-    last one shorter (or dropped, with drop_remainder): chunk i is batch i of the share.
+    last one shorter (or dropped, with drop_remainder): chunk i is batches [i x group,
+    (i + 1) x group) of the share, whole ones; the short last batch is a chunk of its own.
 
     A batch crosses from one run to the next where the share's runs meet (a resumed split
     leaves a few): it is then read in pieces, one per run, into one batch.
@@ -132,13 +135,22 @@ class Batching:
     def __init__(self, runs: Runs, batches: Batches) -> None:
         self._runs = runs
         self._size = batches.size
+        self._group = batches.group
         self._starts = list(itertools.accumulate((hi - lo for lo, hi in runs), initial=0))
         total = self._starts[-1]
-        self.count = total // self._size if batches.drop_remainder else -(-total // self._size)
+        whole = total // self._size
+        self._grouped = -(-whole // self._group)  # chunks of whole batches
+        short = bool(total % self._size) and not batches.drop_remainder
+        self.count = self._grouped + short
 
     def pieces(self, i: int) -> list[tuple[int, int]]:
-        """The positions [p0, p1) of batch i, one piece per run it touches, in order."""
-        at, end = i * self._size, min((i + 1) * self._size, self._starts[-1])
+        """The positions [p0, p1) of chunk i, one piece per run it touches, in order."""
+        total = self._starts[-1]
+        if i < self._grouped:
+            at = i * self._group * self._size
+            end = min(at + self._group * self._size, total - total % self._size)
+        else:  # the short last batch
+            at, end = total - total % self._size, total
         pieces = []
         k = bisect.bisect_right(self._starts, at) - 1
         while at < end:
