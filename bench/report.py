@@ -6,6 +6,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from harness import GB, MB
+from measure import STRATEGIES
 from timing import markdown_table, ratio
 from workloads import WORKLOADS
 
@@ -200,14 +201,7 @@ def render_epoch2_table(records: list[dict[str, Any]]) -> str:
 
 
 #: The epoch-1 table's columns: every strategy that caches, against the bare pipeline.
-EPOCH1_STRATEGIES = (
-    "memory",
-    "file",
-    "save_load",
-    "shardcache_plane",
-    "shardcache_direct",
-    "shardcache",
-)
+EPOCH1_STRATEGIES = tuple(s for s in STRATEGIES if s != "none")
 
 
 def render_epoch1_table(records: list[dict[str, Any]]) -> str:

@@ -247,26 +247,54 @@ def received(monkeypatch: pytest.MonkeyPatch) -> set[int]:
     return into
 
 
+def flip(cache_dir: Path, found: bytes, offset: int) -> None:
+    """Flip a byte of the shard file that holds found, offset bytes after it."""
+    for shard in sorted(cache_dir.glob("shard-*")):
+        data = shard / "data.mdb"
+        blob = bytearray(data.read_bytes())
+        at = blob.find(found)
+        if at >= 0:
+            blob[at + offset] ^= 0xFF
+            data.write_bytes(bytes(blob))
+            return
+    raise AssertionError(f"no shard of {cache_dir} holds those bytes")
+
+
+def landed(
+    clients: dict[str, tuple[CacheClient, bool]],
+    name: str,
+    size: int,
+    monkeypatch: pytest.MonkeyPatch,
+    opts: dict[str, Any],
+    leaf: Any = lambda b: b,
+) -> list[tuple[Any, Any]]:
+    """(batch read over the data plane, the same batch read directly) of each batch(size) of
+    name, the plane's batches checked to lie where its socket wrote (their leaf's rows)."""
+    unix, _ = clients["direct"]
+    tcp, _ = clients["plane"]
+    want = [b for b in unix.dataset(name, direct=True, **opts).batch(size).as_numpy_iterator()]
+    into = received(monkeypatch)
+    ds = tcp.dataset(name, direct=False, **opts).batch(size)
+    got = list(ds.map(lambda b: (address(leaf(b)), b)).as_numpy_iterator())
+    monkeypatch.undo()
+    assert len(got) == len(want) > 1
+    seen = {int(at) for at, _ in got}
+    assert seen <= into, f"{opts}: a batch is not where the socket wrote its rows"
+    return [(a, b) for (_, a), b in zip(got, want)]
+
+
 def test_the_data_plane_receives_raw_records_straight_into_the_batches_tensorflow_hands_on(
     clients: dict[str, tuple[CacheClient, bool]],
     noise_cache: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    unix, _ = clients["direct"]
-    tcp, _ = clients["plane"]
+    size = unbatched_size(4100 * 4 + 8)
     for opts in ({}, {"shuffle": True, "seed": 2}):
-        size = unbatched_size(4100 * 4 + 8)
-        want = [b for b in unix.dataset(noise_cache, direct=True, **opts).batch(size)]
-        into = received(monkeypatch)
-        ds = tcp.dataset(noise_cache, direct=False, **opts).batch(size)
-        got = list(ds.map(lambda b: (address(b["x"]), b)).as_numpy_iterator())
-        monkeypatch.undo()
-        assert len(got) == len(want) == -(-NOISE[0] // size) > 1
-        seen = {int(at) for at, _ in got}
-        assert seen <= into, f"{opts}: the batch is not where the socket wrote its rows"
-        for (_, a), b in zip(got, want):
-            assert (a["i"] == b["i"].numpy()).all()
-            assert (a["x"] == b["x"].numpy()).all()
+        pairs = landed(clients, noise_cache, size, monkeypatch, opts, lambda b: b["x"])
+        assert len(pairs) == -(-NOISE[0] // size)
+        for a, b in pairs:
+            assert (a["i"] == b["i"]).all()
+            assert (a["x"] == b["x"]).all()
 
 
 def test_a_corrupt_record_received_into_its_batch_raises_data_loss_naming_it(
@@ -278,16 +306,7 @@ def test_a_corrupt_record_received_into_its_batch_raises_data_loss_naming_it(
     name = "batched-noise-corrupt"
     write_sharded(unix, noise(n, width), name, shard_bytes, 50_000, batch_elements=16)
     x = next(iter(noise(n, width).skip(7)))["x"].numpy()
-    for shard in sorted((daemon.data_dir / "caches" / name).glob("shard-*")):
-        data = shard / "data.mdb"
-        blob = bytearray(data.read_bytes())
-        at = blob.find(x[:8].tobytes())
-        if at >= 0:
-            blob[at + 4096] ^= 0xFF
-            data.write_bytes(bytes(blob))
-            break
-    else:
-        raise AssertionError("element 7's record is in no shard")
+    flip(daemon.data_dir / "caches" / name, x[:8].tobytes(), 4096)
     with pytest.raises(tf.errors.OpError, match=r"DataLossError: .*\(element 7\) is corrupt"):
         for _ in tcp.dataset(name, direct=False).batch(16):
             pass
@@ -317,18 +336,11 @@ def test_the_data_plane_receives_raw_blocks_straight_into_the_batches_tensorflow
     noise_blocks: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    unix, _ = clients["direct"]
-    tcp, _ = clients["plane"]
     size = -(-unbatched_size(4096) // 16) * 16  # batches start on a block (of 4)
-    want = [b.numpy() for b in unix.dataset(noise_blocks, direct=True).batch(size)]
-    into = received(monkeypatch)
-    ds = tcp.dataset(noise_blocks, direct=False).batch(size)
-    got = list(ds.map(lambda b: (address(b), b)).as_numpy_iterator())
-    monkeypatch.undo()
+    pairs = landed(clients, noise_blocks, size, monkeypatch, {})
     n = BLOCKS[0]
-    assert [len(b) for _, b in got] == [len(b) for b in want] == [size] * (n // size) + [n % size]
-    assert {int(at) for at, _ in got} <= into, "a batch is not where the socket wrote it"
-    for (_, a), b in zip(got, want):
+    assert [len(a) for a, _ in pairs] == [size] * (n // size) + [n % size]
+    for a, b in pairs:
         assert (a == b).all()
 
 
@@ -359,16 +371,7 @@ def test_a_corrupt_block_received_into_its_batch_raises_data_loss_naming_it(
     x = noise(n, width).map(lambda e: e["x"])
     write_sharded(unix, x, name, shard_bytes, 50_000, block_bytes=16 << 10, batch_elements=16)
     element = next(iter(x.skip(21))).numpy()  # block 5 (elements 20-23) of the cache
-    for shard in sorted((daemon.data_dir / "caches" / name).glob("shard-*")):
-        data = shard / "data.mdb"
-        blob = bytearray(data.read_bytes())
-        at = blob.find(element[:8].tobytes())
-        if at >= 0:
-            blob[at + 100] ^= 0xFF
-            data.write_bytes(bytes(blob))
-            break
-    else:
-        raise AssertionError("element 21's record is in no shard")
+    flip(daemon.data_dir / "caches" / name, element[:8].tobytes(), 100)
     with pytest.raises(
         tf.errors.OpError, match=r"DataLossError: .*block .*\(elements .*element 20\) is corrupt"
     ):
