@@ -92,7 +92,7 @@ def test_a_daemon_restarted_mid_epoch_of_batches_received_into_their_rows_loses_
     """Records of 16 KiB and more, stored raw, are received by the data plane into the
     batch's rows (client/read/assembly/landing.py): a connection lost in the middle of one
     is asked again, and the rows written over."""
-    n, size = 800, 16  # 13 MB of 16 KiB records
+    n, size = 3200, 128  # 52 MB of 16 KiB records; batches of 2 MiB, one a request (reads.py)
     with CacheClient(fresh_daemon.tcp_target) as cc:
         write_sharded(cc, source(n, width=4100), "large", shard_bytes=2 << 20)
         options = {"shuffle": shuffle, "seed": 3, "direct": False}
