@@ -501,3 +501,22 @@ def _scrapes(address: str, pki: Pki) -> None:
         body = response.read().decode()
     assert 'shardcache_access_denied_total{verb="read"} 1.0' in body
     assert "secret-project" not in body and "team-a-c" not in body  # --no-metrics-readers
+
+
+def test_holding_a_streamed_shard_needs_read_on_the_leases_cache(channel: grpc.Channel) -> None:
+    """HoldStreamedShard lets its caller read a shard's files: the grant a lease takes, checked
+    against the lease's cache whoever presents its id."""
+    s = stub(channel)
+    lease = s.AcquireReadLease(
+        pb.AcquireReadLeaseRequest(name="team-b-x"), metadata=as_("admin"), timeout=10
+    )
+    try:
+        hold = pb.HoldStreamedShardRequest(lease_id=lease.lease_id, shard=0)
+        err = denied(lambda: s.HoldStreamedShard(hold, metadata=as_("reader-a"), timeout=10))
+        assert "reader-a may not read cache 'team-b-x'" in err.details()
+        held = s.HoldStreamedShard(hold, metadata=as_("admin"), timeout=10)
+        assert held.resident and held.shard_dir  # a cache on the daemon's disk: its own dir
+    finally:
+        s.ReleaseReadLease(
+            pb.ReleaseReadLeaseRequest(lease_id=lease.lease_id), metadata=as_("admin"), timeout=10
+        )
