@@ -255,6 +255,11 @@ def test_an_unreachable_store_does_not_stop_local_caches_and_publishing_resumes(
         with CacheClient(a.unix_target) as cc:
             first = [int(x) for x in cc.cache(tf.data.Dataset.range(1000), name)]
             assert [int(x) for x in cc.cache(tf.data.Dataset.range(1000), name)] == first
+            # the publish is queued at the commit; its first try fails soon after, not at once
+            wait_until(
+                lambda: "retrying" in cc.info(name).store_detail,
+                what=lambda: f"a failed publish ({cc.info(name).store_detail!r})",
+            )
             info = cc.info(name)
             assert info.store_state == "LOCAL" and "retrying" in info.store_detail
     with CacheClient(a.unix_target) as cc:
