@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from client.format.blocks import undelta_rows, unpack_values
-from client.format.codec import Empty
+from client.format.codec import Empty, RecordError
 from client.format.layout import Layout
 from client.format.values import Decompressor
 
@@ -68,6 +68,8 @@ def decode_into(
     Raises RecordError with ``elements_before`` set, as blocks.decode_values does.
     """
     rs = layout.record_size
+    if layout.block_elements == 1:
+        return _records_into(layout, dec, values, empty, lo, hi)
     bodies, strides, total = unpack_values(layout, dec, values, exact_records=True)
     lo = min(lo, total)
     hi = total if hi is None else max(lo, min(hi, total))
@@ -103,6 +105,38 @@ def decode_into(
                         col[row : row + r1 - r0],
                     )
     return n, undelta_rows(layout, outs) if layout.row_delta else outs  # in place: writable
+
+
+def _records_into(
+    layout: Layout, dec: Decompressor, values: Sequence[Any], empty: Empty, lo: int, hi: int | None
+) -> tuple[int, list[np.ndarray]]:
+    """decode_into for one (large) element per value: each value checked, then copied into
+    its rows while it is still in the CPU's cache (checking a whole chunk first, then copying
+    it, reads every byte from memory twice: ~13 ms against ~11 ms for 154 MB of 602 KB
+    records here)."""
+    rs, total = layout.record_size, len(values)
+    lo = min(lo, total)
+    hi = total if hi is None else max(lo, min(hi, total))
+    outs = [empty((hi - lo, *leaf.fixed_shape), leaf.np_dtype) for leaf in layout.leaves]
+    columns, off = [], 0  # each leaf as (n, its bytes) uint8 rows, and where it sits in a record
+    for leaf, out in zip(layout.leaves, outs):
+        if leaf.nbytes:
+            rows = out.reshape(hi - lo, math.prod(leaf.fixed_shape)).view(np.uint8)
+            columns.append((rows, off, off + leaf.nbytes))
+        off += leaf.nbytes
+    for j, value in enumerate(values):  # every value checked, in order, as unpack_values does
+        try:
+            body = dec.unpack(value)
+            if len(body) != rs:
+                raise RecordError(f"record has {len(body)} bytes, layout says {rs}")
+        except RecordError as exc:
+            exc.elements_before = j  # type: ignore[attr-defined]
+            raise
+        if lo <= j < hi:
+            record = np.frombuffer(body, np.uint8)
+            for col, start, end in columns:
+                col[j - lo] = record[start:end]
+    return hi - lo, undelta_rows(layout, outs) if layout.row_delta else outs
 
 
 def _pieces(

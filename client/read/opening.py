@@ -151,10 +151,12 @@ def opened(
     options: plan.ReadOptions,
     position: Position | None = None,
     direct: dict[str, direct_read.DirectReads] | None = None,
+    buffers: Buffers | None = None,
 ) -> OpenRead:
     """The read of cache (READY, or a mix of READY caches), options applied: the sequence
     every reader's opening runs. direct: the direct-read decision already taken (a
-    cc.cache() dataset's, one per dataset)."""
+    cc.cache() dataset's, one per dataset); buffers: the arrays an earlier opening of the
+    same dataset decoded into (cc.cache() opens each read epoch afresh), else new ones."""
     if direct is None:
         options, direct = direct_reads(daemons, local_data_dir, [c.name for c in caches], options)
     options = dataclasses.replace(
@@ -167,7 +169,7 @@ def opened(
     if daemons.fleet is None:  # a fleet's members on this host are found per pass
         for c in caches:
             direct[c.name].check(c)
-    return OpenRead(daemons, cache, caches, options, direct, cardinality)
+    return OpenRead(daemons, cache, caches, options, direct, cardinality, buffers or Buffers())
 
 
 def direct_reads(

@@ -239,6 +239,9 @@ class DatasetBuilder:
             (cache,),
             committed.options,
             direct={cache.name: committed.direct},
+            # every read epoch decodes into the same maps: a fresh map's pages are zeroed
+            # as they are first written (client/read/assembly/buffers.py)
+            buffers=None if committed.read is None else committed.read.buffers,
         )
         return committed.read
 
