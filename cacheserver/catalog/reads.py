@@ -20,6 +20,7 @@ from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.manifest import CacheRecord
 from client.format import lookup
 from client.format.blocks import block_elements
+from client.format.read_ahead import ReadAheads
 from client.wire.chunks import chunk_size
 from client.wire.status import InvalidArgument
 
@@ -50,10 +51,12 @@ def read_shard(
     fingerprint: str = "",
     count: int = 0,
     join: Callable[[int, bytes, list[Any]], Any] | None = None,
+    aheads: ReadAheads | None = None,
 ) -> Iterator[tuple[int, bytes, bytes, int]]:
     """Validate the request, then iterate the shard's chunks from start (count records,
     0: to the end): (first element, u32 lengths, data, elements of [start, stop) in it).
-    data is the values joined, or what join makes of them (ReaderPool.read_chunks)."""
+    data is the values joined, or what join makes of them; aheads: the requester's
+    read-aheads, kept from one of its requests to the next (ReaderPool.read_chunks)."""
     record = catalog.get_ready(name, fingerprint)
     if not 0 <= shard < len(record.shards):
         raise InvalidArgument(
@@ -75,7 +78,7 @@ def read_shard(
     def chunks() -> Iterator[tuple[int, bytes, bytes, int]]:
         with _shard_files(catalog, record, shard, stop == info.num_elements) as path:
             for first, lengths, data in catalog.shard_readers.read_chunks(
-                path, start, stop, chunk, k, join=join
+                path, start, stop, chunk, k, join=join, aheads=aheads
             ):
                 # whole blocks: the first and last may stick out
                 yield (

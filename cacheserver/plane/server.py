@@ -33,6 +33,7 @@ from cacheserver.catalog import reads
 from cacheserver.catalog.catalog import Catalog
 from cacheserver.catalog.leases import Lease, LeaseTable
 from cacheserver.security import TlsMaterial, peer_ip
+from client.format.read_ahead import ReadAheads
 from client.wire import limits, plane
 from client.wire.status import (
     CacheServerError,
@@ -157,7 +158,7 @@ class DataPlane:
 
     def _serve(self, conn: Any, peer: str) -> None:
         metrics.DATA_CONNECTIONS.inc()
-        raw = conn
+        raw, aheads = conn, None
         try:
             # each chunk is one sendmsg and each answer ends in a small END frame: sent at
             # once, not held back by Nagle for the reader's delayed ACK (~40 ms a request)
@@ -170,6 +171,7 @@ class DataPlane:
             lease = self._hello(conn, peer)
             conn.sendall(plane.FRAME.pack(plane.OK, 0, 0, 0))
             header = bytearray(plane.REQUEST.size)
+            aheads = ReadAheads()  # the connection's reads, one chunk a request, share them
             while not self._stopping.is_set():
                 conn.settimeout(self._idle)
                 first = conn.recv_into(header, 1)
@@ -178,7 +180,7 @@ class DataPlane:
                 plane.recv_exact(conn, memoryview(header)[1:])
                 self._set_busy(conn, True)
                 try:
-                    self._request(conn, lease, plane.REQUEST.unpack(header))
+                    self._request(conn, lease, plane.REQUEST.unpack(header), aheads)
                 finally:
                     self._set_busy(conn, False)
         except CacheServerError as exc:
@@ -193,6 +195,8 @@ class DataPlane:
                 conn, CacheServerError("internal error on the data plane; see the daemon's log")
             )
         finally:
+            if aheads is not None:
+                aheads.close()
             _close(conn)
             with self._lock:
                 self._open.pop(conn, None)
@@ -254,7 +258,11 @@ class DataPlane:
         return lease
 
     def _request(
-        self, conn: socket.socket, lease: Lease, request: tuple[int, int, int, int, int, int]
+        self,
+        conn: socket.socket,
+        lease: Lease,
+        request: tuple[int, int, int, int, int, int],
+        aheads: ReadAheads,
     ) -> None:
         kind, flags, n, start, count, chunk_bytes = request
         if not self._leases.alive(lease):
@@ -269,7 +277,7 @@ class DataPlane:
                 f"unknown data-plane request kind {kind}: 1 (a shard run) or 2 (element indices)"
             )
         with reads.reading(self._catalog, lease.name, hit=bool(flags & plane.EPOCH_START)):
-            self._send(conn, lease, kind, n, start, count, chunk_bytes)
+            self._send(conn, lease, kind, n, start, count, chunk_bytes, aheads)
         conn.sendall(plane.FRAME.pack(plane.END, 0, 0, 0))
 
     def _send(
@@ -281,6 +289,7 @@ class DataPlane:
         start: int,
         count: int,
         chunk_bytes: int,
+        aheads: ReadAheads,
     ) -> None:
         if kind == plane.SHARD:
             chunks = reads.read_shard(
@@ -292,6 +301,7 @@ class DataPlane:
                 lease.fingerprint,
                 count,
                 join=_Sender(conn),
+                aheads=aheads,
             )
             for _first, _lengths, _sent, elements in chunks:
                 metrics.READ_ELEMENTS.inc(elements)

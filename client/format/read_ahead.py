@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 #: How far ahead of the reader the thread keeps the page cache.
 WINDOW_BYTES = 32 << 20
@@ -118,3 +120,35 @@ class ReadAhead:
                 with self._cond:
                     self._loaded = end
                     self._cond.notify_all()
+
+
+class ReadAheads:
+    """The read-aheads of one reader's requests, one per shard file, each kept for the next
+    request of the same file: a reader that asks for a shard a chunk at a time (the daemon's
+    data plane, one request per chunk) walks each page once and starts one thread per shard,
+    not one per request. For one thread's requests at a time; close() when the reader goes."""
+
+    def __init__(self, limit: int = 4) -> None:
+        self._limit = limit
+        #: path -> (the open shard it walks, its read-ahead); the least recently used first
+        self._by_path: OrderedDict[Path, tuple[Any, ReadAhead]] = OrderedDict()
+
+    def get(self, path: Path, shard: Any, file_bytes: int, num_records: int) -> ReadAhead:
+        """The read-ahead of the shard at path, opened as shard (a file replaced since the
+        last request is opened anew, and its read-ahead with it)."""
+        kept = self._by_path.pop(path, None)
+        if kept is not None and kept[0] is shard:
+            self._by_path[path] = kept
+            return kept[1]
+        if kept is not None:
+            kept[1].close()
+        ahead = ReadAhead(path, file_bytes, num_records)
+        self._by_path[path] = (shard, ahead)
+        while len(self._by_path) > self._limit:
+            self._by_path.popitem(last=False)[1][1].close()
+        return ahead
+
+    def close(self) -> None:
+        for _, ahead in self._by_path.values():
+            ahead.close()
+        self._by_path.clear()

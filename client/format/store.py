@@ -25,7 +25,7 @@ from typing import Any
 
 import lmdb
 
-from client.format.read_ahead import ReadAhead
+from client.format.read_ahead import ReadAhead, ReadAheads
 from client.wire.status import DataLoss, DiskFull
 
 _KEY = struct.Struct(">Q")
@@ -270,6 +270,7 @@ class ReaderPool:
         views: bool = False,
         join: Callable[[int, bytes, list[Any]], Any] | None = None,
         ahead: ReadAhead | None = None,
+        aheads: ReadAheads | None = None,
     ) -> Iterator[tuple[int, bytes, Any]]:
         """Yield (first element, u32 lengths, data) for the values holding elements
         [start, stop), k = block_elements per value: whole blocks, so the first chunk
@@ -283,11 +284,14 @@ class ReaderPool:
         join: instead of joining a chunk's values, data = join(first, lengths, views of
         the values), called while the views are valid (the daemon frames its ReadShard
         response there: client/wire/chunks.py). ahead: the shard's read-ahead, shared
-        by the reads of one pass (read_ahead(); not closed here), else one of this read's.
+        by the reads of one pass (read_ahead(); not closed here); aheads: a reader's
+        read-aheads, the shard's taken from there (and left open); else one of this read's.
         """
         k = block_elements
         start, stop = start // k, -(-stop // k)  # the values holding them
         ent = self._acquire(path) if held is None else self._retain(held)
+        if ahead is None and aheads is not None:
+            ahead = aheads.get(path, ent, ent.file_bytes, ent.num_records)
         own = ahead is None
         if ahead is None:
             ahead = ReadAhead(path, ent.file_bytes, ent.num_records, stop)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from client.format import read_ahead
-from client.format.read_ahead import NEED_BYTES, STEP_BYTES, WINDOW_BYTES, ReadAhead
+from client.format.read_ahead import NEED_BYTES, STEP_BYTES, WINDOW_BYTES, ReadAhead, ReadAheads
 from client.format.store import ReaderPool, ShardWriter
 
 PAGE = mmap.PAGESIZE
@@ -164,3 +164,48 @@ def test_a_stream_resumed_mid_shard_starts_reading_ahead_where_it_resumes(
     list(ReaderPool().read_chunks(path, 150, 200, 1 << 20))
     file_bytes = (path / "data.mdb").stat().st_size
     assert sent[0][0] >= file_bytes * 0.7  # not from the start of the file
+
+
+def test_requests_a_chunk_at_a_time_sharing_their_read_aheads_pull_each_page_once(
+    tmp_path: Path, sent: list[tuple[int, int]]
+) -> None:
+    """The daemon's data plane answers a pass one chunk a request: with the connection's
+    ReadAheads each page is pulled in once, by one thread, however many requests there are
+    (one read-ahead per request pulled each range and a step past it again)."""
+    path = _shard(tmp_path, records=200, size=512 << 10)
+    pool, aheads = ReaderPool(), ReadAheads()
+    threads = set()
+    made = read_ahead.ReadAhead.__init__
+
+    def counted(self: ReadAhead, *args: object, **kwargs: object) -> None:
+        made(self, *args, **kwargs)  # type: ignore[arg-type]
+        threads.add(id(self))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(read_ahead.ReadAhead, "__init__", counted)
+        try:
+            for start in range(0, 200, 4):  # 2 MiB requests
+                list(pool.read_chunks(path, start, start + 4, 1 << 20, aheads=aheads))
+        finally:
+            aheads.close()
+    assert len(threads) == 1
+    pulled = sorted(sent)
+    for (offset, length), (next_offset, _) in itertools.pairwise(pulled):
+        assert next_offset == offset + length, "a page pulled twice, or a gap"
+
+
+def test_a_shard_file_replaced_between_requests_gets_a_read_ahead_of_its_own(
+    tmp_path: Path,
+) -> None:
+    aheads = ReadAheads(limit=2)
+    try:
+        first = aheads.get(tmp_path, "opened once", 1 << 20, 10)
+        assert aheads.get(tmp_path, "opened once", 1 << 20, 10) is first
+        again = aheads.get(tmp_path, "opened again", 1 << 20, 10)
+        assert again is not first
+        assert first._closed  # closed once replaced
+        for other in ("a", "b"):  # the least recently used goes past the limit
+            aheads.get(tmp_path / other, "x", 1 << 20, 10)
+        assert again._closed
+    finally:
+        aheads.close()
