@@ -565,3 +565,63 @@ def test_a_reader_killed_holding_a_streamed_shard_leaves_it_droppable(published)
         info = cc.info(NAME)
         disk = scrape(f"http://127.0.0.1:{port}/metrics")[("shardcache_disk_bytes", ())]
         assert disk == info.resident_bytes + info.window_bytes
+
+
+def test_holds_waiting_for_a_window_slot_are_bounded_daemon_wide_and_end_with_their_lease(
+    published,
+) -> None:
+    """Every window slot held by two readers: later holds wait for a slot, at most
+    MAX_HOLDING of them daemon-wide (one more is TOO_MANY_HOLDS at once, not queued); a
+    waiting hold whose lease ends meanwhile is refused once a slot comes (NOT_FOUND), and
+    keeps nothing held."""
+    import grpc
+
+    from cacheserver.catalog.leases import MAX_HOLDING
+
+    store, total = published
+    with reader(store, total // 2) as (d, cc):
+        epoch(cc, 0, workers=1)
+        with grpc.insecure_channel(d.unix_target) as ch:
+            s, first, streamed = _lease_and_streamed(ch)
+            _, second, _ = _lease_and_streamed(ch)
+            assert len(streamed) > WINDOW_SLOTS
+
+            def hold(lease: Any, shard: int) -> Any:
+                request = pb.HoldStreamedShardRequest(lease_id=lease.lease_id, shard=shard)
+                return s.HoldStreamedShard.future(request, timeout=120)
+
+            def end(lease: Any) -> None:
+                request = pb.ReleaseReadLeaseRequest(lease_id=lease.lease_id)
+                s.ReleaseReadLease(request, timeout=60)
+
+            for k in range(WINDOW_SLOTS):  # every slot in use, two a lease
+                hold((first, second)[k // 2], streamed[k]).result()
+            assert cc.info(NAME).window_reads == WINDOW_SLOTS
+            others = streamed[WINDOW_SLOTS:]
+            leases = [
+                s.AcquireReadLease(pb.AcquireReadLeaseRequest(name=NAME), timeout=60)
+                for _ in range(MAX_HOLDING + 1)
+            ]
+            calls = [hold(lease, others[k % len(others)]) for k, lease in enumerate(leases)]
+            wait_until(lambda: any(c.done() for c in calls), 30, "a hold past the bound refused")
+            refused = [c for c in calls if c.done()]
+            assert len(refused) == 1, "more than one hold answered while no slot was free"
+            with pytest.raises(grpc.RpcError) as too_many:
+                refused[0].result()
+            assert too_many.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert ("shardcache-reason", "TOO_MANY_HOLDS") in too_many.value.trailing_metadata()
+            assert f"at most {MAX_HOLDING} at once" in too_many.value.details()
+            for lease in leases:  # the waiting holds' leases end while they wait
+                end(lease)
+            end(second)  # two slots come free: each waiting hold fetches, then is refused
+            for call in calls:
+                if call is refused[0]:
+                    continue
+                with pytest.raises(grpc.RpcError) as ended:
+                    call.result()
+                assert ended.value.code() == grpc.StatusCode.NOT_FOUND
+                assert "ended while shard" in ended.value.details()
+            assert cc.info(NAME).window_reads == 2  # the first lease's two, nothing else kept
+            end(first)
+        assert cc.info(NAME).window_reads == 0
+        assert sorted(epoch(cc, 1, workers=1)) == list(range(N))
