@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import errno
 import shutil
 import struct
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from client.format.read_ahead import ReadAhead, ReadAheads
 from client.wire.status import DataLoss, DiskFull
@@ -147,6 +149,51 @@ class ShardWriter:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+class _Values:
+    """Where each value of an open shard lies in its map, found by one cursor walk: a random
+    read's value is a slice of the map, ~0.2 us, against ~1.3 us for an LMDB lookup from
+    Python (most of a shuffled read of 1 KB elements went there). Made only for a shard
+    whose keys are exactly 0..n-1 (as ShardWriter writes them), and read only while its
+    environment is open, as LMDB's own views are."""
+
+    def __init__(self, env: lmdb.Environment, n: int) -> None:
+        starts: list[int] = []
+        lengths: list[int] = []
+        keys: list[bytes] = []
+        with env.begin(buffers=True) as txn, txn.cursor() as cur:
+            for key, value in cur:
+                keys.append(bytes(key))
+                starts.append(np.frombuffer(value, np.uint8).__array_interface__["data"][0])
+                lengths.append(len(value))
+        if len(keys) != n or b"".join(keys) != np.arange(n, dtype=">u8").tobytes():
+            raise ValueError("the shard's keys are not its value indices 0..n-1")
+        if any(len(key) != _KEY.size for key in keys):
+            raise ValueError("the shard's keys are not all 8 bytes")
+        at = np.array(starts, np.int64)
+        sizes = np.array(lengths, np.int64)
+        base = int(at.min()) if n else 0
+        span = int((at + sizes).max()) - base if n else 0
+        self.starts = at - base
+        # 8 bytes a value where all are one size (fixed-shape raw records), else 12
+        same = n and (sizes == sizes[0]).all()
+        self.lengths: int | np.ndarray = int(sizes[0]) if same else sizes.astype(np.int32)
+        # read-only bytes over the map's span of values (LMDB maps the file PROT_READ)
+        self.map = memoryview((ctypes.c_char * span).from_address(base)).cast("B").toreadonly()
+
+    def get(self, indices: np.ndarray, views: bool) -> list[Any] | None:
+        """The values at shard-local indices (views into the map, else copies); None when
+        one is not in the shard."""
+        if indices.size and not 0 <= int(indices.min()) <= int(indices.max()) < len(self.starts):
+            return None
+        starts = self.starts[indices]
+        sizes = self.lengths if isinstance(self.lengths, int) else self.lengths[indices]
+        ends = (starts + sizes).tolist()
+        m = self.map
+        if views:
+            return [m[a:b] for a, b in zip(starts.tolist(), ends)]
+        return [bytes(m[a:b]) for a, b in zip(starts.tolist(), ends)]
+
+
 class _Env:
     def __init__(self, path: Path) -> None:
         self.inode = (path / "data.mdb").stat().st_ino
@@ -161,11 +208,38 @@ class _Env:
         actual = (path / "data.mdb").stat().st_size
         self.num_records = stat["entries"]
         self.file_bytes = expected
+        self._values: _Values | None = None
+        self._asked = 0  # values looked up by index, until a table of them pays (values())
+        self._no_table = False
+        self._table_lock = threading.Lock()
         if actual < expected:
             self.env.close()
             raise lmdb.CorruptedError(
                 f"data.mdb is {actual} bytes, LMDB expects {expected} (truncated)"
             )
+
+    def values(self, asked: int) -> _Values | None:
+        """The table of where each value lies, once earlier lookups by index have asked for
+        as many values as the shard holds (a pass's worth: the walk costs about one lookup
+        per value, so a single pass, or a few elements, never pays for it); else None."""
+        if self._values is not None or self._no_table:
+            return self._values
+        self._asked += asked
+        if self._asked - asked < self.num_records or not self._table_lock.acquire(blocking=False):
+            return None  # another thread walks it meanwhile: look these up
+        try:
+            if self._values is None and not self._no_table:
+                try:
+                    self._values = _Values(self.env, self.num_records)
+                except ValueError:
+                    self._no_table = True  # keys of another kind: lookups, as before
+        finally:
+            self._table_lock.release()
+        return self._values
+
+    def close(self) -> None:
+        self._values, self._no_table = None, True
+        self.env.close()
 
 
 def _same_file(path: Path, ent: _Env) -> bool:
@@ -249,7 +323,7 @@ class ReaderPool:
             del self._idle[path]
         if self._envs.get(path) is ent:
             del self._envs[path]
-        ent.env.close()
+        ent.close()
 
     def forget(self, directory: Path) -> None:
         """Close the idle environments of shards under directory (it is being deleted: its
@@ -351,13 +425,20 @@ class ShardGetter:
     """Random reads from one open shard, by shard-local index."""
 
     def __init__(self, ent: _Env, path: Path) -> None:
+        self._ent = ent
         self._env = ent.env
         self._path = path
 
     def get_many(self, keys: bytes, views: bool = False) -> list[Any]:
-        """The records at the big-endian u64 keys packed in keys, in one short transaction.
-        views: as memoryviews into the map, valid while the environment stays open (a held
-        shard: ReaderPool.hold), instead of copies."""
+        """The records at the big-endian u64 keys packed in keys, in one short transaction
+        (or sliced from the map by a table of where each lies, _Values). views: as
+        memoryviews into the map, valid while the environment stays open (a held shard:
+        ReaderPool.hold), instead of copies."""
+        table = self._ent.values(len(keys) // _KEY.size)
+        if table is not None:
+            got = table.get(np.frombuffer(keys, ">u8").astype(np.int64), views)
+            if got is not None:
+                return got
         try:
             with self._env.begin(buffers=views) as txn:  # type: ignore[call-overload]
                 get = txn.get

@@ -99,3 +99,81 @@ def test_several_leaves_of_a_large_batch_are_copied_into_one_array_from_empty() 
     assert buffers.made == 1
     for have, original in zip(few, data):
         np.testing.assert_array_equal(have, original[:3])
+
+
+def test_lookups_past_a_pass_of_a_shard_slice_its_values_from_the_map_as_lmdb_gives_them(
+    tmp_path: Path,
+) -> None:
+    """After a pass's worth of lookups by index a shard's values are sliced from its map by a
+    table of where each lies: the same bytes LMDB's lookups give, views or copies, in any
+    order; an index past the shard's end is still named as missing."""
+    from client.format import store
+    from client.wire.status import DataLoss
+
+    data = batch_of(SMALL, 300, np.random.default_rng(6))
+    path = shard(tmp_path / "shard", SMALL, data, 300)
+    pool = ReaderPool()
+    order = np.random.default_rng(7).permutation(300).astype(">u8")
+    with pool.opened(path) as getter:
+        looked_up = [bytes(v) for v in getter.get_many(order.tobytes())]  # a pass: LMDB's
+        assert getter._ent._values is None
+    walked = []
+    made = store._Values.__init__
+
+    def recorded(self: store._Values, *args: object) -> None:
+        made(self, *args)  # type: ignore[arg-type]
+        walked.append(self)
+
+    with pytest.MonkeyPatch.context() as patch, pool.opened(path) as getter:
+        patch.setattr(store._Values, "__init__", recorded)
+        views = getter.get_many(order.tobytes(), views=True)
+        copies = getter.get_many(order[::-1].tobytes())
+        assert len(walked) == 1  # the table, walked once for both
+        assert [bytes(v) for v in views] == looked_up
+        assert all(isinstance(v, memoryview) and v.readonly for v in views)
+        assert copies == looked_up[::-1] and all(type(v) is bytes for v in copies)
+        for missing in (300, 2**64 - 1):  # past the end; negative as an int64
+            with pytest.raises(DataLoss, match=f"missing record {missing}"):
+                getter.get_many(np.array([5, missing], ">u8").tobytes())
+
+
+def test_a_shard_whose_keys_are_not_its_value_indices_is_looked_up_by_lmdb(
+    tmp_path: Path,
+) -> None:
+    import lmdb
+
+    from client.format import store
+
+    path = tmp_path / "shard"
+    env = lmdb.open(str(path), map_size=1 << 20)
+    with env.begin(write=True) as txn:  # a gap: keys 0, 1, 3 (a 4th key of 4 bytes)
+        for key in ((0).to_bytes(8, "big"), (1).to_bytes(8, "big"), (3).to_bytes(8, "big")):
+            txn.put(key, key * 4)
+        txn.put(b"\xff" * 4, b"odd")
+    env.close()
+    with ReaderPool().opened(path) as getter:
+        keys = np.array([0, 1, 3, 1, 0], ">u8").tobytes()
+        for _ in range(3):  # past a pass's worth of lookups
+            assert getter.get_many(keys) == [k.to_bytes(8, "big") * 4 for k in (0, 1, 3, 1, 0)]
+        ent: store._Env = getter._ent
+        assert ent._values is None and ent._no_table
+
+
+def test_values_of_several_sizes_are_sliced_from_the_map_at_their_own_sizes(
+    tmp_path: Path,
+) -> None:
+    import lmdb
+
+    path = tmp_path / "shard"
+    env = lmdb.open(str(path), map_size=1 << 20)
+    stored = [bytes([i]) * (1 + 700 * i) for i in range(6)]  # in leaf and overflow pages
+    with env.begin(write=True) as txn:
+        for i, value in enumerate(stored):
+            txn.put(i.to_bytes(8, "big"), value)
+    env.close()
+    with ReaderPool().opened(path) as getter:
+        keys = np.array([5, 0, 3, 1, 4, 2], ">u8").tobytes()
+        for _ in range(2):  # a pass by LMDB, then the table
+            got = getter.get_many(keys, views=True)
+            assert [bytes(v) for v in got] == [stored[i] for i in (5, 0, 3, 1, 4, 2)]
+        assert getter._ent._values is not None
