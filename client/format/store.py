@@ -157,20 +157,18 @@ class _Values:
     environment is open, as LMDB's own views are."""
 
     def __init__(self, env: lmdb.Environment, n: int) -> None:
-        starts: list[int] = []
-        lengths: list[int] = []
-        keys: list[bytes] = []
+        at, sizes, i, pack = np.zeros(n, np.int64), np.zeros(n, np.int64), 0, _KEY.pack
         with env.begin(buffers=True) as txn, txn.cursor() as cur:
             for key, value in cur:
-                keys.append(bytes(key))
-                starts.append(np.frombuffer(value, np.uint8).__array_interface__["data"][0])
-                lengths.append(len(value))
-        if len(keys) != n or b"".join(keys) != np.arange(n, dtype=">u8").tobytes():
+                if i >= n or key != pack(i):
+                    raise ValueError("the shard's keys are not its value indices 0..n-1")
+                if len(value):  # an empty one is refused where it is decoded
+                    at[i] = np.frombuffer(value, np.uint8).__array_interface__["data"][0]
+                    sizes[i] = len(value)
+                i += 1
+        if i != n:
             raise ValueError("the shard's keys are not its value indices 0..n-1")
-        if any(len(key) != _KEY.size for key in keys):
-            raise ValueError("the shard's keys are not all 8 bytes")
-        at = np.array(starts, np.int64)
-        sizes = np.array(lengths, np.int64)
+        at[sizes == 0] = at.max() if n else 0  # inside the span, zero bytes long
         base = int(at.min()) if n else 0
         span = int((at + sizes).max()) - base if n else 0
         self.starts = at - base
