@@ -73,6 +73,22 @@ def name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def buffer_pools(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every read's Buffers (client/read/assembly/buffers.py) made while the test runs."""
+    from client.read.assembly import buffers
+
+    pools: list[object] = []
+    made = buffers.Buffers.__init__
+
+    def recorded(self: buffers.Buffers) -> None:
+        made(self)
+        pools.append(self)
+
+    monkeypatch.setattr(buffers.Buffers, "__init__", recorded)
+    return pools
+
+
+@pytest.fixture
 def no_thread_leak() -> Iterator[None]:
     """Fail if the test leaves Python threads running (TensorFlow's own are "Dummy-N")."""
     before = set(threading.enumerate())

@@ -138,25 +138,17 @@ def test_a_cc_cache_reads_its_batches_as_batches_from_its_second_epoch(
 
 
 def test_every_read_epoch_of_a_cc_cache_decodes_into_the_same_batch_maps(
-    cc: CacheClient, name: str, monkeypatch: pytest.MonkeyPatch
+    cc: CacheClient, name: str, buffer_pools: list[buffers.Buffers]
 ) -> None:
     """Each read epoch of cc.cache() checks the cache afresh, but keeps the maps earlier
     epochs decoded into: a fresh map's pages are zeroed (and, in a VM, backed by the host)
     as they are first written, which cost a warm epoch of images most of its time."""
-    pools: list[buffers.Buffers] = []
-    made = buffers.Buffers.__init__
-
-    def recorded(self: buffers.Buffers) -> None:
-        made(self)
-        pools.append(self)
-
-    monkeypatch.setattr(buffers.Buffers, "__init__", recorded)
     size = unbatched_size(4096 * 4 + 8)
     ds = cc.cache(source(N, 4096), name=name).batch(size)
     for _ in range(4):  # a write epoch, then reads
         assert sum(len(checked(b)) for b in ds.as_numpy_iterator()) == N
-    reading = [pool for pool in pools if pool.made]
-    assert len(reading) == 1, [pool.made for pool in pools]
+    reading = [pool for pool in buffer_pools if pool.made]
+    assert len(reading) == 1, [pool.made for pool in buffer_pools]
     assert reading[0].made <= 8, f"{reading[0].made} maps for 3 epochs"
 
 

@@ -276,20 +276,10 @@ def test_each_readers_pass_counts_one_hit_however_many_shards_and_requests_it_ta
 
 @pytest.mark.parametrize("path", ["direct", "grpc", "plane"])
 def test_a_pass_reuses_its_chunks_arrays_however_many_chunks_it_reads(
-    daemon, path, monkeypatch
+    daemon, path, buffer_pools
 ) -> None:
     """Memory flat in the data read: 100 chunks of 384 KiB arrays, a few buffers (the read's,
     which its later passes reuse)."""
-    from client.read.assembly import chunks
-
-    passes: list[chunks.Buffers] = []
-    made = chunks.Buffers.__init__
-
-    def recorded(self: chunks.Buffers) -> None:
-        made(self)
-        passes.append(self)
-
-    monkeypatch.setattr(chunks.Buffers, "__init__", recorded)
     n, size = 300, 32768  # 128 KiB elements, random (stored as they are), 3 to a chunk
     with CacheClient(daemon.unix_target) as cc:
         name = f"reuse-{path}"
@@ -307,6 +297,6 @@ def test_a_pass_reuses_its_chunks_arrays_however_many_chunks_it_reads(
     with CacheClient(target) as cc:
         read = cc.dataset(name, prefetch_bytes=4 << 20, direct=path == "direct")
         assert [int(e["x"][0]) for e in read.as_numpy_iterator()] == list(range(n))
-    (buffers,) = passes  # the read's, every pass's
+    (buffers,) = buffer_pools  # the read's, every pass's
     assert 0 < buffers.made <= 30, f"{buffers.made} buffers for 100 chunks"
     assert buffers.held() <= buffers.made
