@@ -149,6 +149,24 @@ class ShardWriter:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+#: What the value tables of a process's open shards may hold together (_Values): a daemon
+#: keeps up to ReaderPool.MAX_IDLE shards open besides those in use, each of up to a million
+#: values or more; past it, a shard's random reads stay LMDB lookups.
+TABLE_BYTES = 32 << 20
+_table_lock = threading.Lock()
+_table_bytes = 0  # held by the tables of open shards
+
+
+def _take_table_bytes(nbytes: int) -> bool:
+    """Reserve nbytes (negative: give back) of TABLE_BYTES; False when they do not fit."""
+    global _table_bytes
+    with _table_lock:
+        if nbytes > 0 and _table_bytes + nbytes > TABLE_BYTES:
+            return False
+        _table_bytes += nbytes
+        return True
+
+
 class _Values:
     """Where each value of an open shard lies in its map, found by one cursor walk: a random
     read's value is a slice of the map, ~0.2 us, against ~1.3 us for an LMDB lookup from
@@ -175,6 +193,7 @@ class _Values:
         # 8 bytes a value where all are one size (fixed-shape raw records), else 12
         same = n and (sizes == sizes[0]).all()
         self.lengths: int | np.ndarray = int(sizes[0]) if same else sizes.astype(np.int32)
+        self.nbytes = self.starts.nbytes + (0 if same else n * 4)
         # read-only bytes over the map's span of values (LMDB maps the file PROT_READ)
         self.map = memoryview((ctypes.c_char * span).from_address(base)).cast("B").toreadonly()
 
@@ -210,6 +229,7 @@ class _Env:
         self._asked = 0  # values looked up by index, until a table of them pays (values())
         self._no_table = False
         self._table_lock = threading.Lock()
+        self._table_bytes = 0  # of TABLE_BYTES, held by _values
         if actual < expected:
             self.env.close()
             raise lmdb.CorruptedError(
@@ -219,24 +239,33 @@ class _Env:
     def values(self, asked: int) -> _Values | None:
         """The table of where each value lies, once earlier lookups by index have asked for
         as many values as the shard holds (a pass's worth: the walk costs about one lookup
-        per value, so a single pass, or a few elements, never pays for it); else None."""
+        per value, so a single pass, or a few elements, never pays for it) and while the
+        process's tables fit in TABLE_BYTES; else None."""
         if self._values is not None or self._no_table:
             return self._values
         self._asked += asked
         if self._asked - asked < self.num_records or not self._table_lock.acquire(blocking=False):
             return None  # another thread walks it meanwhile: look these up
         try:
-            if self._values is None and not self._no_table:
+            most = 12 * self.num_records  # the walk's result, at most
+            if self._values is None and not self._no_table and _take_table_bytes(most):
                 try:
                     self._values = _Values(self.env, self.num_records)
                 except ValueError:
                     self._no_table = True  # keys of another kind: lookups, as before
+                    _take_table_bytes(-most)
+                else:
+                    self._table_bytes = self._values.nbytes
+                    _take_table_bytes(self._table_bytes - most)
         finally:
             self._table_lock.release()
         return self._values
 
     def close(self) -> None:
-        self._values, self._no_table = None, True
+        with self._table_lock:
+            self._values, self._no_table = None, True
+            _take_table_bytes(-self._table_bytes)
+            self._table_bytes = 0
         self.env.close()
 
 

@@ -177,3 +177,31 @@ def test_values_of_several_sizes_are_sliced_from_the_map_at_their_own_sizes(
             got = getter.get_many(keys, views=True)
             assert [bytes(v) for v in got] == [stored[i] for i in (5, 0, 3, 1, 4, 2)]
         assert getter._ent._values is not None
+
+
+def test_value_tables_share_one_budget_and_give_it_back_when_their_shard_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's tables together stay within TABLE_BYTES: a shard whose table does not fit
+    keeps LMDB's lookups (the same values), and gets one once another shard's closes."""
+    from client.format import store
+
+    data = batch_of(SMALL, 300, np.random.default_rng(8))
+    paths = [shard(tmp_path / f"shard-{k}", SMALL, data, 300) for k in range(2)]
+    monkeypatch.setattr(store, "TABLE_BYTES", store._table_bytes + 12 * 300)  # room for one
+    pool = ReaderPool()
+    envs = [pool.hold(path) for path in paths]
+    keys = np.arange(300, dtype=">u8").tobytes()
+    try:
+        want = [bytes(v) for v in store.ShardGetter(envs[0], paths[0]).get_many(keys)]
+        for _ in range(2):  # a pass by LMDB, then the table where it fits
+            for env, path in zip(envs, paths):
+                assert store.ShardGetter(env, path).get_many(keys) == want
+        assert envs[0]._values is not None and envs[1]._values is None
+        pool.release(paths[0], envs.pop(0))
+        pool.forget(tmp_path)  # closed: its table's bytes go back
+        assert store.ShardGetter(envs[0], paths[1]).get_many(keys) == want
+        assert envs[0]._values is not None
+    finally:
+        for env, path in zip(envs, paths[-len(envs) :]):
+            pool.release(path, env)
