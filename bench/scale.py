@@ -26,10 +26,12 @@ Section ``epochs``: for each size of ``--sizes`` and element kind of ``--element
 pool, incompressible) are written once by each strategy and read for a cold epoch (the page
 cache dropped first) and a warm one (right after): ``shardcache`` (``cc.cache()``'s first
 epoch writes, ``cc.dataset()`` reads, direct on this host), tf.data's ``snapshot(path)``
-and ``cache(filename)``; beside each, ``cat`` of that strategy's own files to /dev/null,
-cold and warm, the raw sequential read of the same bytes. Dropping the page cache needs
-root; without it the cold rows are skipped, with a note. Epochs of ``batch(256)``, timed
-to the last batch, the element count checked.
+and ``cache(filename)`` (``--strategies``); beside each, ``cat`` of that strategy's own
+files to /dev/null, cold and warm, the raw sequential read of the same bytes. A strategy's
+files are removed before the next one writes: the disk needs room for one copy. Dropping
+the page cache needs root; without it the cold rows are skipped, with a note. Epochs of
+``batch(256)``, timed to the last batch, the element count checked; each row has this
+process's peak RssAnon over its strategy's write and reads, and is saved as it is done.
 
 Progress goes to stderr, raw results to ``--out`` (default bench/results/scale.json).
 """
@@ -52,7 +54,7 @@ from typing import Any
 
 import numpy as np
 from harness import BENCH_DIR, BenchDaemon, arguments, child_env, write_json
-from probes import drop_page_cache, machine_facts, reproducing_command
+from probes import RssSampler, drop_page_cache, machine_facts, reproducing_command
 
 from client import CacheClient
 from tests.sharded import write_tiny_shards
@@ -62,6 +64,7 @@ QUICK_POINTS = "10x10,100x1,10x100,1x1000"
 DEFAULT_SIZES = "2GiB"
 QUICK_SIZES = "32MiB"
 ELEMENT_SHAPES = {"1k": (1024,), "image": (224, 224, 3)}
+STRATEGIES = ("shardcache", "snapshot", "cache_file")
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _UNITS.update({"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12})
 
@@ -109,6 +112,16 @@ def parse_elements(text: str) -> list[str]:
             f"element kinds {bad or text!r}: choose from {', '.join(ELEMENT_SHAPES)}"
         )
     return kinds
+
+
+def parse_strategies(text: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [k for k in chosen if k not in STRATEGIES]
+    if bad or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"strategies {bad or text!r}: choose from {', '.join(STRATEGIES)}"
+        )
+    return chosen
 
 
 # ---------------------------------------------------------------------- /proc probes
@@ -363,64 +376,94 @@ def read_rows(
     }
 
 
-def epoch_rows(work: Path, kind: str, size: int, can_drop: bool) -> Iterator[dict[str, Any]]:
+def epoch_rows(
+    work: Path, kind: str, size: int, can_drop: bool, strategies: Sequence[str]
+) -> Iterator[dict[str, Any]]:
     """The rows of one size and element kind: each strategy's write, cold and warm epochs,
-    and cat of its files cold and warm."""
+    and cat of its files cold and warm. A strategy's files are removed before the next one
+    writes, so the disk needs room for one copy of the data, not three."""
     ds, n = source(kind, size)
     base = {"elements": kind, "size_bytes": size, "n": n}
+    name = f"{kind}-{size}"
     daemon = BenchDaemon(work, "e", data_root=work)
     daemon.start()
     try:
         with CacheClient(daemon.target) as cc:
-            name = f"{kind}-{size}"
-            strategies: dict[str, tuple[Callable[[], Any], Callable[[], Path]]] = {
-                "shardcache": (
-                    lambda: cc.cache(ds, name),
-                    lambda: daemon.data_dir / "caches" / name,
-                ),
-                "snapshot": (
-                    lambda: ds.snapshot(str(work / f"snap-{name}")),
-                    lambda: work / f"snap-{name}",
-                ),
-                "cache_file": (
-                    lambda: ds.cache(str(work / f"file-{name}")),
-                    lambda: work,  # ds.cache's files: prefix.index and prefix.data-*
-                ),
-            }
-            for strategy, (make, where) in strategies.items():
+
+            def written(strategy: str) -> tuple[Any, Path, Callable[[], Any]]:
+                """strategy's dataset over ds, where its files go, and how to remove them."""
+                if strategy == "shardcache":
+                    return (
+                        cc.cache(ds, name),
+                        daemon.data_dir / "caches" / name,
+                        (lambda: cc.delete(name)),
+                    )
+                where = work / strategy
+                where.mkdir()
+                cached = (
+                    ds.snapshot(str(where))
+                    if strategy == "snapshot"
+                    else ds.cache(str(where / "cache"))  # cache.index and cache.data-*
+                )
+                return cached, where, lambda: shutil.rmtree(where)
+
+            for strategy in strategies:
                 log(f"epochs {kind} {size:,} B: {strategy}")
-                cached = make()
-                row = {**base, "strategy": strategy, "write_s": epoch_s(cached, n)}
-                reader = cc.dataset(name) if strategy == "shardcache" else cached
-                files = [
-                    f for f in _files(where()) if strategy != "cache_file" or "file-" in f.name
-                ]
-                yield {**row, **read_rows(reader, n, files, can_drop)}
-            cc.delete(name)
+                cached, where, remove = written(strategy)
+                try:
+                    row = {**base, "strategy": strategy, "write_s": epoch_s(cached, n)}
+                    reader = cc.dataset(name) if strategy == "shardcache" else cached
+                    yield {**row, **read_rows(reader, n, _files(where), can_drop)}
+                finally:
+                    remove()
     finally:
         daemon.stop()
-        for p in work.iterdir():
-            if p.name.startswith(("snap-", "file-")):
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
-def epochs_section(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+def _row_line(row: dict[str, Any]) -> str:
+    def took(key: str) -> str:
+        return "-" if row.get(key) is None else f"{row[key]:.1f} s"
+
+    return (
+        f"{row['strategy']}: write {took('write_s')}, cold {took('cold_s')}, warm "
+        f"{took('warm_s')}; cat cold {took('cat_cold_s')}, warm {took('cat_warm_s')}; peak "
+        f"RssAnon {row['peak_rss_anon_kib'] / 1024:,.0f} MiB"
+    )
+
+
+def epochs_section(
+    root: Path, args: argparse.Namespace, saved: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """The epochs rows, each with this process's peak RssAnon over its strategy's write and
+    reads (peak_rss_anon_kib); saved(section) after every row (a size past the memory may
+    end the process)."""
     can_drop = os.geteuid() == 0
     note = "" if can_drop else "not root: cold epochs and cold cat skipped (drop_caches)"
     if note:
         log(note)
-    rows = []
-    for size in args.sizes:
-        for kind in args.elements:
-            work = Path(tempfile.mkdtemp(prefix=f"epochs-{kind}-", dir=root))
-            try:
-                rows.extend(epoch_rows(work, kind, size, can_drop))
-            except Exception as exc:
-                rows.append({"elements": kind, "size_bytes": size, "error": f"{exc}"[:2000]})
-                log(f"epochs {kind} {size:,} B: failed: {exc}")
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-    return {"rows": rows, "note": note}
+    section: dict[str, Any] = {"rows": [], "note": note}
+    memory = RssSampler(interval_s=0.5).start()
+    try:
+        for size in args.sizes:
+            for kind in args.elements:
+                work = Path(tempfile.mkdtemp(prefix=f"epochs-{kind}-", dir=root))
+                try:
+                    memory.reset_window()
+                    for row in epoch_rows(work, kind, size, can_drop, args.strategies):
+                        row["peak_rss_anon_kib"] = memory.window_anon_kib
+                        memory.reset_window()
+                        section["rows"].append(row)
+                        log(f"epochs {kind} {size:,} B: {_row_line(row)}")
+                        saved(section)
+                except Exception as exc:
+                    error = {"elements": kind, "size_bytes": size, "error": f"{exc}"[:2000]}
+                    section["rows"].append(error)
+                    log(f"epochs {kind} {size:,} B: failed: {exc}")
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+    finally:
+        memory.stop()
+    return section
 
 
 # ---------------------------------------------------------------------- main
@@ -472,6 +515,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=list(ELEMENT_SHAPES),
         help=f"epochs: element kinds, comma separated (default {','.join(ELEMENT_SHAPES)})",
     )
+    parser.add_argument(
+        "--strategies",
+        type=parse_strategies,
+        default=list(STRATEGIES),
+        help=f"epochs: what writes and reads the data, comma separated (default "
+        f"{','.join(STRATEGIES)}; tf.data's snapshot writes 1 KiB elements at ~25 MB/s here)",
+    )
     parser.add_argument("--quick", action="store_true", help="small points and sizes")
     parser.add_argument(
         "--tmp-dir", type=Path, default=None, help="where the data dirs go (default $TMPDIR)"
@@ -508,7 +558,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             results["daemon"] = daemon_section(root, args)
             write_json(args.out, results)
         if "epochs" in args.sections:
-            results["epochs"] = epochs_section(root, args)
+
+            def saved(section: dict[str, Any]) -> None:
+                write_json(args.out, {**results, "epochs": section})
+
+            results["epochs"] = epochs_section(root, args, saved)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         write_json(args.out, results)
