@@ -53,9 +53,13 @@ def timed(ds: tf.data.Dataset, stalled: Callable[[float], None]) -> tf.data.Data
         stalled(float(seconds))
         return np.float64(0.0)
 
+    # on the consumer's thread. Not Dataset.counter(): that is a scan of its own, several
+    # times the cost of the rest of the ask (docs/benchmarks.md, "What observing a read costs")
     asks = map_op._MapDataset(
-        tf.data.Dataset.counter(), lambda _: tf.timestamp(), use_inter_op_parallelism=False
-    )  # on the consumer's thread
+        tf.data.Dataset.from_tensors(np.int64(0)).repeat(),
+        lambda _: tf.timestamp(),
+        use_inter_op_parallelism=False,
+    )
 
     @tf.autograph.experimental.do_not_convert
     def arrived(
