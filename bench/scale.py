@@ -104,24 +104,22 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(s) for s in text.split(",") if s.strip()]
 
 
-def parse_elements(text: str) -> list[str]:
-    kinds = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [k for k in kinds if k not in ELEMENT_SHAPES]
-    if bad or not kinds:
+def _choices(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [k for k in chosen if k not in allowed]
+    if bad or not chosen:
         raise argparse.ArgumentTypeError(
-            f"element kinds {bad or text!r}: choose from {', '.join(ELEMENT_SHAPES)}"
+            f"{what} {bad or text!r}: choose from {', '.join(allowed)}"
         )
-    return kinds
+    return chosen
+
+
+def parse_elements(text: str) -> list[str]:
+    return _choices(text, list(ELEMENT_SHAPES), "element kinds")
 
 
 def parse_strategies(text: str) -> list[str]:
-    chosen = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [k for k in chosen if k not in STRATEGIES]
-    if bad or not chosen:
-        raise argparse.ArgumentTypeError(
-            f"strategies {bad or text!r}: choose from {', '.join(STRATEGIES)}"
-        )
-    return chosen
+    return _choices(text, STRATEGIES, "strategies")
 
 
 # ---------------------------------------------------------------------- /proc probes
