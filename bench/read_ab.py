@@ -9,10 +9,16 @@ Warm reads interleaved in one process: shardcache's direct, data-plane and gRPC 
     taskset -c 0 .venv/bin/python bench/read_ab.py ...      # on one core
     .venv/bin/python bench/read_ab.py --daemon-cpus 0 --reader-cpus 1   # as if two hosts
     .venv/bin/python bench/read_ab.py --map ...             # elements through a map
+    .venv/bin/python bench/read_ab.py --in-graph ...        # batches taken in a tf.function
 
 ``--map`` reads ``ds.map(identity).batch(B)`` instead of ``ds.batch(B)``: elements one by
 one through tf.data's ``unbatch``, the path of a pipeline that maps the cache's elements,
 instead of the cache's own ``batch()`` (the batches read as batches).
+
+``--in-graph`` takes each epoch's batches inside a ``tf.function`` (``for batch in
+iterator`` traced), as ``model.fit`` does, instead of the Python loop of a custom training
+loop: no Python runs between batches, so none contends for the GIL with a read's own
+Python (its numpy_function per batch).
 
 ``--daemon-cpus``/``--reader-cpus`` pin the daemon and this process (the reads, tf.data's
 threads) to CPU sets of their own, as if the daemon ran on another host.
@@ -159,6 +165,7 @@ class ChildArms:
             "--modes",
             args.modes,
             *(["--map"] if args.map else []),
+            *(["--in-graph"] if args.in_graph else []),
         ]
         self.label = label
         self.proc = subprocess.Popen(
@@ -211,7 +218,7 @@ def child(args: argparse.Namespace) -> int:
             parse_modes(args.modes),
             args.map,
         )
-        arms = {name: local_arm(ds, args.elements) for name, ds in reads.items()}
+        arms = {name: local_arm(ds, args.elements, args.in_graph) for name, ds in reads.items()}
         for arm in arms.values():  # warm-up
             arm()
         print_result({"names": list(arms)})
@@ -238,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         "--map",
         action="store_true",
         help="read ds.map(identity).batch(B): elements through unbatch",
+    )
+    parser.add_argument(
+        "--in-graph",
+        action="store_true",
+        help="take each epoch's batches inside a tf.function, as model.fit does, instead "
+        "of a Python loop",
     )
     parser.add_argument(
         "--observed",
@@ -294,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 reads |= {f"{name}, {OBSERVED[1]}": cc.timed(ds) for name, ds in ours.items()}
             arms: dict[str, tuple[Arm, BenchDaemon | None]] = {
                 name: (
-                    local_arm(ds, args.elements),
+                    local_arm(ds, args.elements, args.in_graph),
                     daemons["head"] if name not in BASELINES else None,
                 )
                 for name, ds in reads.items()
