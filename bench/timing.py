@@ -56,29 +56,27 @@ def graph_iteration(ds: tf.data.Dataset) -> EpochResult:
     batches: no Python between them. Timed as :func:`timed_iteration`, from creating the
     iterator to its last batch (the iterator is destroyed after the clock stops); elements
     are counted by their first tensor's rows, labels not summed."""
-    import tensorflow as tf
+    global _drain
+    if _drain is None:
+        import tensorflow as tf
 
-    drain = _drains.get(id(ds))
-    if drain is None:
-
-        @tf.function
+        @tf.function  # traced once per element_spec: the iterator is its argument
         def drain(iterator: Any) -> tf.Tensor:
             n = tf.constant(0, tf.int64)
             for batch in iterator:
                 n += tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
             return n
 
-        _drains[id(ds)] = drain
+        _drain = drain
     start = time.perf_counter()
     iterator = iter(ds)
-    elements = int(drain(iterator))
+    elements = int(_drain(iterator))
     seconds = time.perf_counter() - start
     del iterator
     return EpochResult(seconds=seconds, elements=elements, label_sum=None)
 
 
-#: graph_iteration's traced loop per dataset (ids of datasets a run keeps alive)
-_drains: dict[int, Any] = {}
+_drain: Any = None  # graph_iteration's loop, made on first use (TensorFlow loads lazily)
 
 
 def _first_tensor(batch: Any) -> Any:
