@@ -4,7 +4,9 @@ Keys are shard-local value indices as big-endian u64, so a cursor walks in
 order and any value can be fetched by index. A value is a stored record or, in
 format 2, a block of ``block_elements`` (k) consecutive elements (client/format/blocks.py):
 element e of a shard is in value e // k. The store never looks inside values.
-Environments are opened without ``writemap`` (a full disk must raise, not SIGBUS) and with syncing
+Environments are opened without ``writemap`` and without a lock file (on a full disk a write into
+either mmap is SIGBUS, not an error: the lock file's table is written through one when the
+environment opens; a shard has one writer and no reader until committed) and with syncing
 deferred to :meth:`ShardWriter.commit`, which fsyncs before the caller writes
 the commit marker: an uncommitted shard may be lost in a crash, a committed
 one may not. The writer also syncs every :data:`SYNC_EVERY_BYTES` on its way,
@@ -90,13 +92,10 @@ class ShardWriter:
                 writemap=False,
                 readahead=False,
                 max_dbs=0,
-                lock=True,
+                lock=False,
             )
         except lmdb.Error as exc:
             raise _translate(exc, path) from exc
-        # Clear reader slots a dead process left in the lock table (none expected: readers
-        # open committed shards with lock=False, so they take no slots at all).
-        self._env.reader_check()
 
     def append(
         self, values: Sequence[bytes | memoryview], raw_bytes: int, num_elements: int | None = None
@@ -136,10 +135,6 @@ class ShardWriter:
             self._sync()
         finally:
             self._env.close()
-        # Readers open committed shards with lock=False; a lock file left behind would only
-        # make py-lmdb's "already open" guard (keyed on file inodes) misfire once the inode
-        # of a deleted cache's lock file is reused by a new shard's data file.
-        (self.path / "lock.mdb").unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Close and delete the shard's files (space is released now)."""

@@ -1,7 +1,13 @@
-"""client/format/store.py's ShardWriter: syncing on its way, so that a commit waits little."""
+"""client/format/store.py's ShardWriter: syncing on its way, so that a commit waits little, and
+failing cleanly on a full disk."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +50,32 @@ def test_a_shard_is_synced_every_sync_every_bytes_and_once_more_at_its_commit(
     with env.begin() as txn:
         assert [bytes(v) for _, v in txn.cursor()] == values
     env.close()
+
+
+def test_a_shard_opened_on_a_full_disk_raises_disk_full_instead_of_dying_by_sigbus(
+    small_disk: Path,
+) -> None:
+    # LMDB writes its lock table through an mmap as it opens: on a full tmpfs that write is
+    # SIGBUS, so the shard is opened in a child process and its exit status checked.
+    with open(small_disk / "fill", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * (1 << 20))
+    assert shutil.disk_usage(small_disk).free < 4096
+    code = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from client.format.store import ShardWriter
+        from client.wire.status import DiskFull
+        try:
+            writer = ShardWriter(Path({str(small_disk / "shard-00000")!r}), 1 << 20)
+            writer.append([b"x" * 100_000], 100_000)
+            writer.commit()
+        except DiskFull as exc:
+            print("DiskFull:", exc)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr}"
+    assert "DiskFull: disk full under" in result.stdout, result.stdout + result.stderr
