@@ -327,7 +327,10 @@ def tapped_batches(
         if drop_remainder:
             written = tapped_ahead(written).filter(full)
         reads = iterations.reader.batches(
-            epoch, start, batches=Batches(size, drop_remainder) if batched_reads else None
+            epoch,
+            start,
+            batches=Batches(size, drop_remainder) if batched_reads else None,
+            wanted=tf.equal(mode, READ),
         )
         return (
             only(written, tf.equal(mode, WRITE))

@@ -153,7 +153,7 @@ def generated(
         written = tf.data.Dataset.from_generator(run, args=(token,), output_signature=signature)
         if batches is not None:
             written = written.rebatch(batches.size, drop_remainder=batches.drop_remainder)
-        reads = iterations.reader.batches(epoch, start, batches=batches)
+        reads = iterations.reader.batches(epoch, start, batches=batches, wanted=read)
         return written.take(tf.where(read, np.int64(0), np.int64(-1))).concatenate(
             reads.take(tf.where(read, np.int64(-1), np.int64(0)))
         )

@@ -5,9 +5,8 @@ pure given that index. One iteration of a cache's dataset is::
 
     control = from_tensors(0).map(numpy_function(begin))      # (epoch, start)
     control.flat_map(lambda epoch, start:                     # the iteration's batches
-        from_tensors(0).flat_map(lambda _:
-            hold, count = numpy_function(open, epoch, start)  # the epoch's chunks
-            range(count).map(numpy_function(chunk, hold, i), deterministic=True)))
+        hold, count = numpy_function(open, epoch, start)      # the epoch's chunks
+        range(count).map(numpy_function(chunk, hold, i), deterministic=True))
 
 ``flat_map`` saves the control element (epoch, start) and ``range`` the next
 chunk's index: ``tf.train.Checkpoint(iterator=it)`` saves both, and a restored
@@ -209,10 +208,18 @@ class Reader:
         return np.int64(0)
 
     def open(
-        self, epoch: np.int64, start: np.int64, batches: Batches | None = None
+        self,
+        epoch: np.int64,
+        start: np.int64,
+        _after: np.int64,
+        wanted: np.bool_,
+        batches: Batches | None = None,
     ) -> tuple[np.ndarray, np.int64]:
-        """numpy_function body run when an iteration's batches are asked (or restored): the
-        epoch's chunks from start, as (hold, chunk count)."""
+        """numpy_function body run when an iteration is built (or restored): the epoch's
+        chunks from start, as (hold, chunk count); none, and nothing opened, unless wanted
+        (an iteration that writes or runs the source instead)."""
+        if not wanted:
+            return aligned_empty((1,), np.dtype(np.int64)), np.int64(0)
         chunks = self._open_chunks(int(epoch), int(start), batches)
         pace = Pace(self._figures) if self._figures is not None else None
         return self._holds.new((chunks, pace)), np.int64(chunks.count)
@@ -253,36 +260,44 @@ class Reader:
         return arrays
 
     def batches(
-        self, epoch: tf.Tensor, start: tf.Tensor, after: Any = 0, batches: Batches | None = None
+        self,
+        epoch: tf.Tensor,
+        start: tf.Tensor,
+        after: Any = 0,
+        batches: Batches | None = None,
+        wanted: Any = True,
     ) -> tf.data.Dataset:
         """The batches of epoch from start, in fmt.signature's form: range(count).map(chunk)
         with tf.data's parallelism, on a pool of the read's own, checkpointable as it is.
-        after: an int64 scalar computed first (the dataset is built on it). batches: the
-        consumer's batch(size, drop_remainder), each chunk one of them, or several small
-        ones that unbatch then cuts apart (else chunks of about prefetch_bytes / 8)."""
+        Built inside the iteration's flat_map function, which opens the chunks when it runs
+        (no flat_map of its own: each costs its function's instantiation, with grappler,
+        every epoch). after: an int64 scalar computed first (open takes it). wanted: a bool
+        scalar, false for an iteration that reads nothing (none opened, no batches).
+        batches: the consumer's batch(size, drop_remainder), each chunk one of them, or
+        several small ones that unbatch then cuts apart (else chunks of about
+        prefetch_bytes / 8)."""
         batches = self.grouped(batches)
         open_chunks = functools.partial(self.open, batches=batches)
         call: Callable[..., list[Any]] = self.chunk
         group = batches is not None and batches.group > 1
         if batches is not None and group:
             call = functools.partial(self.group_chunk, size=batches.size)
+        hold, count = tf.numpy_function(
+            open_chunks,
+            [epoch, start, tf.cast(after, tf.int64), tf.cast(wanted, tf.bool)],
+            [tf.int64, tf.int64],
+            stateful=False,
+        )
 
-        def chunks(_: tf.Tensor) -> tf.data.Dataset:  # opened once the batches are asked
-            hold, count = tf.numpy_function(
-                open_chunks, [epoch, start], [tf.int64, tf.int64], stateful=False
-            )
+        def chunk(i: tf.Tensor) -> Any:
+            flat = tf.numpy_function(call, [hold, i], self.flat.dtypes, stateful=False)
+            return self.flat.signature_of(flat, lead=2 if group else 1)
 
-            def chunk(i: tf.Tensor) -> Any:
-                flat = tf.numpy_function(call, [hold, i], self.flat.dtypes, stateful=False)
-                return self.flat.signature_of(flat, lead=2 if group else 1)
-
-            ds = tf.data.Dataset.range(count).map(
-                chunk, num_parallel_calls=self._parallel, deterministic=True
-            )
-            ds = own_threads(ds, self._threads)
-            return ds.unbatch() if group else ds
-
-        return tf.data.Dataset.from_tensors(tf.cast(after, tf.int64)).flat_map(chunks)
+        ds = tf.data.Dataset.range(count).map(
+            chunk, num_parallel_calls=self._parallel, deterministic=True
+        )
+        ds = own_threads(ds, self._threads)
+        return ds.unbatch() if group else ds
 
     def dataset(
         self, per_iteration: Transform = lambda ds: ds, batches: Batches | None = None
