@@ -46,8 +46,7 @@ def _group_header(payload: dict[str, Any], extra: tuple[str, ...] = ()) -> list[
 def _subtitle(payload: dict[str, Any]) -> str:
     machine = payload["machine"]
     quick = "quick configuration, " if payload.get("quick") else ""
-    revision = (machine.get("git_revision") or "unknown").split()[0]
-    return f"{quick}{machine['nproc']} cores, revision {revision}"
+    return f"{quick}{machine['nproc']} cores"
 
 
 def _image(path: Path, doc: Path | None, alt: str) -> str:

@@ -383,15 +383,16 @@ def _machine_line(machine: dict[str, Any]) -> str:
 
 
 def machine_line(machine: dict[str, Any]) -> str:
-    """When and where a payload was measured: the one line a report states it in."""
-    return f"Measured {machine.get('date') or '(date not recorded)'} on {_machine_line(machine)}."
+    """Where a payload was measured: the one line a report states it in (the date and the
+    revision stay in the raw results; the report describes the figures, not their history)."""
+    return f"Measured on {_machine_line(machine)}."
 
 
 def group_header(
     payload: dict[str, Any], extra: tuple[str, ...] = (), with_machine: bool = True
 ) -> list[str]:
     """The lines each table group opens with: command, machine (unless the report states it
-    once), revision."""
+    once)."""
     machine = payload["machine"]
     quick = (
         " (**the quick configuration**: small sizes, for checking a change, not for quoting)"
@@ -401,7 +402,6 @@ def group_header(
     return [
         f"- Command: `{payload['command']}`{quick}",
         *([f"- Machine: {_machine_line(machine)}"] if with_machine else []),
-        f"- Source: revision {machine.get('git_revision') or 'unknown'}",
         *extra,
         "",
     ]
