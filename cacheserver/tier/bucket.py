@@ -269,9 +269,10 @@ class Bucket:
     ) -> None:
         """Fetch obj into dest in one GET; DataLoss (dest removed) if size or SHA-256 differ.
 
-        The network thread only receives; a :class:`_Sink` writes, hashes and (durable)
-        syncs the blocks beside it. A durable file is synced whole before it is renamed into
-        place; scratch that no restart keeps (a stream window's shard) is not synced."""
+        The network thread receives; a :class:`_Sink` writes, hashes and syncs the blocks
+        beside it. A durable file is synced whole before it is renamed into place; scratch
+        that no restart keeps (a stream window's shard) is not synced, and is written and
+        hashed on the receiving thread."""
         tmp = dest.with_name(f".{dest.name}.part")
         try:
             with (
@@ -352,11 +353,16 @@ class _Translate:
 class _Sink:
     """Where a download's blocks go, beside the thread that receives them.
 
-    Each block is written (in order, on one thread) and hashed (in order, on another) at
-    once, ``_HELD_BLOCKS`` blocks at most held; every ``_SYNC_BYTES`` the writer starts an
-    fdatasync on a third thread and goes on writing, so that the disk, the hash and the
-    network all move at once. :meth:`close` waits for all of it and fsyncs the file whole;
-    the first error of any of them is raised by :meth:`put` or :meth:`close`.
+    Durable: each block is written (in order, on one thread) and hashed (in order, on
+    another) at once, ``_HELD_BLOCKS`` blocks at most held; every ``_SYNC_BYTES`` the writer
+    starts an fdatasync on a third thread and goes on writing, so that the disk, the hash
+    and the network all move at once. :meth:`close` waits for all of it and fsyncs the file
+    whole; the first error of any of them is raised by :meth:`put` or :meth:`close`.
+
+    Not durable (a stream window's scratch copy): :meth:`put` writes and hashes the block on
+    the receiving thread itself. A window has several fetches in flight (one per reader and
+    one ahead), which keep the cores busy; three threads started per shard and two handoffs
+    per block cost more CPU than they overlap (docs/design.md, "A pull: receive, write, hash ...").
     """
 
     def __init__(self, f: BinaryIO, durable: bool = True) -> None:
@@ -366,25 +372,33 @@ class _Sink:
         self._size = self._synced = 0
         self._held: deque[tuple[Future[None], Future[None]]] = deque()
         self._sync: Future[None] | None = None
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardcache-sink")
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="shardcache-sha")
-        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="shardcache-sync")
+        self._pools = (
+            [
+                ThreadPoolExecutor(1, thread_name_prefix=f"shardcache-{role}")
+                for role in ("sink", "sha", "sync")
+            ]
+            if durable
+            else []
+        )
 
     def __enter__(self) -> _Sink:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for pool in (self._writer, self._hasher, self._syncer):
+        for pool in self._pools:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def put(self, block: bytes) -> None:
+        if not self._durable:
+            self._f.write(block)
+            self._digest.update(block)
+            self._size += len(block)
+            return
+        writer, hasher, _ = self._pools
         while len(self._held) >= _HELD_BLOCKS:
             self._wait_oldest()
         self._held.append(
-            (
-                self._writer.submit(self._write, block),
-                self._hasher.submit(self._digest.update, block),
-            )
+            (writer.submit(self._write, block), hasher.submit(self._digest.update, block))
         )
 
     def close(self) -> tuple[int, str]:
@@ -405,13 +419,11 @@ class _Sink:
     def _write(self, block: bytes) -> None:  # the writer thread
         self._f.write(block)
         self._size += len(block)
-        if not self._durable:
-            return
         if self._size - self._synced >= _SYNC_BYTES and (self._sync is None or self._sync.done()):
             if self._sync is not None:
                 self._sync.result()  # a failed sync's error
             self._f.flush()
-            self._sync = self._syncer.submit(os.fdatasync, self._f.fileno())
+            self._sync = self._pools[2].submit(os.fdatasync, self._f.fileno())
             self._synced = self._size
 
 
