@@ -144,30 +144,26 @@ class ShardWriter:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-#: What the value tables of a process's open shards may hold together (_Values): a daemon
-#: keeps up to ReaderPool.MAX_IDLE shards open besides those in use, each of up to a million
-#: values or more; past it, a shard's random reads stay LMDB lookups.
+#: What the value tables of a process may hold together (_Tables): a daemon keeps up to
+#: ReaderPool.MAX_IDLE shards open besides those in use, each of up to a million values or
+#: more; past it, a shard's random reads stay LMDB lookups.
 TABLE_BYTES = 32 << 20
-_table_lock = threading.Lock()
-_table_bytes = 0  # held by the tables of open shards
+#: Shard files whose lookups a process counts towards a table at most (a few ints each).
+TABLE_COUNTS = 1 << 16
 
 
-def _take_table_bytes(nbytes: int) -> bool:
-    """Reserve nbytes (negative: give back) of TABLE_BYTES; False when they do not fit."""
-    global _table_bytes
-    with _table_lock:
-        if nbytes > 0 and _table_bytes + nbytes > TABLE_BYTES:
-            return False
-        _table_bytes += nbytes
-        return True
+def _address(value: Any) -> int:
+    """Where a buffer's first byte lies in this process's memory."""
+    return int(np.frombuffer(value, np.uint8).__array_interface__["data"][0])
 
 
-class _Values:
-    """Where each value of an open shard lies in its map, found by one cursor walk: a random
-    read's value is a slice of the map, ~0.2 us, against ~1.3 us for an LMDB lookup from
-    Python (most of a shuffled read of 1 KB elements went there). Made only for a shard
-    whose keys are exactly 0..n-1 (as ShardWriter writes them), and read only while its
-    environment is open, as LMDB's own views are."""
+class _Offsets:
+    """Where each value of a shard file lies, relative to the lowest-lying one (anchor), found
+    by one cursor walk: a random read's value is then a slice of the map, ~0.2 us, against
+    ~1.3 us for an LMDB lookup from Python (most of a shuffled read of 1 KB elements went
+    there). Made only for a shard whose keys are exactly 0..n-1 (as ShardWriter writes
+    them). The offsets are the file's, so they outlive the environment that found them: a
+    later open of the same file binds them to its own map (_Values)."""
 
     def __init__(self, env: lmdb.Environment, n: int) -> None:
         at, sizes, i, pack = np.zeros(n, np.int64), np.zeros(n, np.int64), 0, _KEY.pack
@@ -176,21 +172,50 @@ class _Values:
                 if i >= n or key != pack(i):
                     raise ValueError("the shard's keys are not its value indices 0..n-1")
                 if len(value):  # an empty one is refused where it is decoded
-                    at[i] = np.frombuffer(value, np.uint8).__array_interface__["data"][0]
+                    at[i] = _address(value)
                     sizes[i] = len(value)
                 i += 1
         if i != n:
             raise ValueError("the shard's keys are not its value indices 0..n-1")
-        at[sizes == 0] = at.max() if n else 0  # inside the span, zero bytes long
-        base = int(at.min()) if n else 0
-        span = int((at + sizes).max()) - base if n else 0
-        self.starts = at - base
+        filled = np.flatnonzero(sizes)
+        if not filled.size:
+            raise ValueError("the shard has no bytes to slice")
+        at[sizes == 0] = at[filled].max()  # inside the span, zero bytes long
+        #: the value at offset 0, and the one ending last: where a later map is checked
+        self.anchor = int(filled[np.argmin(at[filled])])
+        self.probe = int(filled[np.argmax((at + sizes)[filled])])
+        self.starts = at - at[self.anchor]
+        self.span = int((self.starts + sizes).max())
         # 8 bytes a value where all are one size (fixed-shape raw records), else 12
-        same = n and (sizes == sizes[0]).all()
+        same = bool((sizes == sizes[0]).all())
         self.lengths: int | np.ndarray = int(sizes[0]) if same else sizes.astype(np.int32)
         self.nbytes = self.starts.nbytes + (0 if same else n * 4)
+
+    def length(self, index: int) -> int:
+        return self.lengths if isinstance(self.lengths, int) else int(self.lengths[index])
+
+
+class _Values:
+    """A shard's _Offsets bound to one open environment's map; read only while that
+    environment is open, as LMDB's own views are."""
+
+    def __init__(self, offsets: _Offsets, env: lmdb.Environment) -> None:
+        with env.begin(buffers=True) as txn:
+            anchor, probe = txn.get(_KEY.pack(offsets.anchor)), txn.get(_KEY.pack(offsets.probe))
+            if anchor is None or probe is None:
+                raise ValueError("the shard's values are not where its table says")
+            base = _address(anchor)
+            if (
+                len(anchor) != offsets.length(offsets.anchor)
+                or len(probe) != offsets.length(offsets.probe)
+                or _address(probe) - base != offsets.starts[offsets.probe]
+            ):
+                raise ValueError("the shard's values are not where its table says")
+        self.starts, self.lengths = offsets.starts, offsets.lengths
         # read-only bytes over the map's span of values (LMDB maps the file PROT_READ)
-        self.map = memoryview((ctypes.c_char * span).from_address(base)).cast("B").toreadonly()
+        self.map = (
+            memoryview((ctypes.c_char * offsets.span).from_address(base)).cast("B").toreadonly()
+        )
 
     def get(self, indices: np.ndarray, views: bool) -> list[Any] | None:
         """The values at shard-local indices (views into the map, else copies); None when
@@ -206,9 +231,101 @@ class _Values:
         return [bytes(m[a:b]) for a, b in zip(starts.tolist(), ends)]
 
 
+#: A shard file's identity: device, inode, size and modification time of its data.mdb. A
+#: committed shard is never written again; a rebuilt one is another file.
+Identity = tuple[int, int, int, int]
+
+
+class _Count:
+    """A shard file's lookups by index so far, and its table once they paid for one."""
+
+    __slots__ = ("asked", "offsets", "refused", "reserved", "users", "walking")
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.offsets: _Offsets | None = None
+        self.reserved = 0  # of TABLE_BYTES
+        self.refused = False  # keys of another kind: lookups, always
+        self.walking = False
+        self.users = 0  # open environments reading through the table
+
+
+class _Tables:
+    """The process's value tables, by shard file (Identity), kept across the environments
+    that open the file: a pass of cc.numpy(), cc.torch() or tf.data opens its shards afresh,
+    and each would otherwise walk again or never pay for a walk. At most TABLE_BYTES
+    together; a table no open environment uses is dropped, least recently used first, to
+    make room for another."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: collections.OrderedDict[Identity, _Count] = collections.OrderedDict()
+        self.nbytes = 0
+
+    def ask(self, identity: Identity, asked: int, n: int) -> _Offsets | bool:
+        """Count asked lookups of the file of n values: its table (one more user), True when
+        the caller is to walk it (room reserved: then done()), else False."""
+        with self._lock:
+            count = self._counts.get(identity)
+            if count is None:
+                count = self._counts[identity] = _Count()
+                if len(self._counts) > TABLE_COUNTS:
+                    self._drop_unused(lambda c: c.offsets is None)
+            self._counts.move_to_end(identity)
+            if count.offsets is not None:
+                count.users += 1
+                return count.offsets
+            count.asked += asked
+            # a pass's worth of lookups first: the walk costs several lookups per value, so
+            # a single pass, or a few elements, never pays for it
+            if count.refused or count.walking or count.asked - asked < n:
+                return False
+            most = 12 * n  # the walk's result, at most
+            while self.nbytes + most > TABLE_BYTES:
+                if not self._drop_unused(lambda c: c.offsets is not None):
+                    return False
+            self.nbytes += most
+            count.reserved, count.walking = most, True
+            return True
+
+    def done(self, identity: Identity, offsets: _Offsets | None, refused: bool = False) -> None:
+        """After ask(): the walk's table (one more user), or None: the walk failed, its room
+        given back; refused: the file has no table (keys of another kind, or values not
+        where the table says)."""
+        with self._lock:
+            count = self._counts[identity]  # an entry walked or used is never dropped
+            self.nbytes -= count.reserved
+            count.reserved = offsets.nbytes if offsets is not None else 0
+            self.nbytes += count.reserved
+            count.offsets, count.walking = offsets, False
+            count.users = count.users + 1 if offsets is not None else 0
+            count.refused = count.refused or refused
+
+    def release(self, identity: Identity) -> None:
+        with self._lock:
+            count = self._counts.get(identity)
+            if count is not None and count.users:
+                count.users -= 1
+
+    def _drop_unused(self, which: Callable[[_Count], bool]) -> bool:
+        """Drop the least recently used entry that no environment uses and which() picks;
+        True if there was one."""
+        for identity, count in self._counts.items():
+            if not count.users and not count.walking and which(count):
+                self.nbytes -= count.reserved
+                del self._counts[identity]  # and out of the loop at once
+                return True
+        return False
+
+
+_TABLES = _Tables()
+
+
 class _Env:
     def __init__(self, path: Path) -> None:
-        self.inode = (path / "data.mdb").stat().st_ino
+        st = (path / "data.mdb").stat()
+        self.inode = st.st_ino
+        self.identity: Identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         self.env = lmdb.open(
             str(path), readonly=True, lock=False, subdir=True, readahead=True, max_dbs=0
         )
@@ -217,50 +334,58 @@ class _Env:
         # which would kill the daemon: check the size LMDB expects up front.
         stat = self.env.stat()
         expected = (self.env.info()["last_pgno"] + 1) * stat["psize"]
-        actual = (path / "data.mdb").stat().st_size
         self.num_records = stat["entries"]
         self.file_bytes = expected
         self._values: _Values | None = None
-        self._asked = 0  # values looked up by index, until a table of them pays (values())
         self._no_table = False
         self._table_lock = threading.Lock()
-        self._table_bytes = 0  # of TABLE_BYTES, held by _values
-        if actual < expected:
+        if st.st_size < expected:
             self.env.close()
             raise lmdb.CorruptedError(
-                f"data.mdb is {actual} bytes, LMDB expects {expected} (truncated)"
+                f"data.mdb is {st.st_size} bytes, LMDB expects {expected} (truncated)"
             )
 
     def values(self, asked: int) -> _Values | None:
-        """The table of where each value lies, once earlier lookups by index have asked for
-        as many values as the shard holds (a pass's worth: the walk costs about one lookup
-        per value, so a single pass, or a few elements, never pays for it) and while the
-        process's tables fit in TABLE_BYTES; else None."""
+        """The table of where each value lies, bound to this map: once lookups by index of
+        this shard file (in this environment or earlier ones of the process) have asked for
+        as many values as it holds, and while the process's tables fit in TABLE_BYTES
+        (_Tables); else None."""
         if self._values is not None or self._no_table:
             return self._values
-        self._asked += asked
-        if self._asked - asked < self.num_records or not self._table_lock.acquire(blocking=False):
-            return None  # another thread walks it meanwhile: look these up
+        if not self._table_lock.acquire(blocking=False):
+            return None  # another thread walks or binds it meanwhile: look these up
         try:
-            most = 12 * self.num_records  # the walk's result, at most
-            if self._values is None and not self._no_table and _take_table_bytes(most):
-                try:
-                    self._values = _Values(self.env, self.num_records)
-                except ValueError:
-                    self._no_table = True  # keys of another kind: lookups, as before
-                    _take_table_bytes(-most)
+            if self._values is not None or self._no_table:
+                return self._values
+            got = _TABLES.ask(self.identity, asked, self.num_records)
+            if got is False:
+                return None
+            offsets = None
+            try:
+                if got is True:
+                    offsets = _Offsets(self.env, self.num_records)
+                    _TABLES.done(self.identity, offsets)
                 else:
-                    self._table_bytes = self._values.nbytes
-                    _take_table_bytes(self._table_bytes - most)
+                    offsets = got
+                self._values = _Values(offsets, self.env)
+            except ValueError:
+                self._no_table = True  # keys of another kind: lookups, as before
+                _TABLES.done(self.identity, None, refused=True)
+            except BaseException:
+                if offsets is None:  # the walk failed: its room back, a later one may walk
+                    _TABLES.done(self.identity, None)
+                else:
+                    _TABLES.release(self.identity)
+                raise
         finally:
             self._table_lock.release()
         return self._values
 
     def close(self) -> None:
         with self._table_lock:
+            if self._values is not None:
+                _TABLES.release(self.identity)
             self._values, self._no_table = None, True
-            _take_table_bytes(-self._table_bytes)
-            self._table_bytes = 0
         self.env.close()
 
 

@@ -118,14 +118,14 @@ def test_lookups_past_a_pass_of_a_shard_slice_its_values_from_the_map_as_lmdb_gi
         looked_up = [bytes(v) for v in getter.get_many(order.tobytes())]  # a pass: LMDB's
         assert getter._ent._values is None
     walked = []
-    made = store._Values.__init__
+    made = store._Offsets.__init__
 
-    def recorded(self: store._Values, *args: object) -> None:
+    def recorded(self: store._Offsets, *args: object) -> None:
         made(self, *args)  # type: ignore[arg-type]
         walked.append(self)
 
     with pytest.MonkeyPatch.context() as patch, pool.opened(path) as getter:
-        patch.setattr(store._Values, "__init__", recorded)
+        patch.setattr(store._Offsets, "__init__", recorded)
         views = getter.get_many(order.tobytes(), views=True)
         copies = getter.get_many(order[::-1].tobytes())
         assert len(walked) == 1  # the table, walked once for both
@@ -179,16 +179,17 @@ def test_values_of_several_sizes_are_sliced_from_the_map_at_their_own_sizes(
         assert getter._ent._values is not None
 
 
-def test_value_tables_share_one_budget_and_give_it_back_when_their_shard_closes(
+def test_value_tables_share_one_budget_and_one_unused_makes_room_for_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A process's tables together stay within TABLE_BYTES: a shard whose table does not fit
-    keeps LMDB's lookups (the same values), and gets one once another shard's closes."""
+    beside one in use keeps LMDB's lookups (the same values), and gets one once the other
+    shard closes (its unused table is dropped to make room)."""
     from client.format import store
 
     data = batch_of(SMALL, 300, np.random.default_rng(8))
     paths = [shard(tmp_path / f"shard-{k}", SMALL, data, 300) for k in range(2)]
-    monkeypatch.setattr(store, "TABLE_BYTES", store._table_bytes + 12 * 300)  # room for one
+    monkeypatch.setattr(store, "TABLE_BYTES", store._TABLES.nbytes + 12 * 300)  # room for one
     pool = ReaderPool()
     envs = [pool.hold(path) for path in paths]
     keys = np.arange(300, dtype=">u8").tobytes()
@@ -199,9 +200,66 @@ def test_value_tables_share_one_budget_and_give_it_back_when_their_shard_closes(
                 assert store.ShardGetter(env, path).get_many(keys) == want
         assert envs[0]._values is not None and envs[1]._values is None
         pool.release(paths[0], envs.pop(0))
-        pool.forget(tmp_path)  # closed: its table's bytes go back
+        pool.forget(tmp_path)  # closed: its table is no longer in use
         assert store.ShardGetter(envs[0], paths[1]).get_many(keys) == want
         assert envs[0]._values is not None
+        assert store._TABLES.nbytes <= store.TABLE_BYTES
     finally:
         for env, path in zip(envs, paths[-len(envs) :]):
             pool.release(path, env)
+
+
+def test_a_table_outlives_its_environment_and_a_later_open_of_the_file_slices_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass of cc.numpy() or cc.torch() opens its shards afresh: the lookups of one open
+    count towards the table of the next, and the table found once serves every later
+    open of the same file, bound to that open's own map."""
+    from client.format import store
+
+    data = batch_of(SMALL, 300, np.random.default_rng(9))
+    path = shard(tmp_path / "shard", SMALL, data, 300)
+    pool = ReaderPool()
+    pool.MAX_IDLE = 0  # as a direct reader's: closed between passes
+    keys = np.random.default_rng(10).permutation(300).astype(">u8").tobytes()
+    walks = []
+    made = store._Offsets.__init__
+
+    def recorded(self: store._Offsets, *args: object) -> None:
+        made(self, *args)  # type: ignore[arg-type]
+        walks.append(self)
+
+    monkeypatch.setattr(store._Offsets, "__init__", recorded)
+    passes, bound = [], []
+    for _ in range(4):
+        with pool.opened(path) as getter:
+            passes.append([bytes(v) for v in getter.get_many(keys, views=True)])
+            if getter._ent._values is not None:
+                bound.append(getter._ent._values)
+    assert len(walks) == 1  # in the second open, after the first's pass of lookups
+    # the second, third and fourth opens sliced their own maps by the one table
+    assert len({id(values) for values in bound}) == 3
+    assert len({id(values.starts) for values in bound}) == 1
+    assert all(p == passes[0] for p in passes)
+
+
+def test_a_table_is_not_bound_to_a_file_whose_values_lie_elsewhere(tmp_path: Path) -> None:
+    """Bound to another open, a table first checks that its anchor and its last value are
+    where it says: a file of other values (had its identity matched) is refused."""
+    import lmdb
+
+    from client.format import store
+
+    def env_of(name: str, sizes: list[int]) -> lmdb.Environment:
+        env = lmdb.open(str(tmp_path / name), map_size=1 << 20)
+        with env.begin(write=True) as txn:
+            for i, size in enumerate(sizes):
+                txn.put(i.to_bytes(8, "big"), bytes([i]) * size)
+        return env
+
+    one = env_of("one", [100] * 20)
+    offsets = store._Offsets(one, 20)
+    store._Values(offsets, one)  # binds to its own file
+    for other in (env_of("longer", [150] * 20), env_of("moved", [40] + [100] * 19)):
+        with pytest.raises(ValueError, match="not where its table says"):
+            store._Values(offsets, other)
