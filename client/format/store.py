@@ -150,6 +150,10 @@ class ShardWriter:
 TABLE_BYTES = 32 << 20
 #: Shard files whose lookups a process counts towards a table at most (a few ints each).
 TABLE_COUNTS = 1 << 16
+#: Passes' worth of lookups of a shard file before its table is walked: the walk costs
+#: about what this many passes of lookups lose against the table's slices, so no number of
+#: passes spends more than twice the cheaper choice's (docs/design.md).
+TABLE_AFTER_PASSES = 3
 
 
 def _address(value: Any) -> int:
@@ -276,9 +280,9 @@ class _Tables:
                 count.users += 1
                 return count.offsets
             count.asked += asked
-            # a pass's worth of lookups first: the walk costs several lookups per value, so
-            # a single pass, or a few elements, never pays for it
-            if count.refused or count.walking or count.asked - asked < n:
+            # TABLE_AFTER_PASSES passes' worth of lookups first: the walk costs several
+            # lookups per value, so a few passes, or a few elements, never pay for it
+            if count.refused or count.walking or count.asked - asked < TABLE_AFTER_PASSES * n:
                 return False
             most = 12 * n  # the walk's result, at most
             while self.nbytes + most > TABLE_BYTES:
@@ -348,7 +352,7 @@ class _Env:
     def values(self, asked: int) -> _Values | None:
         """The table of where each value lies, bound to this map: once lookups by index of
         this shard file (in this environment or earlier ones of the process) have asked for
-        as many values as it holds, and while the process's tables fit in TABLE_BYTES
+        TABLE_AFTER_PASSES times as many values as it holds, and while the process's tables fit in TABLE_BYTES
         (_Tables); else None."""
         if self._values is not None or self._no_table:
             return self._values

@@ -101,12 +101,12 @@ def test_several_leaves_of_a_large_batch_are_copied_into_one_array_from_empty() 
         np.testing.assert_array_equal(have, original[:3])
 
 
-def test_lookups_past_a_pass_of_a_shard_slice_its_values_from_the_map_as_lmdb_gives_them(
+def test_lookups_past_passes_of_a_shard_slice_its_values_from_the_map_as_lmdb_gives_them(
     tmp_path: Path,
 ) -> None:
-    """After a pass's worth of lookups by index a shard's values are sliced from its map by a
-    table of where each lies: the same bytes LMDB's lookups give, views or copies, in any
-    order; an index past the shard's end is still named as missing."""
+    """After TABLE_AFTER_PASSES passes' worth of lookups by index a shard's values are sliced
+    from its map by a table of where each lies: the same bytes LMDB's lookups give, views or
+    copies, in any order; an index past the shard's end is still named as missing."""
     from client.format import store
     from client.wire.status import DataLoss
 
@@ -115,7 +115,8 @@ def test_lookups_past_a_pass_of_a_shard_slice_its_values_from_the_map_as_lmdb_gi
     pool = ReaderPool()
     order = np.random.default_rng(7).permutation(300).astype(">u8")
     with pool.opened(path) as getter:
-        looked_up = [bytes(v) for v in getter.get_many(order.tobytes())]  # a pass: LMDB's
+        for _ in range(store.TABLE_AFTER_PASSES):  # passes by LMDB
+            looked_up = [bytes(v) for v in getter.get_many(order.tobytes())]
         assert getter._ent._values is None
     walked = []
     made = store._Offsets.__init__
@@ -153,7 +154,7 @@ def test_a_shard_whose_keys_are_not_its_value_indices_is_looked_up_by_lmdb(
     env.close()
     with ReaderPool().opened(path) as getter:
         keys = np.array([0, 1, 3, 1, 0], ">u8").tobytes()
-        for _ in range(3):  # past a pass's worth of lookups
+        for _ in range(store.TABLE_AFTER_PASSES + 1):  # past the lookups before a table
             assert getter.get_many(keys) == [k.to_bytes(8, "big") * 4 for k in (0, 1, 3, 1, 0)]
         ent: store._Env = getter._ent
         assert ent._values is None and ent._no_table
@@ -164,6 +165,8 @@ def test_values_of_several_sizes_are_sliced_from_the_map_at_their_own_sizes(
 ) -> None:
     import lmdb
 
+    from client.format import store
+
     path = tmp_path / "shard"
     env = lmdb.open(str(path), map_size=1 << 20)
     stored = [bytes([i]) * (1 + 700 * i) for i in range(6)]  # in leaf and overflow pages
@@ -173,7 +176,7 @@ def test_values_of_several_sizes_are_sliced_from_the_map_at_their_own_sizes(
     env.close()
     with ReaderPool().opened(path) as getter:
         keys = np.array([5, 0, 3, 1, 4, 2], ">u8").tobytes()
-        for _ in range(2):  # a pass by LMDB, then the table
+        for _ in range(store.TABLE_AFTER_PASSES + 1):  # passes by LMDB, then the table
             got = getter.get_many(keys, views=True)
             assert [bytes(v) for v in got] == [stored[i] for i in (5, 0, 3, 1, 4, 2)]
         assert getter._ent._values is not None
@@ -195,7 +198,7 @@ def test_value_tables_share_one_budget_and_one_unused_makes_room_for_another(
     keys = np.arange(300, dtype=">u8").tobytes()
     try:
         want = [bytes(v) for v in store.ShardGetter(envs[0], paths[0]).get_many(keys)]
-        for _ in range(2):  # a pass by LMDB, then the table where it fits
+        for _ in range(store.TABLE_AFTER_PASSES + 1):  # by LMDB, then the table where it fits
             for env, path in zip(envs, paths):
                 assert store.ShardGetter(env, path).get_many(keys) == want
         assert envs[0]._values is not None and envs[1]._values is None
@@ -231,12 +234,12 @@ def test_a_table_outlives_its_environment_and_a_later_open_of_the_file_slices_by
 
     monkeypatch.setattr(store._Offsets, "__init__", recorded)
     passes, bound = [], []
-    for _ in range(4):
+    for _ in range(store.TABLE_AFTER_PASSES + 3):
         with pool.opened(path) as getter:
             passes.append([bytes(v) for v in getter.get_many(keys, views=True)])
             if getter._ent._values is not None:
                 bound.append(getter._ent._values)
-    assert len(walks) == 1  # in the second open, after the first's pass of lookups
+    assert len(walks) == 1  # in the open after the passes of lookups
     # the second, third and fourth opens sliced their own maps by the one table
     assert len({id(values) for values in bound}) == 3
     assert len({id(values.starts) for values in bound}) == 1
