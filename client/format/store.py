@@ -352,8 +352,8 @@ class _Env:
     def values(self, asked: int) -> _Values | None:
         """The table of where each value lies, bound to this map: once lookups by index of
         this shard file (in this environment or earlier ones of the process) have asked for
-        TABLE_AFTER_PASSES times as many values as it holds, and while the process's tables fit in TABLE_BYTES
-        (_Tables); else None."""
+        TABLE_AFTER_PASSES times as many values as it holds, and while the process's tables
+        fit in TABLE_BYTES (_Tables); else None."""
         if self._values is not None or self._no_table:
             return self._values
         if not self._table_lock.acquire(blocking=False):
