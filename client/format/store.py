@@ -272,9 +272,9 @@ class _Tables:
         with self._lock:
             count = self._counts.get(identity)
             if count is None:
-                count = self._counts[identity] = _Count()
-                if len(self._counts) > TABLE_COUNTS:
+                if len(self._counts) >= TABLE_COUNTS:
                     self._drop_unused(lambda c: c.offsets is None)
+                count = self._counts[identity] = _Count()
             self._counts.move_to_end(identity)
             if count.offsets is not None:
                 count.users += 1

@@ -266,3 +266,31 @@ def test_a_table_is_not_bound_to_a_file_whose_values_lie_elsewhere(tmp_path: Pat
     for other in (env_of("longer", [150] * 20), env_of("moved", [40] + [100] * 19)):
         with pytest.raises(ValueError, match="not where its table says"):
             store._Values(offsets, other)
+
+
+def test_a_process_counts_lookups_of_at_most_table_counts_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files looked up by index are counted towards a table in a bounded list: past
+    TABLE_COUNTS, the least recently counted file without a table is forgotten (its count
+    starts again), and a file with a table keeps it."""
+    from client.format import store
+
+    tables = store._Tables()
+    monkeypatch.setattr(store, "_TABLES", tables)
+    monkeypatch.setattr(store, "TABLE_COUNTS", 2)
+    data = batch_of(SMALL, 300, np.random.default_rng(11))
+    paths = [shard(tmp_path / f"shard-{k}", SMALL, data, 300) for k in range(4)]
+    pool = ReaderPool()
+    keys = np.arange(300, dtype=">u8").tobytes()
+    want = None
+    with pool.opened(paths[0]) as getter:
+        for _ in range(store.TABLE_AFTER_PASSES + 1):
+            want = getter.get_many(keys)
+        assert getter._ent._values is not None  # paths[0] has its table
+    for path in paths[1:]:
+        with pool.opened(path) as getter:
+            assert getter.get_many(keys) == want
+        assert len(tables._counts) <= 2
+    with pool.opened(paths[0]) as getter:  # kept: a file with a table is not forgotten
+        assert getter.get_many(keys) == want and getter._ent._values is not None
