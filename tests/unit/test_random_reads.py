@@ -22,6 +22,15 @@ from tests.unit.test_blocks import batch_of
 SMALL = Layout((Leaf("float32", (256,)), Leaf("int64", ())))  # 1 KB records
 
 
+@pytest.fixture(autouse=True)
+def own_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test counts and budgets value tables of its own: tables that earlier tests in
+    the same process left behind would otherwise be counted, dropped or found."""
+    from client.format import store
+
+    monkeypatch.setattr(store, "_TABLES", store._Tables())
+
+
 def shard(path: Path, layout: Layout, data: list[np.ndarray], n: int) -> Path:
     packer = BlockPacker(layout)
     values, raw, count = packer.add(data, n)
@@ -192,7 +201,7 @@ def test_value_tables_share_one_budget_and_one_unused_makes_room_for_another(
 
     data = batch_of(SMALL, 300, np.random.default_rng(8))
     paths = [shard(tmp_path / f"shard-{k}", SMALL, data, 300) for k in range(2)]
-    monkeypatch.setattr(store, "TABLE_BYTES", store._TABLES.nbytes + 12 * 300)  # room for one
+    monkeypatch.setattr(store, "TABLE_BYTES", 12 * 300)  # room for one
     pool = ReaderPool()
     envs = [pool.hold(path) for path in paths]
     keys = np.arange(300, dtype=">u8").tobytes()
@@ -276,8 +285,7 @@ def test_a_process_counts_lookups_of_at_most_table_counts_files(
     starts again), and a file with a table keeps it."""
     from client.format import store
 
-    tables = store._Tables()
-    monkeypatch.setattr(store, "_TABLES", tables)
+    tables = store._TABLES
     monkeypatch.setattr(store, "TABLE_COUNTS", 2)
     data = batch_of(SMALL, 300, np.random.default_rng(11))
     paths = [shard(tmp_path / f"shard-{k}", SMALL, data, 300) for k in range(4)]
